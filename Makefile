@@ -1,0 +1,44 @@
+# One command to set up and run the demo, one to set up and run the tests.
+PYTHON ?= python3
+PIP ?= $(PYTHON) -m pip
+STAMP := .setup.stamp
+
+.PHONY: setup test test-fast demo lint bench clean help
+
+help:
+	@echo "make setup   install SkillNet + dev/data extras into the current Python (torch==2.13.0 pinned)"
+	@echo "make test    setup, then run the whole test suite (unit + integration, CPU fp32)"
+	@echo "make demo    setup, then run the small real end-to-end demo on packaged Chinese data"
+	@echo "make lint    ruff"
+	@echo "make bench   run the benchmark scripts (slow)"
+
+$(STAMP): pyproject.toml
+	$(PIP) install torch==2.13.0
+	$(PIP) install -e ".[dev]"
+	# cn_clip ships the exact bert-base-chinese vocab; its own deps are not needed.
+	$(PIP) install --no-deps cn_clip==1.6.0
+	$(PYTHON) -m training.warmup
+	touch $(STAMP)
+
+setup: $(STAMP)
+
+test: setup
+	$(PYTHON) -m pytest -q tests
+
+test-fast: setup
+	$(PYTHON) -m pytest -q -m "not slow" tests
+
+demo: setup
+	bash scripts/demo.sh
+
+lint:
+	$(PYTHON) -m ruff check .
+	$(PYTHON) -m ruff format --check . || true
+
+bench: setup
+	$(PYTHON) bench/skill_ffn.py
+	$(PYTHON) bench/data_prep.py
+	$(PYTHON) bench/pretrain.py
+
+clean:
+	rm -rf $(STAMP) runs outputs .pytest_cache
