@@ -1,0 +1,173 @@
+"""Skill FFNs: S parallel feed-forward networks per layer, of which a task activates a few (Eq. 1-2).
+
+A skill is the FFN's two linear layers (HF BERT's ``intermediate.dense`` and ``output.dense``); the
+residual and LayerNorm are shared and come after the average. That makes the average of the k active
+skills one FFN of width k*f:
+
+    mean_k W2_k act(W1_k x + b1_k) + b2_k  ==  [W2_1 .. W2_k]/k · act([W1_1; ..; W1_k] x + [b1]) + mean_k b2_k
+
+so the fused path concatenates the active skills' weights and runs one wide GEMM pair: the same FLOPs as
+a dense FFN of width k*f. Inactive skills never enter the graph, so their ``.grad`` stays ``None`` and a
+plain PyTorch optimizer skips them.
+
+Skill choice is data: a `SkillRouting` (groups of rows, each with its tuple of skill ids) built once per
+forward and shared by all layers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from transformers.activations import ACT2FN
+
+
+@dataclass(frozen=True)
+class SkillGroup:
+    rows: torch.Tensor | None  # batch rows of this group; None = the whole batch
+    skill_ids: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class SkillRouting:
+    """Which rows of the batch use which skills. Built once per forward (one host-side grouping)."""
+
+    groups: tuple[SkillGroup, ...]
+    inverse: torch.Tensor | None  # restores batch order after the groups are concatenated
+
+    @property
+    def single(self) -> bool:
+        return len(self.groups) == 1 and self.groups[0].rows is None
+
+    @staticmethod
+    def uniform(skill_ids: Sequence[int]) -> SkillRouting:
+        return SkillRouting((SkillGroup(None, _canon(skill_ids)),), None)
+
+    @staticmethod
+    def per_row(row_skill_ids: Sequence[Sequence[int]], device: torch.device | str = "cpu") -> SkillRouting:
+        """Group rows by identical skill set, keeping first-appearance order (deterministic)."""
+        sets = [_canon(s) for s in row_skill_ids]
+        order: dict[tuple[int, ...], list[int]] = {}
+        for i, s in enumerate(sets):
+            order.setdefault(s, []).append(i)
+        if len(order) == 1:
+            return SkillRouting.uniform(sets[0])
+        groups, perm = [], []
+        for s, rows in order.items():
+            groups.append(SkillGroup(torch.tensor(rows, dtype=torch.long, device=device), s))
+            perm.extend(rows)
+        inverse = torch.empty(len(perm), dtype=torch.long)
+        inverse[torch.tensor(perm)] = torch.arange(len(perm))
+        return SkillRouting(tuple(groups), inverse.to(device))
+
+    def active_skills(self) -> set[int]:
+        return {i for g in self.groups for i in g.skill_ids}
+
+
+def _canon(skill_ids: Sequence[int] | torch.Tensor) -> tuple[int, ...]:
+    ids = skill_ids.tolist() if isinstance(skill_ids, torch.Tensor) else list(skill_ids)
+    ids = tuple(sorted({int(i) for i in ids if int(i) >= 0}))  # -1 pads a ragged [B, k] id matrix
+    if not ids:
+        raise ValueError("a row activates no skill")
+    return ids
+
+
+class _Dense(nn.Module):
+    """Holder that reproduces HF's ``<name>.dense`` (and optional ``LayerNorm``) parameter names."""
+
+    def __init__(self, d_in: int, d_out: int, layer_norm_eps: float | None = None) -> None:
+        super().__init__()
+        self.dense = nn.Linear(d_in, d_out)
+        if layer_norm_eps is not None:
+            self.LayerNorm = nn.LayerNorm(d_out, eps=layer_norm_eps)
+
+
+class Skill(nn.Module):
+    """One skill's FFN in one layer: ``intermediate.dense`` (D->F) and ``output.dense`` (F->D)."""
+
+    def __init__(self, hidden: int, ffn: int, per_skill_ln_eps: float | None = None) -> None:
+        super().__init__()
+        self.intermediate = _Dense(hidden, ffn)
+        self.output = _Dense(ffn, hidden, per_skill_ln_eps)
+
+
+class SkillFFN(nn.Module):
+    def __init__(
+        self,
+        hidden_size: int,
+        intermediate_size: int,
+        num_skills: int,
+        hidden_act: str = "gelu",
+        impl: str = "fused",
+        per_skill_layernorm: bool = False,
+        layer_norm_eps: float = 1e-12,
+        hidden_dropout_prob: float = 0.0,
+    ) -> None:
+        super().__init__()
+        self.impl = impl
+        self.per_skill_layernorm = per_skill_layernorm
+        self.act = ACT2FN[hidden_act]
+        ln_eps = layer_norm_eps if per_skill_layernorm else None
+        self.skills = nn.ModuleList(Skill(hidden_size, intermediate_size, ln_eps) for _ in range(num_skills))
+        # Only used by the per-skill-LayerNorm variant, which applies dropout+residual+LN per skill.
+        self.dropout = nn.Dropout(hidden_dropout_prob)
+
+    def forward(
+        self, x_BTD: torch.Tensor, routing: SkillRouting, residual_BTD: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """Average of the active skills' FFN outputs.
+
+        Shared LayerNorm (default): returns the pre-residual average; the layer adds dropout, residual, LN.
+        Per-skill LayerNorm: returns mean_k LN_k(dropout(FFN_k(x)) + residual); `residual_BTD` required.
+        """
+        if routing.single:
+            return self._group(x_BTD, routing.groups[0].skill_ids, residual_BTD)
+        outs = []
+        for g in routing.groups:
+            res = None if residual_BTD is None else residual_BTD.index_select(0, g.rows)
+            outs.append(self._group(x_BTD.index_select(0, g.rows), g.skill_ids, res))
+        return torch.cat(outs, 0).index_select(0, routing.inverse)
+
+    def _group(self, x: torch.Tensor, ids: tuple[int, ...], residual: torch.Tensor | None) -> torch.Tensor:
+        if self.per_skill_layernorm:
+            if residual is None:
+                raise ValueError("per-skill LayerNorm needs the residual input")
+            return self._loop_per_skill_ln(x, ids, residual)
+        if self.impl == "loop" or len(ids) == 1:
+            return self._loop(x, ids)
+        return self._fused(x, ids)
+
+    def _loop(self, x: torch.Tensor, ids: tuple[int, ...]) -> torch.Tensor:
+        out = None
+        for i in ids:
+            s = self.skills[i]
+            h = s.output.dense(self.act(s.intermediate.dense(x)))
+            out = h if out is None else out + h
+        return out / len(ids) if len(ids) > 1 else out
+
+    def _fused(self, x: torch.Tensor, ids: tuple[int, ...]) -> torch.Tensor:
+        k = len(ids)
+        sk = [self.skills[i] for i in ids]
+        w1_KFxD = torch.cat([s.intermediate.dense.weight for s in sk], 0)
+        b1_KF = torch.cat([s.intermediate.dense.bias for s in sk], 0)
+        w2_DxKF = torch.cat([s.output.dense.weight for s in sk], 1)
+        b2_D = torch.stack([s.output.dense.bias for s in sk], 0).mean(0)
+        x_ND = x.reshape(-1, x.shape[-1])
+        h_NKF = self.act(F.linear(x_ND, w1_KFxD, b1_KF))
+        # alpha=1/k folds the average into the second GEMM instead of an extra pass over [N, D].
+        y_ND = torch.addmm(b2_D, h_NKF, w2_DxKF.t(), alpha=1.0 / k)
+        return y_ND.view(x.shape)
+
+    def _loop_per_skill_ln(
+        self, x: torch.Tensor, ids: tuple[int, ...], residual: torch.Tensor
+    ) -> torch.Tensor:
+        out = None
+        for i in ids:
+            s = self.skills[i]
+            h = s.output.dense(self.act(s.intermediate.dense(x)))
+            h = s.output.LayerNorm(self.dropout(h) + residual)
+            out = h if out is None else out + h
+        return out / len(ids)
