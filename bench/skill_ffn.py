@@ -1,0 +1,111 @@
+"""Skill FFN speed: reference loop vs fused vs a dense FFN of the same activated width (k*f).
+
+The dense FFN of width k*f does exactly the FLOPs of k active skills, so it is the floor the fused path
+is measured against. Forward+backward, CPU fp32, all three interleaved in one run so machine load
+affects them alike; the median over repetitions is reported.
+
+    python bench/skill_ffn.py            # table
+    python bench/skill_ffn.py --json     # table, then one JSON line (last line)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+from torch import nn
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from model.skill_ffn import SkillFFN, SkillRouting  # noqa: E402
+
+SHAPES = {"bert-base": (768, 3072, 4096), "small": (256, 1024, 2048)}
+
+
+class DenseFFN(nn.Module):
+    def __init__(self, d: int, f: int) -> None:
+        super().__init__()
+        self.fc1, self.fc2 = nn.Linear(d, f), nn.Linear(f, d)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc2(torch.nn.functional.gelu(self.fc1(x)))
+
+
+def _step(fn, x: torch.Tensor, params: list[nn.Parameter]) -> float:
+    for p in params:
+        p.grad = None
+    x.grad = None
+    t0 = time.perf_counter()
+    y = fn(x)
+    y.backward(torch.ones_like(y))
+    return time.perf_counter() - t0
+
+
+def bench_shape(d: int, f: int, n: int, ks: list[int], reps: int, num_skills: int = 7) -> list[dict]:
+    torch.manual_seed(0)
+    fused = SkillFFN(d, f, num_skills, impl="fused")
+    loop = SkillFFN(d, f, num_skills, impl="loop")
+    loop.load_state_dict(fused.state_dict())
+    x = torch.randn(n, d, requires_grad=True)
+    rows = []
+    for k in ks:
+        dense = DenseFFN(d, k * f)
+        route = SkillRouting.uniform(list(range(num_skills - k, num_skills)))
+        runs = {
+            "dense": (dense, list(dense.parameters())),
+            "fused": (lambda t, m=fused, r=route: m(t, r), list(fused.parameters())),
+            "loop": (lambda t, m=loop, r=route: m(t, r), list(loop.parameters())),
+        }
+        times: dict[str, list[float]] = {name: [] for name in runs}
+        for name, (fn, params) in runs.items():  # warm-up: allocator, thread pool, first-touch pages
+            _step(fn, x, params)
+        for _ in range(reps):
+            for name, (fn, params) in runs.items():
+                times[name].append(_step(fn, x, params))
+        med = {name: statistics.median(v) for name, v in times.items()}
+        flops = 3 * 2 * 2 * n * d * k * f  # fwd (2 GEMMs) + bwd (4 GEMMs)
+        rows.append({
+            "k": k, "dense_ms": med["dense"] * 1e3, "fused_ms": med["fused"] * 1e3, "loop_ms": med["loop"] * 1e3,
+            "fused_over_dense": med["fused"] / med["dense"], "loop_over_dense": med["loop"] / med["dense"],
+            "dense_gflops": flops / med["dense"] / 1e9,
+        })
+    return rows
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--json", action="store_true", help="print one JSON object as the last line")
+    ap.add_argument("--reps", type=int, default=5, help="timed repetitions per method (median reported)")
+    ap.add_argument("--ks", default="1,2,3,4", help="numbers of active skills to measure")
+    ap.add_argument("--shapes", default="bert-base,small", help=f"subset of {','.join(SHAPES)}")
+    args = ap.parse_args()
+    ks = [int(k) for k in args.ks.split(",")]
+    torch.set_grad_enabled(True)
+    per_shape = {}
+    print(f"torch {torch.__version__}, threads {torch.get_num_threads()}, fp32, forward+backward, median of {args.reps}")
+    print(f"{'shape':10} {'k':>2} {'dense ms':>9} {'fused ms':>9} {'loop ms':>9} {'fused/dense':>11} {'loop/dense':>10} {'GFLOP/s':>8}")
+    for name in args.shapes.split(","):
+        d, f, n = SHAPES[name]
+        rows = bench_shape(d, f, n, ks, args.reps)
+        per_shape[name] = {"d": d, "f": f, "tokens": n, "rows": rows}
+        for r in rows:
+            print(f"{name:10} {r['k']:>2} {r['dense_ms']:9.1f} {r['fused_ms']:9.1f} {r['loop_ms']:9.1f} "
+                  f"{r['fused_over_dense']:11.3f} {r['loop_over_dense']:10.3f} {r['dense_gflops']:8.1f}", flush=True)
+    ref = per_shape.get("bert-base") or next(iter(per_shape.values()))
+    result = {
+        "fused_over_dense": max(r["fused_over_dense"] for r in ref["rows"]),
+        "loop_over_dense": max(r["loop_over_dense"] for r in ref["rows"]),
+        "per_shape": per_shape,
+    }
+    print(f"worst k at {ref['d']}x{ref['f']}: fused/dense = {result['fused_over_dense']:.3f} (target <= 1.10), "
+          f"loop/dense = {result['loop_over_dense']:.3f}")
+    if args.json:
+        print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()
