@@ -111,8 +111,9 @@ class Layer(nn.Module):
         )
         per_skill_ln = has_skills and config.skill_layernorm == "per_skill"
         if has_skills:
+            top_k = config.moe_top_k if config.router == "topk" else 0
             self.skill_ffn = SkillFFN(
-                d, f, config.num_skills, config.hidden_act, config.ffn_impl, per_skill_ln, eps, p
+                d, f, config.num_skills, config.hidden_act, config.ffn_impl, per_skill_ln, eps, p, top_k
             )
         else:
             self.act = ACT2FN[config.hidden_act]
@@ -155,6 +156,7 @@ class EncoderOutput(ModelOutput):
     last_hidden_state: torch.Tensor | None = None
     pooler_output: torch.Tensor | None = None
     hidden_states: tuple[torch.Tensor, ...] | None = None
+    aux_loss: torch.Tensor | None = None  # MoE baseline's load-balancing loss (router="topk")
 
 
 class SkillNetBertPreTrainedModel(PreTrainedModel):
@@ -233,7 +235,10 @@ class SkillNetBertModel(SkillNetBertPreTrainedModel):
         **unused: object,
     ) -> EncoderOutput:
         if routing is None:
-            routing = self.routing(task, skill_ids, input_ids.device)
+            if self.config.router == "topk":  # the gate decides; the task only picks the head
+                routing = SkillRouting.uniform(range(self.config.num_skills))
+            else:
+                routing = self.routing(task, skill_ids, input_ids.device)
         if task is not None and not isinstance(task, str) and len(task) != input_ids.shape[0]:
             raise ValueError(f"{len(task)} tasks given for a batch of {input_ids.shape[0]} rows")
         x = self.embeddings(input_ids, token_type_ids)

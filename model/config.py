@@ -38,6 +38,7 @@ DEFAULT_TASKS: dict[str, list[str]] = {
 HEAD_TYPES = ("classification", "regression", "token_crf", "span", "matching")
 FFN_IMPLS = ("fused", "loop")
 SKILL_LAYERNORMS = ("shared", "per_skill")
+ROUTERS = ("task", "topk")
 
 # Named sizes. "tiny" is for tests (2 layers, hidden 64); "small" trains on a CPU in minutes;
 # "base" is BERT-base as in the paper. Vocab defaults to bert-base-chinese (21,128).
@@ -83,6 +84,8 @@ class SkillNetBertConfig(BertConfig):
     ffn_impl: ``"fused"`` (one wide GEMM pair over the active skills) or ``"loop"`` (reference).
     skill_layernorm: ``"shared"`` (paper: average, then the layer's residual + LayerNorm) or
         ``"per_skill"`` (public SkillNet-NLG code: each skill has its own LayerNorm, averaged after it).
+    router: ``"task"`` (SkillNet: the task picks the skills) or ``"topk"`` (the paper's MoE baseline: a
+        learned gate picks the top ``moe_top_k`` FFNs per token; tasks are ignored by the FFNs).
     """
 
     model_type = "skillnet-bert"
@@ -94,6 +97,9 @@ class SkillNetBertConfig(BertConfig):
     skill_layers: str | list | None = "all"
     ffn_impl: str = "fused"
     skill_layernorm: str = "shared"
+    router: str = "task"
+    moe_top_k: int = 2
+    moe_aux_loss_coef: float = 0.01
 
     def __post_init__(self, **kwargs: Any) -> None:
         if self.skills is None:
@@ -138,10 +144,27 @@ class SkillNetBertConfig(BertConfig):
             raise ValueError(f"ffn_impl={self.ffn_impl!r}; valid: {FFN_IMPLS}")
         if self.skill_layernorm not in SKILL_LAYERNORMS:
             raise ValueError(f"skill_layernorm={self.skill_layernorm!r}; valid: {SKILL_LAYERNORMS}")
+        if self.router not in ROUTERS:
+            raise ValueError(f"router={self.router!r}; valid: {ROUTERS}")
+        if self.router == "topk" and not 0 < self.moe_top_k <= self.num_skills:
+            raise ValueError(f"moe_top_k={self.moe_top_k} must be in 1..{self.num_skills}")
         self.skill_layer_ids()  # raises on a bad spec
 
     def _unknown_skill_msg(self, name: str, where: str) -> str:
         return f"unknown skill {name!r} in {where}; valid skills: {', '.join(self.skill_names)}"
+
+    @classmethod
+    def dense_joint(cls, **kwargs: Any) -> SkillNetBertConfig:
+        """The "Joint fine-tuning (Dense)" baseline: one FFN shared by every task."""
+        tasks = {t: ["shared"] for t in kwargs.pop("tasks", DEFAULT_TASKS)}
+        return cls(
+            skills=[{"name": "shared", "description": "dense FFN"}], tasks=tasks, generic_skill=None, **kwargs
+        )
+
+    @classmethod
+    def top2_moe(cls, **kwargs: Any) -> SkillNetBertConfig:
+        """The "Joint fine-tuning (MoE)" baseline: 7 FFNs per layer, a gate activates the top 2 per token."""
+        return cls(router="topk", moe_top_k=2, **kwargs)
 
     # ---- queries --------------------------------------------------------------------------------
     @property

@@ -53,6 +53,11 @@ def count_parameters(model: nn.Module) -> dict:
 def activated_parameters(model: nn.Module, task: str) -> int:
     """Parameters a forward pass of `task` touches: shared ones, the task's skills, and its own head."""
     cfg = encoder_of(model).config
+    if cfg.router == "topk":
+        # MoE baseline: every token runs moe_top_k experts; all experts have the same size.
+        per_expert = count_parameters(model)["skills"][cfg.skill_names[0]]
+        counts = count_parameters(model)
+        return counts["shared"] + cfg.moe_top_k * per_expert + counts["heads"].get(task, 0)
     active = set(cfg.task_skill_names(task))
     total = 0
     for pname, p in model.named_parameters():

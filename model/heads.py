@@ -323,7 +323,10 @@ class SkillNetBertForMultiTask(SkillNetBertPreTrainedModel):
         elif isinstance(head, MatchingHead):
             raise ValueError(f"task {task!r} is a matching task: input_ids must be [groups, candidates, T]")
         enc = self.bert(input_ids, attention_mask, token_type_ids, task=task)
-        return head(enc, batch)
+        out = head(enc, batch)
+        if enc.aux_loss is not None and out.loss is not None:
+            out.loss = out.loss + self.config.moe_aux_loss_coef * enc.aux_loss
+        return out
 
     @torch.no_grad()
     def predict(self, task: str, **batch: Any) -> list[Any]:

@@ -105,9 +105,14 @@ class SkillFFN(nn.Module):
         per_skill_layernorm: bool = False,
         layer_norm_eps: float = 1e-12,
         hidden_dropout_prob: float = 0.0,
+        moe_top_k: int = 0,
     ) -> None:
         super().__init__()
         self.impl = impl
+        self.moe_top_k = moe_top_k
+        # MoE baseline only: a learned token-level gate instead of task routing.
+        self.gate = nn.Linear(hidden_size, num_skills, bias=False) if moe_top_k else None
+        self.aux_loss: torch.Tensor | None = None
         self.per_skill_layernorm = per_skill_layernorm
         self.act = ACT2FN[hidden_act]
         ln_eps = layer_norm_eps if per_skill_layernorm else None
@@ -123,6 +128,8 @@ class SkillFFN(nn.Module):
         Shared LayerNorm (default): returns the pre-residual average; the layer adds dropout, residual, LN.
         Per-skill LayerNorm: returns mean_k LN_k(dropout(FFN_k(x)) + residual); `residual_BTD` required.
         """
+        if self.gate is not None:
+            return self._moe(x_BTD)
         if routing.single:
             return self._group(x_BTD, routing.groups[0].skill_ids, residual_BTD)
         outs = []
@@ -171,3 +178,26 @@ class SkillFFN(nn.Module):
             h = s.output.LayerNorm(self.dropout(h) + residual)
             out = h if out is None else out + h
         return out / len(ids)
+
+    def _moe(self, x: torch.Tensor) -> torch.Tensor:
+        """Top-k gated mixture (the MoE baseline of §4.1), with a Switch-style load-balancing loss kept in
+        `self.aux_loss` for the model to add."""
+        x_ND = x.reshape(-1, x.shape[-1])
+        probs_NS = self.gate(x_ND).softmax(-1)
+        w_NK, idx_NK = probs_NS.topk(self.moe_top_k, dim=-1)
+        w_NK = w_NK / w_NK.sum(-1, keepdim=True)
+        S = probs_NS.shape[-1]
+        frac_S = (
+            torch.zeros(S, device=x.device).index_add_(
+                0, idx_NK.reshape(-1), torch.ones(idx_NK.numel(), device=x.device)
+            )
+            / idx_NK.numel()
+        )
+        self.aux_loss = S * (frac_S * probs_NS.mean(0)).sum()
+        y_ND = torch.zeros_like(x_ND)
+        for e in idx_NK.unique().tolist():
+            rows, slot = (idx_NK == e).nonzero(as_tuple=True)
+            s = self.skills[e]
+            h = s.output.dense(self.act(s.intermediate.dense(x_ND.index_select(0, rows))))
+            y_ND = y_ND.index_add(0, rows, h * w_NK[rows, slot, None])
+        return y_ND.view(x.shape)
