@@ -61,7 +61,7 @@ def bench_shape(d: int, f: int, n: int, ks: list[int], reps: int, num_skills: in
             "loop": (lambda t, m=loop, r=route: m(t, r), list(loop.parameters())),
         }
         times: dict[str, list[float]] = {name: [] for name in runs}
-        for name, (fn, params) in runs.items():  # warm-up: allocator, thread pool, first-touch pages
+        for fn, params in runs.values():  # warm-up: allocator, thread pool, first-touch pages
             _step(fn, x, params)
         for _ in range(reps):
             for name, (fn, params) in runs.items():
