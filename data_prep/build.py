@@ -1,9 +1,9 @@
 """`build`: corpus -> shards, in parallel, restartable, deterministic whatever the worker/job count.
 
-The hot path per batch of ~1 MB of documents is: one `encode_batch` call (Rust), one list
-comprehension to pull the id lists, two `np.fromiter`, a handful of vectorised numpy ops for
-sentence/document boundaries and three `write` calls. Nothing runs per token in Python, and per
-document only the id-list access.
+The hot path per batch of ~1 MB of documents is: `WordPieceTokenizer.encode_batch_flat` (CJK
+ideographs and punctuation looked up in a table with numpy, the rest of the text in one Rust call, see
+`tokenizer.FastCJK`), a handful of vectorised numpy ops for sentence/document boundaries and three
+`write` calls. Nothing runs per token or per character in Python.
 """
 
 from __future__ import annotations
@@ -92,14 +92,14 @@ class Encoder:
             self._jieba = jieba
 
     def encode(self, docs: list[str]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray | None, int]:
-        if self.whole_word:
+        if self.whole_word:  # needs character offsets: plain path
             pairs = self.tok.encode_batch_offsets(docs)
             ids_lists = [p[0] for p in pairs]
-        else:
-            ids_lists = self.tok.encode_batch(docs)
-        lens = np.fromiter(map(len, ids_lists), np.int64, count=len(ids_lists))
-        n_tok = int(lens.sum())
-        flat = np.fromiter(itertools.chain.from_iterable(ids_lists), self.tok.dtype, count=n_tok)
+            lens = np.fromiter(map(len, ids_lists), np.int64, count=len(ids_lists))
+            n_tok = int(lens.sum())
+            flat = np.fromiter(itertools.chain.from_iterable(ids_lists), self.tok.dtype, count=n_tok)
+        else:  # CJK fast path (identical ids, see tokenizer.FastCJK), or the plain path if it is off
+            flat, lens = self.tok.encode_batch_flat(docs)
         nonempty = lens > 0
         n_empty = int(len(lens) - nonempty.sum())
         doc_end = np.cumsum(lens[nonempty])
@@ -240,7 +240,8 @@ def build(cfg: BuildConfig) -> dict:
     paths = expand_inputs(cfg.inputs)
     units = plan_units(paths, cfg.unit_bytes, _splittable(cfg))
     mine = [u for u in units if u.index % cfg.num_shards == cfg.shard_index]
-    tok = WordPieceTokenizer(TokenizerConfig(vocab_file=cfg.vocab, lowercase=cfg.lowercase))
+    # Only for the header (fingerprint, vocab): no fast-path table needed in this process.
+    tok = WordPieceTokenizer(TokenizerConfig(vocab_file=cfg.vocab, lowercase=cfg.lowercase), fast_cjk=False)
     header = manifest_header(cfg, tok, units)
     # A copy of the vocab travels with the shards so readers can decode and check the fingerprint anywhere.
     vocab_copy = out / "vocab.txt"
