@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 
 
@@ -96,6 +97,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     b.add_argument("--strict", action="store_true", help="stop at the first bad input with its file and line")
     b.add_argument("--no-progress", action="store_true", help="no progress bar")
+    b.add_argument(
+        "--no-fast-cjk",
+        action="store_true",
+        help="tokenise everything through the plain HF path (same ids, slower; for debugging)",
+    )
     b.add_argument("--report-json", default="", help="also write the bad-input report to this JSON file")
 
     m = sub.add_parser(
@@ -152,6 +158,9 @@ def _run(a: argparse.Namespace) -> int:
     if a.cmd == "build":
         from data_prep.build import BuildConfig, build
         from data_prep.corpus import BadInputReport
+
+        if a.no_fast_cjk:  # read by the tokenizer in every worker process
+            os.environ["SKILLNET_FAST_CJK"] = "0"
 
         cfg = BuildConfig(
             inputs=a.inputs,
