@@ -1,0 +1,506 @@
+"""Multi-task fine-tuning of SkillNet-BERT (skillnet-nlu.md §3.3-3.4, §4.1, Table 6).
+
+    # one process (CPU or one GPU)
+    python -m finetune.run --config finetune/configs/tiny.json --output-dir runs/ft-tiny
+    # several ranks through DeepSpeed (ZeRO-1/2; same task on every rank for every step)
+    deepspeed --num_gpus 8 --module finetune.run --config CFG --ds-config ds_configs/zero2.json
+    # adaptation (§3.4): a new skill s8 copied from s7, only s8 and the heads train
+    python -m finetune.run --config CFG --init runs/mt/export --new-skill s8 --freeze-old-skills
+    # ablation (Table 6): no task uses s4
+    python -m finetune.run --config CFG --drop-skill s4
+
+Writes to ``--output-dir``: ``log.jsonl`` + ``tensorboard/`` (per-task ``train/<task>/loss``,
+``eval/<task>/<metric>``, ``eval/mix_target/<task>`` vs ``eval/mix_realised/<task>``), ``best/<task>/``
+(the checkpoint with the best dev score of that task), ``export/`` (the final model), ``results.json``
+and ``results.md`` (dev and test scores of each task's best checkpoint, next to a trivial baseline),
+``params.json`` (activated and trainable parameter counts per task) and ``checkpoints/`` (resumable).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import math
+import os
+import shutil
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+if __package__ in (None, ""):  # `deepspeed finetune/run.py` runs this file as a script
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch
+
+from data_prep.tasks.schema import TaskDataError
+from finetune.config import ConfigError, FinetuneConfig, NewSkill
+from finetune.samplers import SAMPLER_KINDS, build_sampler
+from finetune.source import MultiTaskBatchSource
+from finetune.tasks import TaskData
+
+log = logging.getLogger("finetune")
+META_FILE = "finetune_tasks.json"
+
+
+# ----------------------------------------------------------------------------------------- CLI
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m finetune.run",
+        description="Multi-task fine-tuning of a SkillNet-BERT model: one task's mini-batch per step, drawn by a "
+        "task sampler identical on all ranks; per-task best checkpoints on dev; dev/test scores as JSON and "
+        "Markdown. Options given here override the config file.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=__doc__.split("Writes to")[0].split("\n\n", 1)[1],
+    )
+    p.add_argument("--config", required=True, help="fine-tuning config (JSON; see finetune/config.py, docs/finetune.md)")
+    p.add_argument("--output-dir", help="where logs, checkpoints, best models and results go")
+    p.add_argument("--init", help="SkillNet checkpoint/export to start from (overrides model.init)")
+    p.add_argument("--max-steps", type=int, help="optimizer steps")
+    p.add_argument("--batch-size", type=int, help="global batch size (summed over ranks)")
+    p.add_argument("--lr", type=float, help="peak learning rate (§4.1: 2e-5 for BERT-base)")
+    p.add_argument("--seed", type=int)
+    p.add_argument("--eval-every", type=int, help="evaluate on dev every N steps (and at the end)")
+    p.add_argument("--early-stopping", type=int, metavar="N",
+                   help="stop after N evaluations without improvement of the mean dev score (0 = off)")
+    g = p.add_argument_group("task sampling")
+    g.add_argument("--sampler", choices=SAMPLER_KINDS, help="proportional (Eq. 3) | temperature (NLG Eq. 4) | "
+                   "annealed (PALs Eq. 6) | round_robin")
+    g.add_argument("--alpha", type=float, help="proportional: q_i ∝ p_i^alpha (1 = natural mix, 0 = uniform)")
+    g.add_argument("--temperature", type=float, help="temperature: p_i ∝ min(n_i, K)^(1/T)")
+    g.add_argument("--size-cap", type=int, help="temperature: K")
+    g.add_argument("--num-epochs", type=int, help="annealed: E (alpha goes from 1 to 0.2 over E epochs)")
+    g = p.add_argument_group("adaptation and ablation")
+    g.add_argument("--new-skill", action="append", default=[], metavar="NAME",
+                   help="add a skill (e.g. s8) to every skill layer, activated with the tasks' skills")
+    g.add_argument("--new-skill-init", default="s7", metavar="SKILL",
+                   help="initialise new skills as a copy of this skill (default s7; 'random' for fresh init)")
+    g.add_argument("--new-skill-tasks", default="", metavar="T1,T2",
+                   help="tasks that activate the new skills (default: every task of the config)")
+    g.add_argument("--freeze-old-skills", action="store_true",
+                   help="train only the new skills and the task heads (Table 5 'Update Old Skills: N')")
+    g.add_argument("--drop-skill", action="append", default=[], metavar="SKILL",
+                   help="ablation: remove this skill from every task that uses it (repeatable)")
+    g = p.add_argument_group("data")
+    g.add_argument("--skip-bad", action="store_true",
+                   help="count and skip bad task records instead of stopping at the first one")
+    g = p.add_argument_group("runtime")
+    g.add_argument("--ds-config", "--ds_config", dest="ds_config",
+                   help="DeepSpeed JSON (ZeRO-1/2); without it: plain PyTorch, one process")
+    g.add_argument("--resume", help="'auto' (latest checkpoint in the output dir) or a checkpoint directory")
+    g.add_argument("--no-tensorboard", action="store_true")
+    g.add_argument("--no-progress", action="store_true", help="no tqdm bars (CI logs)")
+    g.add_argument("--threads", type=int, help="torch CPU threads")
+    g.add_argument("--local_rank", "--local-rank", type=int, default=None, help=argparse.SUPPRESS)
+    return p
+
+
+def apply_overrides(cfg: FinetuneConfig, a: argparse.Namespace) -> FinetuneConfig:
+    d = cfg.to_dict()
+    if a.output_dir:
+        d["output_dir"] = a.output_dir
+    if a.init:
+        d["model"]["init"] = a.init
+    for key, val in (("max_steps", a.max_steps), ("batch_size", a.batch_size), ("lr", a.lr), ("seed", a.seed),
+                     ("eval_every", a.eval_every), ("early_stopping_patience", a.early_stopping)):
+        if val is not None:
+            d["train"][key] = val
+    for key, val in (("kind", a.sampler), ("alpha", a.alpha), ("temperature", a.temperature),
+                     ("size_cap", a.size_cap), ("num_epochs", a.num_epochs)):
+        if val is not None:
+            d["sampler"][key] = val
+    if a.new_skill:
+        tasks = [t for t in a.new_skill_tasks.split(",") if t]
+        init = None if a.new_skill_init in ("random", "none", "") else a.new_skill_init
+        d["new_skills"] = d.get("new_skills", []) + [
+            NewSkill(name=n, init_from=init, tasks=tasks).__dict__ for n in a.new_skill]
+    if a.freeze_old_skills:
+        d["freeze_old_skills"] = True
+    if a.drop_skill:
+        d["drop_skills"] = sorted(set(d.get("drop_skills", [])) | set(a.drop_skill))
+    if a.skip_bad:
+        d["skip_bad"] = True
+    return FinetuneConfig.from_dict(d, where="config + command line", base_dir=cfg.base_dir)
+
+
+# ----------------------------------------------------------------------------------------- model
+def build_model(cfg: FinetuneConfig, data: dict[str, TaskData]) -> tuple[torch.nn.Module, list[str]]:
+    """The multi-task model with every config task registered (skills + head); returns (model, new skills)."""
+    from model.config import SkillNetBertConfig
+    from model.heads import SkillNetBertForMultiTask
+    from model.surgery import add_skill
+
+    if cfg.model.init:
+        init = cfg.resolve(cfg.model.init)
+        if not Path(init).exists():
+            raise ConfigError(f"model.init {init} does not exist (a folder written by save_pretrained / export)")
+        os.environ.setdefault("HF_HUB_OFFLINE", "1")
+        model = SkillNetBertForMultiTask.from_pretrained(init)
+    else:
+        mc = SkillNetBertConfig.preset(cfg.model.preset, **cfg.model.overrides)
+        model = SkillNetBertForMultiTask(mc)
+    mc = model.config
+    new_names = []
+    for ns in cfg.new_skills:
+        if ns.name in mc.skill_names:
+            raise ConfigError(f"new skill {ns.name!r} already exists in the model (skills: {mc.skill_names})")
+        add_skill(model, ns.name, init_from=ns.init_from, description=ns.description or "new task skill (§3.4)")
+        new_names.append(ns.name)
+    for t in cfg.tasks:
+        skills = cfg.effective_skills(t)
+        head = data[t.name].head_spec()
+        old = (mc.task_heads or {}).get(t.name)
+        same = (t.name in model.heads and old is not None
+                and all(old.get(k) == head.get(k) for k in ("type", "num_labels", "labels")))
+        if same:
+            mc.set_task(t.name, skills)  # keep the trained head of a task the checkpoint already knows
+        else:
+            model.add_task(t.name, skills, head)
+    for s in cfg.drop_skills:
+        try:
+            mc.drop_skill(s)
+        except (KeyError, ValueError) as e:
+            raise ConfigError(f"--drop-skill {s}: {e}") from None
+    if cfg.freeze_old_skills:
+        freeze_all_but(model, new_names, [t.name for t in cfg.tasks])
+    return model, new_names
+
+
+def freeze_all_but(model: torch.nn.Module, skills: Sequence[str], heads: Sequence[str]) -> None:
+    """requires_grad only for the given skills and task heads (embeddings, attention, old skills frozen)."""
+    from model.surgery import skill_parameters
+
+    keep = {id(p) for s in skills for p in skill_parameters(model)[s]}
+    keep |= {id(p) for h in heads for p in model.heads[h].parameters()}
+    for p in model.parameters():
+        p.requires_grad_(id(p) in keep)
+
+
+def parameter_report(model: torch.nn.Module, tasks: Sequence[str]) -> dict[str, Any]:
+    from model.counts import activated_parameters, count_parameters, trainable_activated_parameters
+
+    c = count_parameters(model)
+    return {
+        "total": c["total"], "trainable": c["trainable"], "shared": c["shared"], "skills": c["skills"],
+        "tasks": {t: {"skills": model.config.task_skill_names(t), "activated": activated_parameters(model, t),
+                      "trainable_activated": trainable_activated_parameters(model, t)} for t in tasks},
+    }
+
+
+# ----------------------------------------------------------------------------------------- saving
+def save_model_dir(model: torch.nn.Module, path: Path, data: dict[str, TaskData], vocab: Path,
+                   inherited: dict[str, Any] | None = None) -> None:
+    """save_pretrained + task metadata + vocab, written to a temp dir and renamed (never half-written).
+
+    `inherited`: task metadata of the checkpoint this run started from, so an adapted model can still
+    predict the tasks it learnt before (their heads are in the weights)."""
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    model.save_pretrained(str(tmp))
+    tasks = {n: m for n, m in (inherited or {}).items() if n in model.heads}
+    tasks.update({n: d.meta() for n, d in data.items()})
+    meta = {"tasks": tasks, "vocab": "vocab.txt", "lowercase": True}
+    (tmp / META_FILE).write_text(json.dumps(meta, ensure_ascii=False, indent=2) + "\n", encoding="utf-8")
+    shutil.copyfile(vocab, tmp / "vocab.txt")
+    old = path.with_name(f".{path.name}.old")
+    shutil.rmtree(old, ignore_errors=True)
+    if path.exists():
+        os.replace(path, old)
+    os.replace(tmp, path)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def load_weights(model: torch.nn.Module, path: Path) -> None:
+    from safetensors.torch import load_file
+
+    files = sorted(Path(path).glob("*.safetensors"))
+    state: dict[str, torch.Tensor] = {}
+    for f in files:
+        state.update(load_file(str(f)))
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    if missing or unexpected:
+        raise RuntimeError(f"{path}: weights do not fit the model (missing {missing[:4]}, unexpected {unexpected[:4]})")
+
+
+# ----------------------------------------------------------------------------------------- evaluation
+class DevEvaluator:
+    """Runs on every rank (identical results, so early stopping agrees); rank 0 saves best checkpoints."""
+
+    def __init__(self, cfg: FinetuneConfig, data: dict[str, TaskData], source: MultiTaskBatchSource,
+                 out: Path, vocab: Path, is_main: bool, inherited: dict[str, Any] | None = None) -> None:
+        self.cfg = cfg
+        self.inherited = inherited
+        self.data = data
+        self.source = source
+        self.out = out
+        self.vocab = vocab
+        self.is_main = is_main
+        self.best: dict[str, float] = {}
+        self.best_step: dict[str, int] = {}
+        self.best_mean = -math.inf
+        self.bad_evals = 0
+        self.trainer: Any = None
+        self.history: list[dict[str, Any]] = []
+        self.early_stopped = False
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"best": self.best, "best_step": self.best_step, "best_mean": self.best_mean,
+                "bad_evals": self.bad_evals}
+
+    def load_state_dict(self, s: dict[str, Any]) -> None:
+        self.best, self.best_step = dict(s["best"]), {k: int(v) for k, v in s["best_step"].items()}
+        self.best_mean, self.bad_evals = float(s["best_mean"]), int(s["bad_evals"])
+
+    def __call__(self, model: torch.nn.Module, step: int) -> dict[str, float]:
+        res: dict[str, float] = {}
+        sel = []
+        bs = self.cfg.train.eval_batch_size
+        for name, d in self.data.items():
+            if "dev" not in d.records:
+                continue
+            scores = d.score("dev", d.predict_split(model, "dev", bs))
+            for k, v in scores.items():
+                res[f"{name}/{k}"] = v
+            s = scores[d.cfg.metric]
+            sel.append(s)
+            if s > self.best.get(name, -math.inf):
+                self.best[name] = s
+                self.best_step[name] = step
+                if self.is_main:
+                    save_model_dir(model, self.out / "best" / name, self.data, self.vocab, self.inherited)
+        if sel:
+            mean = sum(sel) / len(sel)
+            res["mean_dev"] = mean
+            if mean > self.best_mean:
+                self.best_mean, self.bad_evals = mean, 0
+            else:
+                self.bad_evals += 1
+        target, real = self.source.target_mix(), self.source.realised_mix()
+        for t in target:
+            res[f"mix_target/{t}"] = target[t]
+            res[f"mix_realised/{t}"] = real[t]
+        self.history.append({"step": step, **res})
+        patience = self.cfg.train.early_stopping_patience
+        if patience and self.bad_evals >= patience and self.trainer is not None:
+            log.warning("early stopping at step %d: mean dev score did not improve for %d evaluations",
+                        step, self.bad_evals)
+            self.early_stopped = True
+            request_stop(self.trainer)
+        return res
+
+
+def request_stop(trainer: Any) -> None:
+    # The trainer all-reduces this flag after the next step, so every rank stops at the same step.
+    if hasattr(trainer, "request_stop"):
+        trainer.request_stop()
+    else:
+        trainer._stop_requested = True
+
+
+def final_scores(model: torch.nn.Module, cfg: FinetuneConfig, data: dict[str, TaskData], out: Path,
+                 evaluator: DevEvaluator, progress: bool) -> dict[str, Any]:
+    """Dev and test scores of each task's best-on-dev checkpoint (the final model if it has no dev set)."""
+    final_state = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    results: dict[str, Any] = {}
+    bs = cfg.train.eval_batch_size
+    for name, d in data.items():
+        best_dir = out / "best" / name
+        if best_dir.exists():
+            load_weights(model, best_dir)
+            source = f"best/{name}"
+        else:
+            model.load_state_dict(final_state)
+            source = "final"
+        r: dict[str, Any] = {"type": d.cfg.type, "metric": d.cfg.metric, "checkpoint": source,
+                             "best_step": evaluator.best_step.get(name), "skills": model.config.task_skill_names(name),
+                             "train_examples": d.num_train}
+        for split in ("dev", "test"):
+            if split in d.records:
+                r[split] = d.score(split, d.predict_split(model, split, bs, progress=progress))
+                r[f"trivial_{split}"] = d.trivial_baseline(split)
+                r[f"{split}_examples"] = len(d.records[split])
+        results[name] = r
+    model.load_state_dict(final_state)
+    return results
+
+
+def results_markdown(results: dict[str, Any]) -> str:
+    lines = ["| task | type | metric | best step | dev | test | trivial dev | trivial test |",
+             "|---|---|---|---|---|---|---|---|"]
+
+    def f(r: dict[str, Any], key: str) -> str:
+        v = r.get(key, {}).get(r["metric"]) if isinstance(r.get(key), dict) else None
+        return "-" if v is None else f"{v:.1f}"
+
+    for name, r in results.items():
+        lines.append(f"| {name} | {r['type']} | {r['metric']} | {r.get('best_step') or '-'} | {f(r, 'dev')} | "
+                     f"{f(r, 'test')} | {f(r, 'trivial_dev')} | {f(r, 'trivial_test')} |")
+    return "\n".join(lines) + "\n"
+
+
+def _write_json(path: Path, obj: Any) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(obj, ensure_ascii=False, indent=2) + "\n", encoding="utf-8")
+    os.replace(tmp, path)
+
+
+# ----------------------------------------------------------------------------------------- main
+@dataclass
+class Setup:
+    """Everything a fine-tuning run is made of (also what tests drive step by step)."""
+
+    cfg: FinetuneConfig
+    out: Path
+    data: dict[str, TaskData]
+    source: MultiTaskBatchSource
+    model: torch.nn.Module
+    trainer: Any
+    evaluator: DevEvaluator
+    params: dict[str, Any]
+    vocab: Path
+    rank: int
+    world: int
+
+
+def setup(cfg: FinetuneConfig, *, ds_config: str | None = None, resume: str | None = None,
+          tensorboard: bool = True, progress: bool = True) -> Setup:
+    from data_prep.tokenizer import load_tokenizer
+    from model.surgery import skill_parameters
+    from training import TrainConfig, Trainer, prepare
+    from training import dist as D
+
+    tc = cfg.train
+    out = Path(cfg.output_dir).resolve()  # relative to the working directory, unlike data paths
+    raw = TrainConfig(
+        output_dir=str(out), max_steps=tc.max_steps, lr=tc.lr, betas=tuple(tc.betas), eps=tc.eps,
+        weight_decay=tc.weight_decay, warmup_steps=int(round(tc.warmup_ratio * tc.max_steps)),
+        max_grad_norm=tc.grad_clip, seed=tc.seed, save_every=tc.save_every, keep_last=tc.keep_last,
+        log_every=tc.log_every, eval_every=tc.eval_every, resume=resume, ds_config=ds_config,
+        tensorboard=tensorboard, progress=progress,
+    )
+    if ds_config is None:
+        raw.micro_batch_size = tc.batch_size
+        raw.grad_accum = 1
+    tcfg, _ = prepare(raw)
+    rank, world = D.rank(), D.world_size()
+    if ds_config is not None and tcfg.micro_batch_size * world * tcfg.grad_accum != tc.batch_size:
+        log.warning("global batch from the DeepSpeed JSON (%d x %d ranks x %d accum) differs from "
+                    "train.batch_size=%d; using the JSON's", tcfg.micro_batch_size, world, tcfg.grad_accum,
+                    tc.batch_size)
+    torch.manual_seed(tc.seed)
+
+    tok = load_tokenizer(cfg.resolve(cfg.model.vocab) if cfg.model.vocab else None)
+    data = {t.name: TaskData(t, cfg, tok, skip_bad=cfg.skip_bad) for t in cfg.tasks}
+    sizes = {n: d.num_train_rows() for n, d in data.items()}
+    for n, k in sizes.items():
+        if k == 0:
+            raise TaskDataError(data[n].files.get("train", n), 0, f"task {n!r} has no usable training example")
+    global_batch = tcfg.micro_batch_size * world
+    steps_per_epoch = max(1, sum(math.ceil(k / global_batch) for k in sizes.values()))
+    sampler = build_sampler(cfg.sampler, sizes, seed=tc.seed, steps_per_epoch=steps_per_epoch)
+    source = MultiTaskBatchSource(data, sampler, tcfg.micro_batch_size, rank=rank, world_size=world, seed=tc.seed)
+
+    model, new_skills = build_model(cfg, data)
+    params = parameter_report(model, [t.name for t in cfg.tasks])
+    if rank == 0:
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "finetune_config.json").write_text(cfg.to_json(), encoding="utf-8")
+        _write_json(out / "params.json", params)
+        _print_plan(cfg, data, sampler, params, new_skills, steps_per_epoch)
+    inherited = None
+    if cfg.model.init and (Path(cfg.resolve(cfg.model.init)) / META_FILE).is_file():
+        inherited = json.loads((Path(cfg.resolve(cfg.model.init)) / META_FILE).read_text(encoding="utf-8"))["tasks"]
+    evaluator = DevEvaluator(cfg, data, source, out, tok.vocab_path, rank == 0, inherited)
+    trainer = Trainer(model, source, tcfg, evaluator=evaluator, skill_params=skill_parameters(model),
+                      extra_state={"evaluator": evaluator})
+    evaluator.trainer = trainer
+    return Setup(cfg, out, data, source, model, trainer, evaluator, params, tok.vocab_path, rank, world)
+
+
+def run(cfg: FinetuneConfig, *, ds_config: str | None = None, resume: str | None = None,
+        tensorboard: bool = True, progress: bool = True) -> dict[str, Any]:
+    """Train and evaluate; returns the results dict (also written to results.json/.md on rank 0)."""
+    from training import dist as D
+
+    t_start = time.time()
+    st = setup(cfg, ds_config=ds_config, resume=resume, tensorboard=tensorboard, progress=progress)
+    result = st.trainer.train()
+    if result.stopped_by_signal and not st.evaluator.early_stopped:
+        # Interrupted (SIGTERM/SIGINT), not early-stopped: the checkpoint is saved, resume with --resume auto.
+        if st.rank == 0:
+            print(f"[finetune] interrupted at step {result.step}; resume with --resume auto", file=sys.stderr)
+        return {}
+    results: dict[str, Any] = {}
+    if st.rank == 0:
+        out, source = st.out, st.source
+        save_model_dir(st.model, out / "export", st.data, st.vocab, st.evaluator.inherited)
+        results = final_scores(st.model, cfg, st.data, out, st.evaluator, progress)
+        mix_t, mix_r = source.target_mix(), source.realised_mix()
+        summary = {"steps": result.step, "seconds": round(time.time() - t_start, 1), "world_size": st.world,
+                   "sampler": cfg.sampler.to_dict(),
+                   "task_mix": {t: {"target": mix_t[t], "realised": mix_r[t]} for t in mix_t},
+                   "params": st.params, "tasks": results}
+        _write_json(out / "results.json", summary)
+        md = results_markdown(results)
+        (out / "results.md").write_text(md, encoding="utf-8")
+        print(_mix_table(mix_t, mix_r), file=sys.stderr)
+        print(md, file=sys.stderr)
+    D.barrier()
+    return results
+
+
+def _mix_table(target: dict[str, float], real: dict[str, float]) -> str:
+    rows = ["task mix      target  realised"] + [f"  {t:<12} {target[t]:6.3f}  {real[t]:6.3f}" for t in target]
+    return "\n".join(rows)
+
+
+def _print_plan(cfg: FinetuneConfig, data: dict[str, TaskData], sampler: Any, params: dict[str, Any],
+                new_skills: list[str], steps_per_epoch: int) -> None:
+    p0 = sampler.probabilities(0)
+    lines = [f"[finetune] {len(data)} tasks, sampler {cfg.sampler.kind}, {cfg.train.max_steps} steps "
+             f"(one epoch over all tasks = {steps_per_epoch} steps)"]
+    for (name, d), q in zip(data.items(), p0):
+        pt = params["tasks"][name]
+        lines.append(f"  {name:<14} {d.cfg.type:<14} train={d.num_train:<7} q={q:.3f} skills={','.join(pt['skills'])} "
+                     f"activated={pt['activated']:,} trainable={pt['trainable_activated']:,}")
+    for name, d in data.items():
+        for split, rep in d.reports.items():
+            if rep.num_skipped:
+                lines.append(f"  --skip-bad: {name}/{split}: " + rep.summary().replace("\n", "\n    "))
+        if d.skipped_windows:
+            lines.append(f"  {name}/train: skipped {d.skipped_windows} examples whose answer fits no window")
+    if new_skills:
+        lines.append(f"  new skills: {', '.join(new_skills)}; frozen old skills: {cfg.freeze_old_skills}")
+    if cfg.drop_skills:
+        lines.append(f"  ablation: dropped {', '.join(cfg.drop_skills)} from every task")
+    lines.append(f"  parameters: total {params['total']:,}, trainable {params['trainable']:,}")
+    print("\n".join(lines), file=sys.stderr, flush=True)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    a = build_parser().parse_args(argv)
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    if a.threads:
+        torch.set_num_threads(a.threads)
+    try:
+        cfg = apply_overrides(FinetuneConfig.load(a.config), a)
+        run(cfg, ds_config=a.ds_config, resume=a.resume, tensorboard=not a.no_tensorboard,
+            progress=not a.no_progress)
+    except (ConfigError, TaskDataError, FileNotFoundError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
