@@ -103,7 +103,7 @@ def apply_overrides(cfg: FinetuneConfig, a: argparse.Namespace) -> FinetuneConfi
     if a.output_dir:
         d["output_dir"] = a.output_dir
     if a.init:
-        d["model"]["init"] = a.init
+        d["model"]["init"] = str(Path(a.init).resolve())  # CLI paths are relative to the working directory
     for key, val in (("max_steps", a.max_steps), ("batch_size", a.batch_size), ("lr", a.lr), ("seed", a.seed),
                      ("eval_every", a.eval_every), ("early_stopping_patience", a.early_stopping)):
         if val is not None:
