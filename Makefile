@@ -31,9 +31,8 @@ test-fast: setup
 demo: setup
 	bash scripts/demo.sh
 
-lint:
+lint: setup
 	$(PYTHON) -m ruff check .
-	$(PYTHON) -m ruff format --check . || true
 
 bench: setup
 	$(PYTHON) bench/skill_ffn.py
