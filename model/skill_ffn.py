@@ -75,6 +75,67 @@ def _canon(skill_ids: Sequence[int] | torch.Tensor) -> tuple[int, ...]:
     return ids
 
 
+_GELU_APPROXIMATE = {"gelu": "none", "gelu_new": "tanh", "gelu_pytorch_tanh": "tanh"}
+
+
+def _concat_skill_mlp(x_ND: torch.Tensor, act: nn.Module, k: int, params: list[torch.Tensor]) -> torch.Tensor:
+    """Reference fusion: one wide GEMM pair over the concatenated weights (copies the weights)."""
+    w1, b1, w2, b2 = (params[i * k : (i + 1) * k] for i in range(4))
+    h_NKF = act(F.linear(x_ND, torch.cat(w1, 0), torch.cat(b1, 0)))
+    return torch.addmm(torch.stack(b2, 0).mean(0), h_NKF, torch.cat(w2, 1).t(), alpha=1.0 / k)
+
+
+class _FusedSkillMLP(torch.autograd.Function):
+    """mean_k W2_k gelu(W1_k x + b1_k) + b2_k as one FFN of width k*F, without copying any weight.
+
+    Each skill's GEMMs read its own weight in place and write into (or read from) its column block of
+    one [N, k*F] activation buffer, so the elementwise work (bias, GELU and its derivative) runs once
+    over the whole width and the second GEMMs accumulate into one output. Weight gradients come out
+    contiguous in the parameters' own layout, and inactive skills are not inputs at all.
+    """
+
+    @staticmethod
+    def forward(ctx, x_ND: torch.Tensor, approximate: str, *params: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+        k = len(params) // 4
+        w1, b1, w2, b2 = (params[i * k : (i + 1) * k] for i in range(4))
+        n, f = x_ND.shape[0], w1[0].shape[0]
+        pre_NKF = x_ND.new_empty(n, k * f)
+        for i in range(k):
+            torch.addmm(b1[i], x_ND, w1[i].t(), out=pre_NKF[:, i * f : (i + 1) * f])
+        h_NKF = F.gelu(pre_NKF, approximate=approximate)
+        b2_mean = b2[0] if k == 1 else torch.stack(b2, 0).mean(0)
+        y_ND = torch.addmm(b2_mean, h_NKF[:, :f], w2[0].t(), alpha=1.0 / k)
+        for i in range(1, k):
+            y_ND.addmm_(h_NKF[:, i * f : (i + 1) * f], w2[i].t(), alpha=1.0 / k)
+        ctx.save_for_backward(x_ND, pre_NKF, h_NKF, *w1, *w2)
+        ctx.k, ctx.f, ctx.approximate = k, f, approximate
+        return y_ND
+
+    @staticmethod
+    def backward(ctx, dy_ND: torch.Tensor) -> tuple[torch.Tensor | None, ...]:  # type: ignore[override]
+        k, f = ctx.k, ctx.f
+        x_ND, pre_NKF, h_NKF, *ws = ctx.saved_tensors
+        w1, w2 = ws[:k], ws[k:]
+        need = ctx.needs_input_grad  # (x, approximate, w1.., b1.., w2.., b2..)
+        blocks = [slice(i * f, (i + 1) * f) for i in range(k)]
+        dy_ND = dy_ND.contiguous() * (1.0 / k)
+        dw2 = [dy_ND.t().mm(h_NKF[:, b]) if need[2 + 2 * k + i] else None for i, b in enumerate(blocks)]
+        db2 = [dy_ND.sum(0) if need[2 + 3 * k + i] else None for i in range(k)]
+        dh_NKF = torch.empty_like(pre_NKF)
+        for i, b in enumerate(blocks):
+            torch.mm(dy_ND, w2[i], out=dh_NKF[:, b])
+        dpre_NKF = torch.ops.aten.gelu_backward(dh_NKF, pre_NKF, approximate=ctx.approximate)
+        del dh_NKF
+        dw1 = [dpre_NKF[:, b].t().mm(x_ND) if need[2 + i] else None for i, b in enumerate(blocks)]
+        db1 = [dpre_NKF[:, b].sum(0) if need[2 + k + i] else None for i, b in enumerate(blocks)]
+        dx = None
+        if need[0]:
+            dx = dpre_NKF[:, blocks[0]].mm(w1[0])
+            for i in range(1, k):
+                dx.addmm_(dpre_NKF[:, blocks[i]], w1[i])
+        return (dx, None, *dw1, *db1, *dw2, *db2)
+
+
 class _Dense(nn.Module):
     """Holder that reproduces HF's ``<name>.dense`` (and optional ``LayerNorm``) parameter names."""
 
@@ -115,6 +176,8 @@ class SkillFFN(nn.Module):
         self.aux_loss: torch.Tensor | None = None
         self.per_skill_layernorm = per_skill_layernorm
         self.act = ACT2FN[hidden_act]
+        # The fused kernel knows GELU's derivative; other activations take the autograd concat path.
+        self.gelu_approximate = _GELU_APPROXIMATE.get(hidden_act)
         ln_eps = layer_norm_eps if per_skill_layernorm else None
         self.skills = nn.ModuleList(Skill(hidden_size, intermediate_size, ln_eps) for _ in range(num_skills))
         # Only used by the per-skill-LayerNorm variant, which applies dropout+residual+LN per skill.
@@ -156,16 +219,16 @@ class SkillFFN(nn.Module):
         return out / len(ids) if len(ids) > 1 else out
 
     def _fused(self, x: torch.Tensor, ids: tuple[int, ...]) -> torch.Tensor:
-        k = len(ids)
         sk = [self.skills[i] for i in ids]
-        w1_KFxD = torch.cat([s.intermediate.dense.weight for s in sk], 0)
-        b1_KF = torch.cat([s.intermediate.dense.bias for s in sk], 0)
-        w2_DxKF = torch.cat([s.output.dense.weight for s in sk], 1)
-        b2_D = torch.stack([s.output.dense.bias for s in sk], 0).mean(0)
         x_ND = x.reshape(-1, x.shape[-1])
-        h_NKF = self.act(F.linear(x_ND, w1_KFxD, b1_KF))
-        # alpha=1/k folds the average into the second GEMM instead of an extra pass over [N, D].
-        y_ND = torch.addmm(b2_D, h_NKF, w2_DxKF.t(), alpha=1.0 / k)
+        params = [
+            *(s.intermediate.dense.weight for s in sk), *(s.intermediate.dense.bias for s in sk),
+            *(s.output.dense.weight for s in sk), *(s.output.dense.bias for s in sk),
+        ]
+        if self.gelu_approximate is not None and not torch.is_autocast_enabled(x.device.type):
+            y_ND = _FusedSkillMLP.apply(x_ND, self.gelu_approximate, *params)
+        else:  # other activations, or autocast (which custom Functions would bypass): autograd on concat
+            y_ND = _concat_skill_mlp(x_ND, self.act, len(ids), params)
         return y_ND.view(x.shape)
 
     def _loop_per_skill_ln(

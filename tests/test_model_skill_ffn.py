@@ -109,3 +109,28 @@ def test_inactive_skills_do_not_move_under_adamw(impl):
             assert torch.equal(p, before[n]), f"inactive {n} moved"
         elif ".skills." in n:
             assert not torch.equal(p, before[n]), f"active {n} did not move"
+
+
+@pytest.mark.parametrize("act", ["relu", "gelu_new"])
+def test_fused_other_activations_match_loop(act):
+    torch.manual_seed(4)
+    fused = SkillFFN(D, F, S, hidden_act=act, impl="fused")
+    loop = SkillFFN(D, F, S, hidden_act=act, impl="loop")
+    loop.load_state_dict(fused.state_dict())
+    x = torch.randn(2, 5, D)
+    for m in (fused, loop):
+        m(x, SkillRouting.uniform([1, 3, 6])).pow(2).sum().backward()
+    torch.testing.assert_close(fused(x, SkillRouting.uniform([1, 3, 6])), loop(x, SkillRouting.uniform([1, 3, 6])))
+    for (n, pf), (_, pl) in zip(fused.named_parameters(), loop.named_parameters()):
+        if pl.grad is not None:
+            torch.testing.assert_close(pf.grad, pl.grad, atol=1e-5, rtol=0, msg=n)
+
+
+def test_fused_skips_grads_of_frozen_skills():
+    fused, _ = _pair(5)
+    for p in fused.skills[2].parameters():
+        p.requires_grad_(False)
+    x = torch.randn(2, 3, D, requires_grad=True)
+    fused(x, SkillRouting.uniform([0, 2, 6])).sum().backward()
+    assert all(p.grad is None for p in fused.skills[2].parameters())
+    assert all(p.grad is not None for p in fused.skills[0].parameters()) and x.grad is not None
