@@ -246,29 +246,29 @@ def main(argv: list[str] | None = None) -> int:
         sigterm_at_step=args.sigterm_at_step,
         sigterm_group=args.sigterm_group,
     )
+    from data_prep.shards import ShardError
+    from data_prep.tokenizer import TokenizerError
+
+    # Bad settings or data (wrong shard dir, unknown preset, JSON/launch mismatch, corpus too small) end
+    # with one line naming the problem; errors once training runs keep their traceback.
     try:
         cfg, _ = prepare(cfg)
-    except DsConfigError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    if args.max_steps is None and cfg.decay_steps is not None:
-        cfg.max_steps = cfg.decay_steps
-    rank, world = D.rank(), D.world_size()
-
-    dataset = build_dataset(args)
-    model = build_model(args, getattr(dataset, "vocab_size", None))
-    sampler = ObjectiveSampler(
-        seed=args.seed,
-        mode=args.objective_mode,
-        weights=tuple(args.objective_weights) if args.objective_weights else None,
-    )
-    assert cfg.micro_batch_size is not None and cfg.grad_accum is not None
-    try:
+        if args.max_steps is None and cfg.decay_steps is not None:
+            cfg.max_steps = cfg.decay_steps
+        rank, world = D.rank(), D.world_size()
+        dataset = build_dataset(args)
+        model = build_model(args, getattr(dataset, "vocab_size", None))
+        sampler = ObjectiveSampler(
+            seed=args.seed,
+            mode=args.objective_mode,
+            weights=tuple(args.objective_weights) if args.objective_weights else None,
+        )
+        assert cfg.micro_batch_size is not None and cfg.grad_accum is not None
         source = PretrainBatchSource(
             dataset, sampler, cfg.micro_batch_size, cfg.grad_accum, rank, world, args.seed
         )
-    except ValueError as e:
-        print(f"error: {e}", file=sys.stderr)
+    except (DsConfigError, ShardError, TokenizerError, FileNotFoundError, KeyError, ValueError) as e:
+        print(f"error: {e.args[0] if isinstance(e, KeyError) else e}", file=sys.stderr)
         return 2
     evaluator = make_evaluator(dataset, args, cfg.micro_batch_size) if args.eval_every else None
     n_params = sum(p.numel() for p in model.parameters())  # before ZeRO-3 partitions them
