@@ -212,3 +212,11 @@ def test_objective_mode_both_trains_mlm_and_nsp_every_step(tmp_path: Path) -> No
             and r["skill_grad_norm/s2"] > 0
         )
     assert run_mod.main([*argv[:9], "3", *argv[10:]]) == 2  # odd --grad_accum is refused with a message
+
+
+def test_bad_settings_end_with_one_error_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = str(tmp_path / "out")
+    assert run_mod.main(["--shards", str(tmp_path / "missing"), "--output_dir", out, "--no_progress"]) == 2
+    assert "no manifest" in capsys.readouterr().err
+    assert run_mod.main(["--synthetic", "64", "--preset", "huge", "--output_dir", out, "--no_progress"]) == 2
+    assert "valid presets: tiny, small, base" in capsys.readouterr().err
