@@ -6,11 +6,13 @@ affects them alike; the median over repetitions is reported.
 
     python bench/skill_ffn.py            # table
     python bench/skill_ffn.py --json     # table, then one JSON line (last line)
+    python bench/skill_ffn.py --device cuda --dtype bf16   # on a GPU, under autocast (A100)
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import statistics
 import sys
@@ -35,25 +37,36 @@ class DenseFFN(nn.Module):
         return self.fc2(torch.nn.functional.gelu(self.fc1(x)))
 
 
-def _step(fn, x: torch.Tensor, params: list[nn.Parameter]) -> float:
+DTYPES = {"fp32": None, "fp16": torch.float16, "bf16": torch.bfloat16}
+
+
+def _step(fn, x: torch.Tensor, params: list[nn.Parameter], dtype: torch.dtype | None) -> float:
     for p in params:
         p.grad = None
     x.grad = None
+    cuda = x.device.type == "cuda"
+    if cuda:
+        torch.cuda.synchronize()
     t0 = time.perf_counter()
-    y = fn(x)
-    y.backward(torch.ones_like(y))
+    ctx = torch.autocast(x.device.type, dtype=dtype) if dtype is not None else contextlib.nullcontext()
+    with ctx:
+        y = fn(x)
+    y.float().backward(torch.ones_like(y, dtype=torch.float32))
+    if cuda:
+        torch.cuda.synchronize()
     return time.perf_counter() - t0
 
 
-def bench_shape(d: int, f: int, n: int, ks: list[int], reps: int, num_skills: int = 7) -> list[dict]:
+def bench_shape(d: int, f: int, n: int, ks: list[int], reps: int, num_skills: int = 7, device: str = "cpu",
+                dtype: torch.dtype | None = None) -> list[dict]:
     torch.manual_seed(0)
-    fused = SkillFFN(d, f, num_skills, impl="fused")
-    loop = SkillFFN(d, f, num_skills, impl="loop")
+    fused = SkillFFN(d, f, num_skills, impl="fused").to(device)
+    loop = SkillFFN(d, f, num_skills, impl="loop").to(device)
     loop.load_state_dict(fused.state_dict())
-    x = torch.randn(n, d, requires_grad=True)
+    x = torch.randn(n, d, device=device, requires_grad=True)
     rows = []
     for k in ks:
-        dense = DenseFFN(d, k * f)
+        dense = DenseFFN(d, k * f).to(device)
         route = SkillRouting.uniform(list(range(num_skills - k, num_skills)))
         runs = {
             "dense": (dense, list(dense.parameters())),
@@ -62,10 +75,10 @@ def bench_shape(d: int, f: int, n: int, ks: list[int], reps: int, num_skills: in
         }
         times: dict[str, list[float]] = {name: [] for name in runs}
         for fn, params in runs.values():  # warm-up: allocator, thread pool, first-touch pages
-            _step(fn, x, params)
+            _step(fn, x, params, dtype)
         for _ in range(reps):
             for name, (fn, params) in runs.items():
-                times[name].append(_step(fn, x, params))
+                times[name].append(_step(fn, x, params, dtype))
         med = {name: statistics.median(v) for name, v in times.items()}
         flops = 3 * 2 * 2 * n * d * k * f  # fwd (2 GEMMs) + bwd (4 GEMMs)
         rows.append({
@@ -82,15 +95,21 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=5, help="timed repetitions per method (median reported)")
     ap.add_argument("--ks", default="1,2,3,4", help="numbers of active skills to measure")
     ap.add_argument("--shapes", default="bert-base,small", help=f"subset of {','.join(SHAPES)}")
+    ap.add_argument("--device", default="cpu", help="cpu or cuda")
+    ap.add_argument("--dtype", default="fp32", choices=list(DTYPES),
+                    help="fp32, or fp16/bf16 under autocast (GPU; bf16 on this CPU is ~85x slower than fp32)")
     args = ap.parse_args()
+    if args.device.startswith("cuda") and not torch.cuda.is_available():
+        sys.exit("error: --device cuda but CUDA is not available")
     ks = [int(k) for k in args.ks.split(",")]
     torch.set_grad_enabled(True)
     per_shape = {}
-    print(f"torch {torch.__version__}, threads {torch.get_num_threads()}, fp32, forward+backward, median of {args.reps}")
+    print(f"torch {torch.__version__}, {args.device}, threads {torch.get_num_threads()}, {args.dtype}, "
+          f"forward+backward, median of {args.reps}")
     print(f"{'shape':10} {'k':>2} {'dense ms':>9} {'fused ms':>9} {'loop ms':>9} {'fused/dense':>11} {'loop/dense':>10} {'GFLOP/s':>8}")
     for name in args.shapes.split(","):
         d, f, n = SHAPES[name]
-        rows = bench_shape(d, f, n, ks, args.reps)
+        rows = bench_shape(d, f, n, ks, args.reps, device=args.device, dtype=DTYPES[args.dtype])
         per_shape[name] = {"d": d, "f": f, "tokens": n, "rows": rows}
         for r in rows:
             print(f"{name:10} {r['k']:>2} {r['dense_ms']:9.1f} {r['fused_ms']:9.1f} {r['loop_ms']:9.1f} "
@@ -99,6 +118,8 @@ def main() -> None:
     result = {
         "fused_over_dense": max(r["fused_over_dense"] for r in ref["rows"]),
         "loop_over_dense": max(r["loop_over_dense"] for r in ref["rows"]),
+        "device": args.device,
+        "dtype": args.dtype,
         "per_shape": per_shape,
     }
     print(f"worst k at {ref['d']}x{ref['f']}: fused/dense = {result['fused_over_dense']:.3f} (target <= 1.10), "

@@ -142,13 +142,25 @@ class TrainConfig:
     log_every: int = 20
     early_stopping_patience: int = 0  # evals without improvement of the mean dev score; 0 = off
     seed: int = 0
+    # "mean": one checkpoint for all tasks, the one with the best mean dev score (the paper's claim is
+    # one model for every task); "per_task": each task scored from its own best-on-dev checkpoint.
+    selection: str = "mean"
+    skill_map_lr: float = 1e-2  # method "learnable": the task/skill embeddings' own learning rate
+    # method "task_specific": "share" = each task gets the steps it would get in the joint run (the
+    # sampler's share of max_steps, so the total equals one joint run); "full" = max_steps each.
+    task_specific_budget: str = "share"
     save_every: int = 0  # resumable trainer checkpoints every N steps (0 = only at the end / on SIGTERM)
     keep_last: int = 2
+
+
+SELECTIONS = ("mean", "per_task")
+TASK_SPECIFIC_BUDGETS = ("share", "full")
 
 
 @dataclass
 class FinetuneConfig:
     tasks: list[TaskConfig]
+    method: str = "skillnet"  # see finetune/methods.py
     model: ModelConfig = field(default_factory=ModelConfig)
     sampler: SamplerConfig = field(default_factory=SamplerConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
@@ -170,6 +182,19 @@ class FinetuneConfig:
             for t in ns.tasks:
                 if t not in names:
                     raise ValueError(f"new skill {ns.name!r} names unknown task {t!r}; tasks: {names}")
+        from .methods import METHODS
+
+        if self.method not in METHODS:
+            raise ValueError(f"method: unknown method {self.method!r}; valid: {', '.join(METHODS)}")
+        if not METHODS[self.method].uses_task_skills and (self.new_skills or self.drop_skills
+                                                           or self.freeze_old_skills):
+            raise ValueError(f"new_skills / drop_skills / freeze_old_skills apply to method 'skillnet', "
+                             f"not {self.method!r}")
+        if self.train.selection not in SELECTIONS:
+            raise ValueError(f"train.selection={self.train.selection!r}; valid: {', '.join(SELECTIONS)}")
+        if self.train.task_specific_budget not in TASK_SPECIFIC_BUDGETS:
+            raise ValueError(f"train.task_specific_budget={self.train.task_specific_budget!r}; "
+                             f"valid: {', '.join(TASK_SPECIFIC_BUDGETS)}")
         if self.freeze_old_skills and not self.new_skills:
             raise ValueError("freeze_old_skills needs at least one new skill (nothing else would train "
                              "but the heads); add one with --new-skill s8")

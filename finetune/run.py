@@ -37,8 +37,9 @@ if __package__ in (None, ""):  # `deepspeed finetune/run.py` runs this file as a
 import torch
 
 from data_prep.tasks.schema import TaskDataError
-from finetune.config import ConfigError, FinetuneConfig, NewSkill
-from finetune.samplers import SAMPLER_KINDS, build_sampler
+from finetune.config import SELECTIONS, ConfigError, FinetuneConfig, NewSkill
+from finetune.methods import METHODS, method_names
+from finetune.samplers import SAMPLER_KINDS, annealing_warning, build_sampler
 from finetune.source import MultiTaskBatchSource
 from finetune.tasks import TaskData
 
@@ -58,7 +59,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--config", required=True, help="fine-tuning config (JSON; see finetune/config.py, docs/finetune.md)")
     p.add_argument("--output-dir", help="where logs, checkpoints, best models and results go")
-    p.add_argument("--init", help="SkillNet checkpoint/export to start from (overrides model.init)")
+    p.add_argument("--init", help="SkillNet export or dense HF BERT folder to start from (overrides model.init)")
+    p.add_argument("--method", choices=method_names(),
+                   help="multi-task method (finetune/methods.py): " + "; ".join(
+                       f"{n}: {m.summary}" for n, m in METHODS.items()) + " (default: the config's, else skillnet)")
+    p.add_argument("--selection", choices=SELECTIONS,
+                   help="mean: one checkpoint for all tasks, best mean dev score (default); per_task: each task "
+                        "from its own best-on-dev checkpoint")
     p.add_argument("--max-steps", type=int, help="optimizer steps")
     p.add_argument("--batch-size", type=int, help="global batch size (summed over ranks)")
     p.add_argument("--lr", type=float, help="peak learning rate (§4.1: 2e-5 for BERT-base)")
@@ -72,7 +79,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--alpha", type=float, help="proportional: q_i ∝ p_i^alpha (1 = natural mix, 0 = uniform)")
     g.add_argument("--temperature", type=float, help="temperature: p_i ∝ min(n_i, K)^(1/T)")
     g.add_argument("--size-cap", type=int, help="temperature: K")
-    g.add_argument("--num-epochs", type=int, help="annealed: E (alpha goes from 1 to 0.2 over E epochs)")
+    g.add_argument("--num-epochs", type=int, help="annealed: E (alpha goes from 1 to 0.2 over E epochs; "
+                   "0 = derived from --max-steps and the epoch length)")
     g = p.add_argument_group("adaptation and ablation")
     g.add_argument("--new-skill", action="append", default=[], metavar="NAME",
                    help="add a skill (e.g. s8) to every skill layer, activated with the tasks' skills")
@@ -102,6 +110,10 @@ def apply_overrides(cfg: FinetuneConfig, a: argparse.Namespace) -> FinetuneConfi
     d = cfg.to_dict()
     if a.output_dir:
         d["output_dir"] = a.output_dir
+    if a.method:
+        d["method"] = a.method
+    if a.selection:
+        d["train"]["selection"] = a.selection
     if a.init:
         d["model"]["init"] = str(Path(a.init).resolve())  # CLI paths are relative to the working directory
     for key, val in (("max_steps", a.max_steps), ("batch_size", a.batch_size), ("lr", a.lr), ("seed", a.seed),
@@ -127,18 +139,49 @@ def apply_overrides(cfg: FinetuneConfig, a: argparse.Namespace) -> FinetuneConfi
 
 
 # ----------------------------------------------------------------------------------------- model
-def build_model(cfg: FinetuneConfig, data: dict[str, TaskData]) -> tuple[torch.nn.Module, list[str]]:
-    """The multi-task model with every config task registered (skills + head); returns (model, new skills)."""
+def _init_kind(path: str) -> str:
+    """'skillnet' or 'dense' from the folder's config.json (cheap: no weights are read)."""
+    cfg_file = Path(path) / "config.json"
+    if not cfg_file.is_file():
+        raise ConfigError(f"model.init {path} has no config.json (a folder written by save_pretrained / export)")
+    try:
+        model_type = json.loads(cfg_file.read_text(encoding="utf-8")).get("model_type")
+    except json.JSONDecodeError as e:
+        raise ConfigError(f"{cfg_file}: invalid JSON ({e.msg})") from None
+    if model_type == "skillnet-bert":
+        return "skillnet"
+    if model_type == "bert":
+        return "dense"
+    raise ConfigError(f"model.init {path}: model_type {model_type!r} is neither a SkillNet-BERT export "
+                      "('skillnet-bert') nor a dense HF BERT ('bert')")
+
+
+def build_reference(cfg: FinetuneConfig, data: dict[str, TaskData]) -> tuple[torch.nn.Module, list[str]]:
+    """The SkillNet model every method starts from, with every config task registered (skills + head).
+
+    From ``model.init``: a SkillNet export as it is, or a dense HF BERT with every skill a copy of its FFN
+    (the "w/o sparse pre-training" row of Table 3); without it, a preset with weights drawn from the
+    seed. Heads are drawn from (seed, task name), so a task's head starts the same whatever the other
+    tasks are (``task_specific`` trains each task alone from the same weights as the joint methods)."""
     from model.config import SkillNetBertConfig
     from model.heads import SkillNetBertForMultiTask
-    from model.surgery import add_skill
+    from model.surgery import add_skill, skillnet_from_dense
 
+    torch.manual_seed(cfg.train.seed)
     if cfg.model.init:
         init = cfg.resolve(cfg.model.init)
         if not Path(init).exists():
             raise ConfigError(f"model.init {init} does not exist (a folder written by save_pretrained / export)")
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
-        model = SkillNetBertForMultiTask.from_pretrained(init)
+        if _init_kind(init) == "dense":
+            enc = skillnet_from_dense(init)
+            model = SkillNetBertForMultiTask(enc.config)
+            model.bert.load_state_dict(enc.state_dict())
+        else:
+            model = SkillNetBertForMultiTask.from_pretrained(init)
+        if model.config.router != "task":
+            raise ConfigError(f"model.init {init} is a {model.config.router!r}-router model; every method starts "
+                              "from a SkillNet (router 'task') export or a dense BERT")
     else:
         mc = SkillNetBertConfig.preset(cfg.model.preset, **cfg.model.overrides)
         model = SkillNetBertForMultiTask(mc)
@@ -158,12 +201,32 @@ def build_model(cfg: FinetuneConfig, data: dict[str, TaskData]) -> tuple[torch.n
         if same:
             mc.set_task(t.name, skills)  # keep the trained head of a task the checkpoint already knows
         else:
-            model.add_task(t.name, skills, head)
+            with torch.random.fork_rng():
+                torch.manual_seed(cfg.train.seed * 1_000_003 + _stable_task_seed(t.name))
+                model.add_task(t.name, skills, head)
     for s in cfg.drop_skills:
         try:
             mc.drop_skill(s)
         except (KeyError, ValueError) as e:
             raise ConfigError(f"--drop-skill {s}: {e}") from None
+    return model, new_names
+
+
+def _stable_task_seed(name: str) -> int:
+    import zlib
+
+    return zlib.crc32(name.encode("utf-8"))
+
+
+def build_model(cfg: FinetuneConfig, data: dict[str, TaskData]) -> tuple[torch.nn.Module, list[str]]:
+    """The multi-task model of ``cfg.method`` (finetune/methods.py); returns (model, new skills)."""
+    from finetune.methods import METHODS
+
+    ref, new_names = build_reference(cfg, data)
+    with torch.random.fork_rng():
+        # What a method adds (gate, map, PALs) is drawn from the seed, not from the RNG's history.
+        torch.manual_seed(cfg.train.seed + 7919)
+        model = METHODS[cfg.method].build(ref)
     if cfg.freeze_old_skills:
         freeze_all_but(model, new_names, [t.name for t in cfg.tasks])
     return model, new_names
@@ -246,18 +309,22 @@ class DevEvaluator:
         self.best: dict[str, float] = {}
         self.best_step: dict[str, int] = {}
         self.best_mean = -math.inf
+        self.best_mean_step: int | None = None
         self.bad_evals = 0
         self.trainer: Any = None
+        self.per_task = cfg.train.selection == "per_task"
         self.history: list[dict[str, Any]] = []
         self.early_stopped = False
 
     def state_dict(self) -> dict[str, Any]:
         return {"best": self.best, "best_step": self.best_step, "best_mean": self.best_mean,
-                "bad_evals": self.bad_evals}
+                "best_mean_step": self.best_mean_step, "bad_evals": self.bad_evals, "history": self.history}
 
     def load_state_dict(self, s: dict[str, Any]) -> None:
         self.best, self.best_step = dict(s["best"]), {k: int(v) for k, v in s["best_step"].items()}
         self.best_mean, self.bad_evals = float(s["best_mean"]), int(s["bad_evals"])
+        self.best_mean_step = s.get("best_mean_step")
+        self.history = list(s.get("history", []))
 
     def __call__(self, model: torch.nn.Module, step: int) -> dict[str, float]:
         res: dict[str, float] = {}
@@ -274,13 +341,16 @@ class DevEvaluator:
             if s > self.best.get(name, -math.inf):
                 self.best[name] = s
                 self.best_step[name] = step
-                if self.is_main:
-                    save_model_dir(model, self.out / "best" / name, self.data, self.vocab, self.inherited)
+                if self.is_main and self.per_task:
+                    save_model_dir(model, self.out / "best_per_task" / name, self.data, self.vocab,
+                                   self.inherited)
         if sel:
             mean = sum(sel) / len(sel)
             res["mean_dev"] = mean
             if mean > self.best_mean:
-                self.best_mean, self.bad_evals = mean, 0
+                self.best_mean, self.best_mean_step, self.bad_evals = mean, step, 0
+                if self.is_main and not self.per_task:
+                    save_model_dir(model, self.out / "best", self.data, self.vocab, self.inherited)
             else:
                 self.bad_evals += 1
         target, real = self.source.target_mix(), self.source.realised_mix()
@@ -307,20 +377,30 @@ def request_stop(trainer: Any) -> None:
 
 def final_scores(model: torch.nn.Module, cfg: FinetuneConfig, data: dict[str, TaskData], out: Path,
                  evaluator: DevEvaluator, progress: bool) -> dict[str, Any]:
-    """Dev and test scores of each task's best-on-dev checkpoint (the final model if it has no dev set)."""
+    """Dev and test scores of every task from one checkpoint, the one with the best mean dev score
+    (``train.selection="mean"``), or of each task from its own best-on-dev checkpoint ("per_task").
+    Without dev sets (or evaluations), the final model."""
     final_state = {k: v.detach().clone() for k, v in model.state_dict().items()}
     results: dict[str, Any] = {}
     bs = cfg.train.eval_batch_size
+    shared_best = out / "best"
+    if not evaluator.per_task and shared_best.exists():
+        load_weights(model, shared_best)
     for name, d in data.items():
-        best_dir = out / "best" / name
-        if best_dir.exists():
-            load_weights(model, best_dir)
-            source = f"best/{name}"
+        if evaluator.per_task:
+            best_dir = out / "best_per_task" / name
+            if best_dir.exists():
+                load_weights(model, best_dir)
+                source, step = f"best_per_task/{name}", evaluator.best_step.get(name)
+            else:
+                model.load_state_dict(final_state)
+                source, step = "final", None
+        elif shared_best.exists():
+            source, step = "best (mean dev)", evaluator.best_mean_step
         else:
-            model.load_state_dict(final_state)
-            source = "final"
+            source, step = "final", None
         r: dict[str, Any] = {"type": d.cfg.type, "metric": d.cfg.metric, "checkpoint": source,
-                             "best_step": evaluator.best_step.get(name), "skills": model.config.task_skill_names(name),
+                             "best_step": step, "skills": model.config.task_skill_names(name),
                              "train_examples": d.num_train}
         for split in ("dev", "test"):
             if split in d.records:
@@ -332,9 +412,16 @@ def final_scores(model: torch.nn.Module, cfg: FinetuneConfig, data: dict[str, Ta
     return results
 
 
-def results_markdown(results: dict[str, Any]) -> str:
-    lines = ["| task | type | metric | best step | dev | test | trivial dev | trivial test |",
-             "|---|---|---|---|---|---|---|---|"]
+def results_markdown(results: dict[str, Any], summary: dict[str, Any] | None = None) -> str:
+    lines = []
+    if summary is not None:
+        sel = ("one checkpoint for all tasks (best mean dev score)" if summary.get("selection") == "mean"
+               else "each task from its own best-on-dev checkpoint (per-task selection)")
+        if summary.get("method") == "task_specific":
+            sel = "one model per task, each at its best-on-dev checkpoint"
+        lines += [f"method: {summary.get('method')}; scores: {sel}", ""]
+    lines += ["| task | type | metric | best step | dev | test | trivial dev | trivial test |",
+              "|---|---|---|---|---|---|---|---|"]
 
     def f(r: dict[str, Any], key: str) -> str:
         v = r.get(key, {}).get(r["metric"]) if isinstance(r.get(key), dict) else None
@@ -371,11 +458,14 @@ class Setup:
 
 
 def setup(cfg: FinetuneConfig, *, ds_config: str | None = None, resume: str | None = None,
-          tensorboard: bool = True, progress: bool = True) -> Setup:
+          tensorboard: bool = True, progress: bool = True, data: dict[str, TaskData] | None = None) -> Setup:
+    """Build data, sampler, model and trainer. ``data``: task data already loaded (task_specific runs
+    load every task once and train each alone)."""
     from data_prep.tokenizer import load_tokenizer
     from model.surgery import skill_parameters
     from training import TrainConfig, Trainer, prepare
     from training import dist as D
+    from training.optim import build_param_groups
 
     tc = cfg.train
     out = Path(cfg.output_dir).resolve()  # relative to the working directory, unlike data paths
@@ -398,14 +488,16 @@ def setup(cfg: FinetuneConfig, *, ds_config: str | None = None, resume: str | No
     torch.manual_seed(tc.seed)
 
     tok = load_tokenizer(cfg.resolve(cfg.model.vocab) if cfg.model.vocab else None)
-    data = {t.name: TaskData(t, cfg, tok, skip_bad=cfg.skip_bad) for t in cfg.tasks}
+    if data is None:
+        data = load_task_data(cfg, tok)
     sizes = {n: d.num_train_rows() for n, d in data.items()}
     for n, k in sizes.items():
         if k == 0:
             raise TaskDataError(data[n].files.get("train", n), 0, f"task {n!r} has no usable training example")
     global_batch = tcfg.micro_batch_size * world
     steps_per_epoch = max(1, sum(math.ceil(k / global_batch) for k in sizes.values()))
-    sampler = build_sampler(cfg.sampler, sizes, seed=tc.seed, steps_per_epoch=steps_per_epoch)
+    sampler = build_sampler(cfg.sampler, sizes, seed=tc.seed, steps_per_epoch=steps_per_epoch,
+                            max_steps=tc.max_steps)
     source = MultiTaskBatchSource(data, sampler, tcfg.micro_batch_size, rank=rank, world_size=world, seed=tc.seed)
 
     model, new_skills = build_model(cfg, data)
@@ -419,42 +511,127 @@ def setup(cfg: FinetuneConfig, *, ds_config: str | None = None, resume: str | No
     if cfg.model.init and (Path(cfg.resolve(cfg.model.init)) / META_FILE).is_file():
         inherited = json.loads((Path(cfg.resolve(cfg.model.init)) / META_FILE).read_text(encoding="utf-8"))["tasks"]
     evaluator = DevEvaluator(cfg, data, source, out, tok.vocab_path, rank == 0, inherited)
+    frag = METHODS[cfg.method].own_lr_fragment
+    groups = build_param_groups(model, tc.weight_decay, {frag: tc.skill_map_lr} if frag else None)
     trainer = Trainer(model, source, tcfg, evaluator=evaluator, skill_params=skill_parameters(model),
+                      param_groups=groups,
                       extra_state={"evaluator": evaluator})
     evaluator.trainer = trainer
     return Setup(cfg, out, data, source, model, trainer, evaluator, params, tok.vocab_path, rank, world)
 
 
+def load_task_data(cfg: FinetuneConfig, tok: Any) -> dict[str, TaskData]:
+    return {t.name: TaskData(t, cfg, tok, skip_bad=cfg.skip_bad) for t in cfg.tasks}
+
+
 def run(cfg: FinetuneConfig, *, ds_config: str | None = None, resume: str | None = None,
         tensorboard: bool = True, progress: bool = True) -> dict[str, Any]:
     """Train and evaluate; returns the results dict (also written to results.json/.md on rank 0)."""
+    if METHODS[cfg.method].per_task:
+        return _run_per_task(cfg, ds_config=ds_config, resume=resume, tensorboard=tensorboard, progress=progress)
+    summary = _run_joint(cfg, ds_config=ds_config, resume=resume, tensorboard=tensorboard, progress=progress)
+    return summary.get("tasks", {})
+
+
+def _run_joint(cfg: FinetuneConfig, *, ds_config: str | None, resume: str | None, tensorboard: bool,
+               progress: bool, data: dict[str, TaskData] | None = None, write: bool = True) -> dict[str, Any]:
     from training import dist as D
 
     t_start = time.time()
-    st = setup(cfg, ds_config=ds_config, resume=resume, tensorboard=tensorboard, progress=progress)
+    st = setup(cfg, ds_config=ds_config, resume=resume, tensorboard=tensorboard, progress=progress, data=data)
     result = st.trainer.train()
     if result.stopped_by_signal and not st.evaluator.early_stopped:
         # Interrupted (SIGTERM/SIGINT), not early-stopped: the checkpoint is saved, resume with --resume auto.
         if st.rank == 0:
             print(f"[finetune] interrupted at step {result.step}; resume with --resume auto", file=sys.stderr)
         return {}
-    results: dict[str, Any] = {}
+    summary: dict[str, Any] = {}
     if st.rank == 0:
         out, source = st.out, st.source
         save_model_dir(st.model, out / "export", st.data, st.vocab, st.evaluator.inherited)
         results = final_scores(st.model, cfg, st.data, out, st.evaluator, progress)
+        for name, r in results.items():
+            metric = f"{name}/{r['metric']}"
+            r["dev_curve"] = [[h["step"], h[metric]] for h in st.evaluator.history if metric in h]
         mix_t, mix_r = source.target_mix(), source.realised_mix()
-        summary = {"steps": result.step, "seconds": round(time.time() - t_start, 1), "world_size": st.world,
+        summary = {"method": cfg.method, "selection": cfg.train.selection, "steps": result.step,
+                   "seconds": round(time.time() - t_start, 1), "world_size": st.world,
                    "sampler": cfg.sampler.to_dict(),
                    "task_mix": {t: {"target": mix_t[t], "realised": mix_r[t]} for t in mix_t},
                    "params": st.params, "tasks": results}
-        _write_json(out / "results.json", summary)
-        md = results_markdown(results)
-        (out / "results.md").write_text(md, encoding="utf-8")
-        print(_mix_table(mix_t, mix_r), file=sys.stderr)
-        print(md, file=sys.stderr)
+        if write:
+            _write_results(out, summary)
+            print(_mix_table(mix_t, mix_r), file=sys.stderr)
     D.barrier()
-    return results
+    return summary
+
+
+def _write_results(out: Path, summary: dict[str, Any]) -> None:
+    _write_json(out / "results.json", summary)
+    md = results_markdown(summary["tasks"], summary)
+    (out / "results.md").write_text(md, encoding="utf-8")
+    print(md, file=sys.stderr)
+
+
+def task_specific_budget(cfg: FinetuneConfig, sizes: dict[str, int], global_batch: int) -> dict[str, int]:
+    """Steps of each task's own model: its expected share of the joint run under the configured sampler
+    ("share", so all task models together cost one joint run), or max_steps each ("full")."""
+    tc = cfg.train
+    if tc.task_specific_budget == "full":
+        return {t: tc.max_steps for t in sizes}
+    spe = max(1, sum(math.ceil(k / global_batch) for k in sizes.values()))
+    sampler = build_sampler(cfg.sampler, sizes, seed=tc.seed, steps_per_epoch=spe, max_steps=tc.max_steps)
+    share = sampler.target_mix(0, tc.max_steps)
+    return {t: max(1, round(share[t] * tc.max_steps)) for t in sizes}
+
+
+def _run_per_task(cfg: FinetuneConfig, *, ds_config: str | None, resume: str | None, tensorboard: bool,
+                  progress: bool) -> dict[str, Any]:
+    """task_specific: one dense model per task from the same initial weights, each trained on its task
+    alone in ``<output_dir>/<task>/``; one results table for all of them."""
+    from data_prep.tokenizer import load_tokenizer
+    from training import dist as D
+
+    t_start = time.time()
+    tok = load_tokenizer(cfg.resolve(cfg.model.vocab) if cfg.model.vocab else None)
+    data = load_task_data(cfg, tok)
+    global_batch = cfg.train.batch_size
+    budget = task_specific_budget(cfg, {n: d.num_train_rows() for n, d in data.items()}, global_batch)
+    out = Path(cfg.output_dir).resolve()
+    summaries: dict[str, dict[str, Any]] = {}
+    for t in cfg.tasks:
+        d = cfg.to_dict()
+        d["tasks"] = [tc for tc in d["tasks"] if tc["name"] == t.name]
+        d["output_dir"] = str(out / t.name)
+        d["train"]["max_steps"] = budget[t.name]
+        d["sampler"]["order"] = []  # one task: nothing to order
+        sub = FinetuneConfig.from_dict(d, where=f"task_specific/{t.name}", base_dir=cfg.base_dir)
+        if D.rank() == 0:
+            print(f"[finetune] task_specific: {t.name}: {budget[t.name]} steps "
+                  f"({cfg.train.task_specific_budget} budget)", file=sys.stderr, flush=True)
+        s = _run_joint(sub, ds_config=ds_config, resume=resume, tensorboard=tensorboard, progress=progress,
+                       data={t.name: data[t.name]}, write=False)
+        if not s and D.rank() == 0:
+            return {}  # interrupted: rerun with --resume auto
+        summaries[t.name] = s
+    if D.rank() != 0:
+        return {}
+    tasks = {n: {**s["tasks"][n], "run": n, "steps": s["steps"]} for n, s in summaries.items()}
+    per_task_params = {n: s["params"] for n, s in summaries.items()}
+    params = {
+        "total": sum(p["total"] for p in per_task_params.values()),
+        "trainable": sum(p["trainable"] for p in per_task_params.values()),
+        "shared": 0, "skills": {},
+        "tasks": {n: p["tasks"][n] for n, p in per_task_params.items()},
+        "per_task_models": {n: p["total"] for n, p in per_task_params.items()},
+    }
+    summary = {"method": cfg.method, "selection": cfg.train.selection, "steps": sum(budget.values()),
+               "budget": budget, "seconds": round(time.time() - t_start, 1), "world_size": D.world_size(),
+               "sampler": cfg.sampler.to_dict(), "params": params, "tasks": tasks}
+    out.mkdir(parents=True, exist_ok=True)
+    _write_json(out / "params.json", params)
+    _write_results(out, summary)
+    return tasks
 
 
 def _mix_table(target: dict[str, float], real: dict[str, float]) -> str:
@@ -465,8 +642,15 @@ def _mix_table(target: dict[str, float], real: dict[str, float]) -> str:
 def _print_plan(cfg: FinetuneConfig, data: dict[str, TaskData], sampler: Any, params: dict[str, Any],
                 new_skills: list[str], steps_per_epoch: int) -> None:
     p0 = sampler.probabilities(0)
-    lines = [f"[finetune] {len(data)} tasks, sampler {cfg.sampler.kind}, {cfg.train.max_steps} steps "
+    lines = [f"[finetune] method {cfg.method}: {METHODS[cfg.method].summary}",
+             f"[finetune] {len(data)} tasks, sampler {cfg.sampler.kind}, {cfg.train.max_steps} steps "
              f"(one epoch over all tasks = {steps_per_epoch} steps)"]
+    if hasattr(sampler, "schedule"):
+        lines.append("  annealed sampling, alpha per epoch: " + ", ".join(
+            f"e{e}@{first}: {a:.2f}" for e, first, a in sampler.schedule()))
+    warn = annealing_warning(sampler, cfg.train.max_steps)
+    if warn:
+        log.warning("warning: %s", warn)
     for (name, d), q in zip(data.items(), p0):
         pt = params["tasks"][name]
         lines.append(f"  {name:<14} {d.cfg.type:<14} train={d.num_train:<7} q={q:.3f} skills={','.join(pt['skills'])} "

@@ -62,7 +62,7 @@ class SamplerConfig:
     alpha: float = 1.0  # proportional (Eq. 3)
     temperature: float = 4.0  # temperature (NLG Eq. 4); the NLG paper uses T=4
     size_cap: int = 2**21  # K in NLG Eq. 4
-    num_epochs: int = 1  # annealed: E in PALs Eq. 6
+    num_epochs: int = 0  # annealed: E in PALs Eq. 6; 0 = derive from max_steps and the epoch length
     steps_per_epoch: int = 0  # annealed: 0 = derive from the data (sum of batches per epoch)
     order: list[str] = field(default_factory=list)  # round robin order; empty = task order of the config
 
@@ -73,8 +73,8 @@ class SamplerConfig:
             raise ValueError(f"sampler temperature must be > 0, got {self.temperature}")
         if self.kind == "temperature" and self.size_cap < 1:
             raise ValueError(f"sampler size_cap K must be >= 1, got {self.size_cap}")
-        if self.kind == "annealed" and self.num_epochs < 1:
-            raise ValueError(f"annealed sampler needs num_epochs >= 1, got {self.num_epochs}")
+        if self.kind == "annealed" and self.num_epochs < 0:
+            raise ValueError(f"annealed sampler needs num_epochs >= 1 (or 0 to derive it), got {self.num_epochs}")
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -248,6 +248,11 @@ class AnnealedSampler(TaskSampler):
     def _params(self) -> dict[str, Any]:
         return {"num_epochs": self.num_epochs, "steps_per_epoch": self.steps_per_epoch}
 
+    def schedule(self) -> list[tuple[int, int, float]]:
+        """(epoch, first step, alpha) for every epoch: what the plan prints."""
+        return [(e, (e - 1) * self.steps_per_epoch, self.alpha_at((e - 1) * self.steps_per_epoch))
+                for e in range(1, self.num_epochs + 1)]
+
 
 class RoundRobinSampler(TaskSampler):
     """Tasks in a fixed cycle (PALs §4.2.1): every task equally often, whatever its size."""
@@ -261,9 +266,26 @@ class RoundRobinSampler(TaskSampler):
         return step % len(self.tasks)
 
 
+def annealing_warning(sampler: TaskSampler, max_steps: int) -> str | None:
+    """Why an annealed schedule would not anneal in this run (None when it does)."""
+    if not isinstance(sampler, AnnealedSampler):
+        return None
+    if sampler.num_epochs < 2:
+        return (f"annealed sampling has E={sampler.num_epochs} epoch(s) of {sampler.steps_per_epoch} steps: alpha "
+                "stays 1 (no annealing); raise max_steps or set sampler.steps_per_epoch smaller")
+    reached = sampler.epoch_at(max(0, max_steps - 1))
+    if reached < sampler.num_epochs:
+        return (f"annealed sampling: the run ends in epoch {reached} of E={sampler.num_epochs}, so alpha only "
+                f"falls to {sampler.alpha_at(max_steps - 1):.2f}, not 0.2; set sampler.num_epochs=0 to derive E")
+    return None
+
+
 def build_sampler(cfg: SamplerConfig, sizes: Mapping[str, int], seed: int = 0,
-                  steps_per_epoch: int | None = None) -> TaskSampler:
-    """Build the sampler of ``cfg`` over ``sizes`` (task -> number of training examples, config order)."""
+                  steps_per_epoch: int | None = None, max_steps: int | None = None) -> TaskSampler:
+    """Build the sampler of ``cfg`` over ``sizes`` (task -> number of training examples, config order).
+
+    Annealed sampling with ``num_epochs=0`` derives E = ceil(max_steps / steps_per_epoch), so that alpha
+    reaches its final value 0.2 in the last epoch of the run."""
     tasks = list(sizes)
     if cfg.kind == "round_robin" and cfg.order:
         if sorted(cfg.order) != sorted(tasks):
@@ -278,7 +300,12 @@ def build_sampler(cfg: SamplerConfig, sizes: Mapping[str, int], seed: int = 0,
         spe = cfg.steps_per_epoch or steps_per_epoch
         if not spe:
             raise ValueError("annealed sampler needs steps_per_epoch (in the config or derived from the data)")
-        return AnnealedSampler(tasks, n, num_epochs=cfg.num_epochs, steps_per_epoch=spe, seed=seed)
+        epochs = cfg.num_epochs
+        if not epochs:
+            if not max_steps:
+                raise ValueError("annealed sampler needs num_epochs, or max_steps to derive it")
+            epochs = max(1, math.ceil(max_steps / spe))
+        return AnnealedSampler(tasks, n, num_epochs=epochs, steps_per_epoch=spe, seed=seed)
     if cfg.kind == "round_robin":
         return RoundRobinSampler(tasks, n, seed=seed)
     raise ValueError(f"unknown sampler kind {cfg.kind!r}")

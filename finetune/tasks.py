@@ -113,7 +113,12 @@ class TaskData:
         cap = self.cfg.max_train_examples if split == "train" else self.cfg.max_eval_examples
         labels = self.label_list
         recs, report = load_task_file(self.files[split], self.kind, labels, skip_bad, regression=self.regression,
-                                      max_examples=cap, as_dataset=False)
+                                      as_dataset=False)
+        if cap is not None and len(recs) > cap:
+            # A seeded sample, not the first N: converted files may be ordered (e.g. by label), and the
+            # first N of a label-sorted dev set would make a one-class dev set.
+            keep = sorted(sorted(range(len(recs)), key=lambda i: _stable_hash(f"{split}:{i}"))[:cap])
+            recs = [recs[i] for i in keep]
         if self.label_list is None and report.label_list is not None:
             # Train's inferred labels become the closed set for dev/test: an unseen label there is an error.
             self.label_list = list(report.label_list)

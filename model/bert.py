@@ -156,7 +156,10 @@ class EncoderOutput(ModelOutput):
     last_hidden_state: torch.Tensor | None = None
     pooler_output: torch.Tensor | None = None
     hidden_states: tuple[torch.Tensor, ...] | None = None
-    aux_loss: torch.Tensor | None = None  # MoE baseline's load-balancing loss (router="topk")
+    # Auxiliary losses of the method (MoE load balance, learned-map orthogonality): raw values by name,
+    # and their weighted sum, which the task models add to the task loss.
+    aux_losses: dict[str, torch.Tensor] | None = None
+    aux_loss: torch.Tensor | None = None
 
 
 class SkillNetBertPreTrainedModel(PreTrainedModel):
@@ -252,9 +255,25 @@ class SkillNetBertModel(SkillNetBertPreTrainedModel):
             if hidden is not None:
                 hidden.append(x)
         pooled = self.pooler(x) if self.pooler is not None else None
+        aux = self._aux_losses()
+        weighted = None
+        if aux:
+            coef = {"moe_balance": self.config.moe_aux_loss_coef, "orth": self.config.orth_loss_coef}
+            weighted = sum(coef[k] * v for k, v in aux.items())
         return EncoderOutput(
-            last_hidden_state=x, pooler_output=pooled, hidden_states=tuple(hidden) if hidden else None
+            last_hidden_state=x, pooler_output=pooled, hidden_states=tuple(hidden) if hidden else None,
+            aux_losses=aux or None, aux_loss=weighted,
         )
+
+    def _aux_losses(self) -> dict[str, torch.Tensor]:
+        aux: dict[str, torch.Tensor] = {}
+        # Per layer, then averaged: a loss over all layers' tokens concatenated would let one layer's
+        # imbalance hide behind another's (transformers #28255).
+        moe = [layer.skill_ffn.aux_loss for layer in self.encoder.layer
+               if layer.has_skills and layer.skill_ffn.gate is not None and layer.skill_ffn.aux_loss is not None]
+        if moe:
+            aux["moe_balance"] = torch.stack(moe).mean()
+        return aux
 
     # ---- skill views -----------------------------------------------------------------------------
     def skill_modules(self, name: str) -> list[Skill]:

@@ -38,7 +38,8 @@ DEFAULT_TASKS: dict[str, list[str]] = {
 HEAD_TYPES = ("classification", "regression", "token_crf", "span", "matching")
 FFN_IMPLS = ("fused", "loop")
 SKILL_LAYERNORMS = ("shared", "per_skill")
-ROUTERS = ("task", "topk")
+ROUTERS = ("task", "topk", "learned")
+LEARNED_ESTIMATORS = ("ste", "eq6")
 
 # Named sizes. "tiny" is for tests (2 layers, hidden 64); "small" trains on a CPU in minutes;
 # "base" is BERT-base as in the paper. Vocab defaults to bert-base-chinese (21,128).
@@ -84,8 +85,18 @@ class SkillNetBertConfig(BertConfig):
     ffn_impl: ``"fused"`` (one wide GEMM pair over the active skills) or ``"loop"`` (reference).
     skill_layernorm: ``"shared"`` (paper: average, then the layer's residual + LayerNorm) or
         ``"per_skill"`` (public SkillNet-NLG code: each skill has its own LayerNorm, averaged after it).
-    router: ``"task"`` (SkillNet: the task picks the skills) or ``"topk"`` (the paper's MoE baseline: a
-        learned gate picks the top ``moe_top_k`` FFNs per token; tasks are ignored by the FFNs).
+    router: which FFNs a token uses (the first method seam, see shared/DESIGN.md):
+        ``"task"`` (SkillNet: the task picks the skills), ``"topk"`` (the MoE baseline: a learned gate
+        picks the top ``moe_top_k`` FFNs per token, fairseq-style capacity; tasks are ignored by the
+        FFNs) or ``"learned"`` (learnable skill combination: a task-skill map learned from task and
+        skill embeddings, learnable-skill-combination.md Eq. 1-8).
+    moe_capacity_factor / moe_eval_capacity_factor: MoE expert capacity in training / evaluation,
+        ``ceil(factor * top_k * tokens / experts)``; tokens over capacity get 0 from the FFN.
+    learned_*: the learned map: embedding size d, threshold s_t, estimator (``"ste"``: hard threshold
+        forward, gradient of sigmoid(sharpness*(alpha - s_t)) backward; ``"eq6"``: Eq. 6 as written),
+        sharpness (Eq. 6's alpha; the paper uses 1e9), and the orthogonality loss weight beta (Eq. 11).
+    pals_dim: projected attention layers (the second seam: what a task adds beside the shared layers):
+        0 = none; else the projected size d_m (204 at hidden 768), ``pals_heads`` attention heads.
     """
 
     model_type = "skillnet-bert"
@@ -100,6 +111,15 @@ class SkillNetBertConfig(BertConfig):
     router: str = "task"
     moe_top_k: int = 2
     moe_aux_loss_coef: float = 0.01
+    moe_capacity_factor: float = 1.0
+    moe_eval_capacity_factor: float = 2.0
+    learned_embed_dim: int = 64
+    learned_threshold: float = 0.35
+    learned_estimator: str = "ste"
+    learned_sharpness: float = 10.0
+    orth_loss_coef: float = 1e-3
+    pals_dim: int = 0
+    pals_heads: int = 6
 
     def __post_init__(self, **kwargs: Any) -> None:
         if self.skills is None:
@@ -148,6 +168,12 @@ class SkillNetBertConfig(BertConfig):
             raise ValueError(f"router={self.router!r}; valid: {ROUTERS}")
         if self.router == "topk" and not 0 < self.moe_top_k <= self.num_skills:
             raise ValueError(f"moe_top_k={self.moe_top_k} must be in 1..{self.num_skills}")
+        if self.router == "topk" and not (self.moe_capacity_factor > 0 and self.moe_eval_capacity_factor > 0):
+            raise ValueError("moe_capacity_factor and moe_eval_capacity_factor must be > 0")
+        if self.learned_estimator not in LEARNED_ESTIMATORS:
+            raise ValueError(f"learned_estimator={self.learned_estimator!r}; valid: {LEARNED_ESTIMATORS}")
+        if self.pals_dim < 0 or (self.pals_dim and self.pals_dim % self.pals_heads):
+            raise ValueError(f"pals_dim={self.pals_dim} must be 0 (no PALs) or a multiple of pals_heads={self.pals_heads}")
         self.skill_layer_ids()  # raises on a bad spec
 
     def _unknown_skill_msg(self, name: str, where: str) -> str:
@@ -165,6 +191,11 @@ class SkillNetBertConfig(BertConfig):
     def top2_moe(cls, **kwargs: Any) -> SkillNetBertConfig:
         """The "Joint fine-tuning (MoE)" baseline: 7 FFNs per layer, a gate activates the top 2 per token."""
         return cls(router="topk", moe_top_k=2, **kwargs)
+
+    @staticmethod
+    def pals_dim_for(hidden_size: int, heads: int = 6) -> int:
+        """d_m scaled from the paper's 204 at hidden 768, rounded up to a multiple of the heads."""
+        return max(heads, -(-round(hidden_size * 204 / 768) // heads) * heads)
 
     # ---- queries --------------------------------------------------------------------------------
     @property

@@ -29,6 +29,16 @@ class TaskOutput(ModelOutput):
     metrics: dict[str, float] | None = None
 
 
+def _with_aux(out: TaskOutput, enc: Any) -> TaskOutput:
+    """Add the method's weighted auxiliary losses to the task loss, and report each raw value."""
+    if enc.aux_loss is None:
+        return out
+    if out.loss is not None:
+        out.loss = out.loss + enc.aux_loss
+    out.metrics = {**(out.metrics or {}), **{f"aux_{k}": float(v.detach()) for k, v in enc.aux_losses.items()}}
+    return out
+
+
 # ---- pre-training -------------------------------------------------------------------------------------
 class _PredictionTransform(nn.Module):
     def __init__(self, config: SkillNetBertConfig) -> None:
@@ -324,9 +334,7 @@ class SkillNetBertForMultiTask(SkillNetBertPreTrainedModel):
             raise ValueError(f"task {task!r} is a matching task: input_ids must be [groups, candidates, T]")
         enc = self.bert(input_ids, attention_mask, token_type_ids, task=task)
         out = head(enc, batch)
-        if enc.aux_loss is not None and out.loss is not None:
-            out.loss = out.loss + self.config.moe_aux_loss_coef * enc.aux_loss
-        return out
+        return _with_aux(out, enc)
 
     @torch.no_grad()
     def predict(self, task: str, **batch: Any) -> list[Any]:

@@ -111,3 +111,16 @@ def test_train_order_is_a_permutation_per_pass(tmp_path, tok):
     second_pass = [i for k in range(5, 10) for i in d.train_indices(seed=1, draw=k, batch_size=2)]
     assert sorted(second_pass) == list(range(10)) and second_pass != first_pass
     assert d.train_indices(seed=1, draw=3, batch_size=2) == d.train_indices(seed=1, draw=3, batch_size=2)
+
+
+def test_eval_cap_is_a_sample_not_the_head_of_a_sorted_file(tmp_path, tok):
+    # Converted dev files can be sorted by label; the first N of one would be a one-class dev set.
+    rows = [{"text": f"第{i}条", "label": "neg" if i < 100 else "pos"} for i in range(200)]
+    d = _data(tmp_path, tok, "classification", rows, max_eval_examples=40, max_train_examples=50)
+    for split, n in (("dev", 40), ("train", 50)):
+        labels = [r["label"] for r in d.records[split]]
+        assert len(labels) == n and 0.25 < labels.count("pos") / n < 0.75, (split, labels.count("pos"))
+        ids = [int(r["text"][1:-1]) for r in d.records[split]]
+        assert ids == sorted(ids)  # file order kept
+    again = _data(tmp_path / "..", tok, "classification", rows, max_eval_examples=40)
+    assert again.records["dev"] == d.records["dev"]  # deterministic

@@ -107,7 +107,10 @@ def accuracy_metrics(batch: Any, output: Any) -> dict[str, tuple[float, float]]:
     Anything else (CRF, spans, regression) yields nothing; tasks can pass their own metrics_fn.
     """
     reported = getattr(output, "metrics", None)
+    aux: dict[str, tuple[float, float]] = {}
     if isinstance(reported, dict):
+        # Auxiliary losses (MoE balance, orthogonality) are averaged over micro-batches like the loss.
+        aux = {k: (float(v), 1.0) for k, v in reported.items() if k.startswith("aux_")}
         # The model may report counts itself (SkillNet-BERT: {"mlm_correct": c, "mlm_count": n}).
         pairs = {k[: -len("_correct")]: k for k in reported if k.endswith("_correct")}
         out = {}
@@ -116,7 +119,11 @@ def accuracy_metrics(batch: Any, output: Any) -> dict[str, tuple[float, float]]:
             if kn in reported:
                 out["acc"] = (float(reported[kc]), float(reported[kn]))
         if out:
-            return out
+            return {**out, **aux}
+    return {**_accuracy_from_logits(batch, output), **aux}
+
+
+def _accuracy_from_logits(batch: Any, output: Any) -> dict[str, tuple[float, float]]:
     logits = getattr(output, "logits", None)
     if logits is None or not hasattr(logits, "argmax"):
         return {}

@@ -243,13 +243,24 @@ def _masked_update(
     p.addcdiv_(m * mask, denom, value=-step_size)
 
 
-def build_param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict[str, Any]]:
-    """Two groups as in BERT: no weight decay on biases and LayerNorm weights."""
+def build_param_groups(
+    model: torch.nn.Module, weight_decay: float, own_lr: dict[str, float] | None = None
+) -> list[dict[str, Any]]:
+    """Two groups as in BERT: no weight decay on biases and LayerNorm weights.
+
+    own_lr: {name fragment: lr}: parameters whose name contains the fragment get a group of their own
+    with that peak learning rate and no weight decay (e.g. a learned task-skill map, which needs a far
+    larger step than the encoder to move within a fine-tuning run). The schedule scales it like the rest.
+    """
     decay, no_decay = [], []
+    own: dict[str, list[torch.nn.Parameter]] = {frag: [] for frag in own_lr or {}}
     for name, p in model.named_parameters():
         if not p.requires_grad:
             continue
-        if p.ndim < 2 or "LayerNorm" in name or "layer_norm" in name or name.endswith(".bias"):
+        frag = next((f for f in own if f in name), None)
+        if frag is not None:
+            own[frag].append(p)
+        elif p.ndim < 2 or "LayerNorm" in name or "layer_norm" in name or name.endswith(".bias"):
             no_decay.append(p)
         else:
             decay.append(p)
@@ -258,4 +269,7 @@ def build_param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict
         groups.append({"params": decay, "weight_decay": weight_decay})
     if no_decay:
         groups.append({"params": no_decay, "weight_decay": 0.0})
+    for frag, params in own.items():
+        if params:
+            groups.append({"params": params, "weight_decay": 0.0, "lr": own_lr[frag]})
     return groups

@@ -123,6 +123,8 @@ class Trainer:
         metrics_fn: per-micro-batch ``{name: (numerator, denominator)}``; logged as ``<task>/<name>``.
         skill_params: ``{skill: [params]}`` (``model.surgery.skill_parameters``) for per-skill grad norms.
         extra_state: objects with state_dict/load_state_dict saved in (and restored from) checkpoints.
+        param_groups: optimizer groups (default ``build_param_groups(model, weight_decay)``); a group's
+            own ``lr`` is its peak learning rate under the shared schedule.
     """
 
     def __init__(
@@ -135,6 +137,7 @@ class Trainer:
         metrics_fn: MetricsFn | None = accuracy_metrics,
         skill_params: dict[str, list[nn.Parameter]] | None = None,
         extra_state: dict[str, Any] | None = None,
+        param_groups: list[dict[str, Any]] | None = None,
     ) -> None:
         self.cfg, self.ds_config = prepare(config)
         self.rank, self.world_size = D.rank(), D.world_size()
@@ -151,7 +154,7 @@ class Trainer:
 
         # Dropout streams differ per rank (the weights are identical: DeepSpeed broadcasts rank 0's).
         torch.manual_seed(cfg.seed + 1000 * self.rank)
-        groups = build_param_groups(model, cfg.weight_decay)
+        groups = param_groups if param_groups is not None else build_param_groups(model, cfg.weight_decay)
         optimizer = MaskedAdamW(groups, lr=cfg.lr, betas=cfg.betas, eps=cfg.eps, masked=cfg.sparse_updates)
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(cfg))
         self.module = model

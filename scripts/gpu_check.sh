@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# On a GPU machine (V100 or A100): the GPU tests, then the skill-FFN bench on the GPU in fp16 (and bf16
+# where supported), then one summary. CPU-only machines: the tests report "needs CUDA" and nothing runs.
+#   bash scripts/gpu_check.sh            # writes runs/gpu_check/{pytest.txt,bench_*.json,summary.txt}
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-runs/gpu_check}
+mkdir -p "$OUT"
+export HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
+python - <<'PY' || { echo "no CUDA device: nothing to check here (the gpu tests are skipped on CPU)"; exit 1; }
+import sys, torch
+sys.exit(0 if torch.cuda.is_available() else 1)
+PY
+python -c "import torch; p = torch.cuda.get_device_properties(0); print(f'GPU: {p.name}, {p.total_memory / 2**30:.0f} GiB, bf16: {torch.cuda.is_bf16_supported()}')" | tee "$OUT/summary.txt"
+python -m pytest -m gpu -rA -q tests/test_gpu.py 2>&1 | tee "$OUT/pytest.txt"
+tests_rc=${PIPESTATUS[0]}
+dtypes="fp16"
+python -c "import sys, torch; sys.exit(0 if torch.cuda.is_bf16_supported() else 1)" && dtypes="fp16 bf16"
+for dt in $dtypes; do
+  python bench/skill_ffn.py --device cuda --dtype "$dt" --json | tee "$OUT/bench_skill_ffn_$dt.txt"
+  tail -n 1 "$OUT/bench_skill_ffn_$dt.txt" > "$OUT/bench_skill_ffn_$dt.json"
+done
+{
+  echo "== summary"
+  echo "gpu tests: $(tail -n 1 "$OUT/pytest.txt") (exit $tests_rc)"
+  for dt in $dtypes; do
+    python -c "import json,sys; d=json.load(open(sys.argv[1])); print(f\"skill FFN {sys.argv[2]}: fused/dense {d['fused_over_dense']:.3f}, loop/dense {d['loop_over_dense']:.3f} (target <= 1.10)\")" \
+      "$OUT/bench_skill_ffn_$dt.json" "$dt"
+  done
+} | tee -a "$OUT/summary.txt"
+exit "$tests_rc"

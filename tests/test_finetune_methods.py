@@ -1,0 +1,183 @@
+"""Every method of the comparison from one config value, one checkpoint for all tasks, annealing that
+anneals, the task-specific budget, and the `compare` command on tiny fixtures."""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import BertConfig, BertModel
+
+from finetune import compare as compare_cli
+from finetune import run as run_cli
+from finetune.config import ConfigError, FinetuneConfig
+from finetune.samplers import SamplerConfig, annealing_warning, build_sampler
+from tests.test_finetune_e2e import tiny_config
+
+
+def _dense_bert(path: Path) -> BertModel:
+    torch.manual_seed(5)
+    cfg = BertConfig(vocab_size=21128, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                     intermediate_size=128, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+    m = BertModel(cfg)
+    m.save_pretrained(str(path))
+    return m
+
+
+def _build(tmp_path: Path, method: str, **kw) -> torch.nn.Module:
+    cfg = FinetuneConfig.from_dict(tiny_config(tmp_path / method, method=method, **kw))
+    from data_prep.tokenizer import load_tokenizer
+
+    data = run_cli.load_task_data(cfg, load_tokenizer(None))
+    model, _ = run_cli.build_model(cfg, data)
+    return model.eval()
+
+
+def test_dense_joint_and_skillnet_from_the_same_dense_bert_agree_before_training(tmp_path):
+    dense = _dense_bert(tmp_path / "bert")
+    ids = torch.randint(1, 21128, (3, 11))
+    mask = torch.ones_like(ids)
+    mask[1, 7:] = 0
+    want = dense.eval()(input_ids=ids, attention_mask=mask).last_hidden_state
+    for method in ("skillnet", "dense_joint"):
+        m = _build(tmp_path, method, model={"init": str(tmp_path / "bert")})
+        for task in ("sentiment", "ner", "qa_match"):
+            got = m.bert(ids, mask, task=task).last_hidden_state
+            torch.testing.assert_close(got, want, atol=1e-5, rtol=0, msg=f"{method}/{task}")
+
+
+def test_methods_start_from_the_same_weights(tmp_path):
+    ref = _build(tmp_path, "skillnet")
+    dense = _build(tmp_path, "dense_joint")
+    s7 = ref.config.skill_index("s7")
+    sd_ref, sd_dense = ref.state_dict(), dense.state_dict()
+    for k, v in sd_dense.items():
+        if ".skill_ffn.skills.0." in k:
+            assert torch.equal(v, sd_ref[k.replace(".skills.0.", f".skills.{s7}.")]), k
+        else:
+            assert torch.equal(v, sd_ref[k]), k  # embeddings, attention, LayerNorms, pooler, heads
+    assert dense.config.skill_names == ["shared"]
+    assert {tuple(dense.config.task_skill_names(t)) for t in ("sentiment", "ner")} == {("shared",)}
+
+
+def test_a_task_head_starts_the_same_whatever_the_other_tasks(tmp_path):
+    full = _build(tmp_path, "skillnet")
+    d = tiny_config(tmp_path / "one")
+    d["tasks"] = [t for t in d["tasks"] if t["name"] == "ner"]
+    from data_prep.tokenizer import load_tokenizer
+
+    cfg = FinetuneConfig.from_dict(d)
+    one, _ = run_cli.build_model(cfg, run_cli.load_task_data(cfg, load_tokenizer(None)))
+    for k, v in one.heads["ner"].state_dict().items():
+        assert torch.equal(v, full.heads["ner"].state_dict()[k]), k
+
+
+def test_method_config_errors():
+    with pytest.raises(ConfigError, match="method: unknown method 'mmoe'"):
+        FinetuneConfig.from_dict(tiny_config(Path("x"), method="mmoe"))
+    with pytest.raises(ConfigError, match="apply to method 'skillnet', not 'dense_joint'"):
+        FinetuneConfig.from_dict(tiny_config(Path("x"), method="dense_joint",
+                                             new_skills=[{"name": "s8"}], freeze_old_skills=True))
+    with pytest.raises(ConfigError, match="train.selection='best'"):
+        FinetuneConfig.from_dict(tiny_config(Path("x"), train={"selection": "best"}))
+
+
+def test_one_checkpoint_for_all_tasks_by_default_per_task_on_request(tmp_path):
+    mean = run_cli.run(FinetuneConfig.from_dict(tiny_config(tmp_path / "mean")), tensorboard=False, progress=False)
+    summary = json.loads((tmp_path / "mean" / "results.json").read_text())
+    best = summary["tasks"]["sentiment"]["best_step"]
+    assert {r["checkpoint"] for r in mean.values()} == {"best (mean dev)"}
+    assert {r["best_step"] for r in mean.values()} == {best}  # the same step for every task
+    assert not (tmp_path / "mean" / "best_per_task").exists()
+    evals = [json.loads(x) for x in (tmp_path / "mean" / "log.jsonl").read_text().splitlines()]
+    evals = [e for e in evals if e["split"] == "eval"]
+    assert max(evals, key=lambda e: (e["mean_dev"], -e["step"]))["step"] == best
+    assert all(r["dev_curve"] for r in mean.values())
+
+    per = run_cli.run(FinetuneConfig.from_dict(tiny_config(tmp_path / "per", train={
+        **tiny_config(tmp_path)["train"], "selection": "per_task"})), tensorboard=False, progress=False)
+    assert {r["checkpoint"] for r in per.values()} == {f"best_per_task/{t}" for t in per}
+    md = (tmp_path / "per" / "results.md").read_text()
+    assert "each task from its own best-on-dev checkpoint (per-task selection)" in md
+
+
+def test_annealed_sampling_derives_epochs_from_the_run_and_warns_when_it_cannot_anneal(caplog):
+    sizes = {"a": 900, "b": 100}
+    s = build_sampler(SamplerConfig(kind="annealed"), sizes, seed=1, steps_per_epoch=50, max_steps=400)
+    assert s.num_epochs == 8
+    assert s.alpha_at(0) == 1.0 and s.alpha_at(399) == pytest.approx(0.2)
+    assert annealing_warning(s, 400) is None
+    one = build_sampler(SamplerConfig(kind="annealed"), sizes, seed=1, steps_per_epoch=500, max_steps=400)
+    assert one.num_epochs == 1 and "no annealing" in annealing_warning(one, 400)
+    short = build_sampler(SamplerConfig(kind="annealed", num_epochs=10), sizes, steps_per_epoch=50, max_steps=100)
+    assert "only falls to" in annealing_warning(short, 100)
+
+
+def test_annealing_warning_and_alpha_schedule_in_the_plan(tmp_path, capsys, caplog):
+    d = tiny_config(tmp_path / "ann", sampler={"kind": "annealed"})
+    d["train"]["max_steps"] = 2
+    with caplog.at_level(logging.WARNING, logger="finetune"):
+        run_cli.run(FinetuneConfig.from_dict(d), tensorboard=False, progress=False)
+    assert "alpha per epoch: e1@0: 1.00" in capsys.readouterr().err
+    assert any("no annealing" in r.message for r in caplog.records)
+
+
+def test_task_specific_budget_adds_up_to_one_joint_run(tmp_path):
+    cfg = FinetuneConfig.from_dict(tiny_config(tmp_path, sampler={"kind": "proportional"},
+                                               train={"max_steps": 100}))
+    b = run_cli.task_specific_budget(cfg, {"sentiment": 60, "ner": 30, "qa_match": 10}, global_batch=4)
+    assert b == {"sentiment": 60, "ner": 30, "qa_match": 10}
+    cfg.train.task_specific_budget = "full"
+    assert set(run_cli.task_specific_budget(cfg, {"sentiment": 6, "ner": 3, "qa_match": 1}, 4).values()) == {100}
+
+
+def test_task_specific_trains_one_model_per_task(tmp_path):
+    out = tmp_path / "ts"
+    res = run_cli.run(FinetuneConfig.from_dict(tiny_config(out, method="task_specific")), tensorboard=False,
+                      progress=False)
+    assert set(res) == {"sentiment", "ner", "qa_match"}
+    for t in res:
+        sub = json.loads((out / t / "finetune_config.json").read_text())
+        assert [x["name"] for x in sub["tasks"]] == [t] and sub["method"] == "task_specific"
+        assert (out / t / "export" / "config.json").is_file()
+    summary = json.loads((out / "results.json").read_text())
+    assert summary["steps"] == sum(summary["budget"].values()) == 6
+    assert summary["params"]["total"] == sum(summary["params"]["per_task_models"].values())
+
+
+@pytest.mark.slow
+def test_compare_two_methods_two_seeds_resumable(tmp_path, capsys):
+    cfg = tmp_path / "cfg.json"
+    d = tiny_config(tmp_path / "unused")
+    d["train"].update(max_steps=4, eval_every=2, log_every=2)
+    cfg.write_text(json.dumps(d, ensure_ascii=False), encoding="utf-8")
+    out = tmp_path / "cmp"
+    args = ["--config", str(cfg), "--methods", "skillnet", "dense_joint", "--seeds", "0", "1",
+            "--output-dir", str(out), "--threads", "1", "--report", str(tmp_path / "doc" / "cmp.md")]
+    assert compare_cli.main(args) == 0
+    err = capsys.readouterr().err
+    assert err.count("finished in") == 4
+    agg = json.loads((out / "comparison.json").read_text())
+    assert set(agg["methods"]) == {"skillnet", "dense_joint"} and agg["seeds"] == [0, 1]
+    row = agg["methods"]["dense_joint"]
+    assert len(row["tasks"]["ner"]["values"]) == 2 and row["params"]["total"] > 0
+    md = (tmp_path / "doc" / "cmp.md").read_text()
+    assert "| skillnet |" in md and "± " in md and "img/cmp_curves.png" in md
+    assert (tmp_path / "doc" / "img" / "cmp_curves.png").stat().st_size > 0
+    # rerun: nothing runs again
+    (out / "comparison.md").unlink()
+    assert compare_cli.main(args) == 0
+    err = capsys.readouterr().err
+    assert err.count("done before, kept") == 4 and "finished in" not in err
+    assert (out / "comparison.md").is_file()
+
+
+def test_compare_bad_arguments_end_with_one_error_line(tmp_path, capsys):
+    cfg = tmp_path / "cfg.json"
+    cfg.write_text(json.dumps(tiny_config(tmp_path)), encoding="utf-8")
+    assert compare_cli.main(["--config", str(cfg), "--methods", "skillnet", "mmoe", "--no-plots"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: --methods: unknown method(s) ['mmoe']")
