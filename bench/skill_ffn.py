@@ -23,7 +23,7 @@ import torch
 from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from model.skill_ffn import SkillFFN, SkillRouting  # noqa: E402
+from skillnet.model.skill_ffn import SkillFFN, SkillRouting  # noqa: E402
 
 SHAPES = {"bert-base": (768, 3072, 4096), "small": (256, 1024, 2048)}
 

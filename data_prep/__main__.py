@@ -1,12 +1,12 @@
-"""`python -m data_prep {build,merge,verify,show,train-tokenizer}`: raw text -> pre-training shards.
+"""`python -m skillnet.data_prep {build,merge,verify,show,train-tokenizer}`: raw text -> pre-training shards.
 
 Examples:
-  python -m data_prep build 'corpus/*.txt.zst' --out shards/ --workers 8
-  python -m data_prep build 'dump/*.jsonl.gz' --text-field content --out shards/ --num-shards 64 --shard-index $SLURM_ARRAY_TASK_ID
-  python -m data_prep merge shards/
-  python -m data_prep verify shards/
-  python -m data_prep show shards/ --docs 3
-  python -m data_prep train-tokenizer 'corpus/*.txt' --vocab-size 32000 --out my_vocab/
+  python -m skillnet.data_prep build 'corpus/*.txt.zst' --out shards/ --workers 8
+  python -m skillnet.data_prep build 'dump/*.jsonl.gz' --text-field content --out shards/ --num-shards 64 --shard-index $SLURM_ARRAY_TASK_ID
+  python -m skillnet.data_prep merge shards/
+  python -m skillnet.data_prep verify shards/
+  python -m skillnet.data_prep show shards/ --docs 3
+  python -m skillnet.data_prep train-tokenizer 'corpus/*.txt' --vocab-size 32000 --out my_vocab/
 """
 
 from __future__ import annotations
@@ -55,7 +55,7 @@ def _add_input_args(p: argparse.ArgumentParser) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
-        prog="python -m data_prep", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        prog="python -m skillnet.data_prep", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     sub = ap.add_subparsers(dest="cmd", required=True)
 
@@ -152,9 +152,9 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("--max-docs", type=int, default=None, help="keep only the first N documents")
 
     a = ap.parse_args(argv)
-    from data_prep.corpus import BadInputError
-    from data_prep.shards import ShardError
-    from data_prep.tokenizer import TokenizerError
+    from skillnet.data_prep.corpus import BadInputError
+    from skillnet.data_prep.shards import ShardError
+    from skillnet.data_prep.tokenizer import TokenizerError
 
     try:
         return _run(a)
@@ -165,14 +165,14 @@ def main(argv: list[str] | None = None) -> int:
 
 def _run(a: argparse.Namespace) -> int:
     if a.cmd == "sample-corpus":
-        from data_prep.sample_corpus import write_sample_corpus
+        from skillnet.data_prep.sample_corpus import write_sample_corpus
 
         path, n = write_sample_corpus(a.out, a.max_docs)
         print(f"{n:,} documents, {path.stat().st_size / 1e6:.1f} MB -> {path}")
         return 0
     if a.cmd == "build":
-        from data_prep.build import BuildConfig, build
-        from data_prep.corpus import BadInputReport
+        from skillnet.data_prep.build import BuildConfig, build
+        from skillnet.data_prep.corpus import BadInputReport
 
         if a.no_fast_cjk:  # read by the tokenizer in every worker process
             os.environ["SKILLNET_FAST_CJK"] = "0"
@@ -206,11 +206,11 @@ def _run(a: argparse.Namespace) -> int:
                 json.dump(m["bad_input"], f, indent=1, ensure_ascii=False)
         if a.num_shards > 1:
             print(
-                f"job {a.shard_index}/{a.num_shards} done; after all jobs: python -m data_prep merge {a.out}"
+                f"job {a.shard_index}/{a.num_shards} done; after all jobs: python -m skillnet.data_prep merge {a.out}"
             )
         return 0
     if a.cmd == "merge":
-        from data_prep.shards import merge_parts
+        from skillnet.data_prep.shards import merge_parts
 
         m = merge_parts(a.dir, a.verify)
         print(
@@ -218,15 +218,15 @@ def _run(a: argparse.Namespace) -> int:
         )
         return 0
     if a.cmd == "verify":
-        from data_prep.shards import verify_dir
+        from skillnet.data_prep.shards import verify_dir
 
         m = verify_dir(a.dir, a.level, progress=True)
         print(f"ok: {len(m['shards'])} shards, {m['totals']['num_tokens']:,} tokens ({a.level} check)")
         return 0
     if a.cmd == "show":
-        from data_prep.corpus import BadInputReport
-        from data_prep.shards import iter_documents_ids, load_manifest
-        from data_prep.tokenizer import load_tokenizer
+        from skillnet.data_prep.corpus import BadInputReport
+        from skillnet.data_prep.shards import iter_documents_ids, load_manifest
+        from skillnet.data_prep.tokenizer import load_tokenizer
 
         m = load_manifest(a.dir)
         print(json.dumps({"tokenizer": m["tokenizer"], "totals": m["totals"]}, indent=1, ensure_ascii=False))
@@ -244,8 +244,8 @@ def _run(a: argparse.Namespace) -> int:
                 print("  " + (tok.decode(sent) if tok else " ".join(map(str, sent.tolist()))))
         return 0
     if a.cmd == "train-tokenizer":
-        from data_prep.corpus import ReadConfig, iter_texts
-        from data_prep.tokenizer import train_wordpiece
+        from skillnet.data_prep.corpus import ReadConfig, iter_texts
+        from skillnet.data_prep.tokenizer import train_wordpiece
 
         rc = ReadConfig(a.fmt, a.doc_separator, a.text_field, a.max_doc_bytes)
         path = train_wordpiece(
@@ -255,7 +255,7 @@ def _run(a: argparse.Namespace) -> int:
             a.min_frequency,
             lowercase=not a.no_lowercase,
         )
-        print(f"wrote {path}; use it with: python -m data_prep build ... --vocab {path}")
+        print(f"wrote {path}; use it with: python -m skillnet.data_prep build ... --vocab {path}")
         return 0
     raise AssertionError(a.cmd)
 

@@ -19,8 +19,7 @@ import time
 from pathlib import Path
 
 import numpy as np
-
-from data_prep.corpus import (
+from skillnet.data_prep.corpus import (
     BadInputReport,
     ReadConfig,
     Unit,
@@ -30,7 +29,7 @@ from data_prep.corpus import (
     iter_documents,
     plan_units,
 )
-from data_prep.shards import (
+from skillnet.data_prep.shards import (
     FORMAT_VERSION,
     ShardWriter,
     assemble_manifest,
@@ -38,7 +37,7 @@ from data_prep.shards import (
     part_manifest_name,
     shard_is_finished,
 )
-from data_prep.tokenizer import TokenizerConfig, WordPieceTokenizer
+from skillnet.data_prep.tokenizer import TokenizerConfig, WordPieceTokenizer
 
 SENTENCE_ENDERS = ("。", "！", "？", "!", "?", ".", "…")
 SENTENCE_CLOSERS = ("”", "」", "』", '"', "'", "’", "）", ")")

@@ -183,10 +183,10 @@ def load_manifest(shard_dir: str | os.PathLike) -> dict:
     if not mp.is_file():
         parts = sorted(d.glob("manifest.part-*.json"))
         hint = (
-            f" (found {len(parts)} per-job manifests: run `python -m data_prep merge {d}`)" if parts else ""
+            f" (found {len(parts)} per-job manifests: run `python -m skillnet.data_prep merge {d}`)" if parts else ""
         )
         raise ShardError(
-            f"{mp}: no manifest; is this a shard directory built by `python -m data_prep build`?{hint}"
+            f"{mp}: no manifest; is this a shard directory built by `python -m skillnet.data_prep build`?{hint}"
         )
     try:
         m = json.loads(mp.read_text(encoding="utf-8"))
@@ -282,7 +282,7 @@ def iter_documents_ids(shard_dir: str | os.PathLike) -> Iterator[list[np.ndarray
 
 def assemble_manifest(header: dict, records: Sequence[dict]) -> dict:
     """The manifest, a pure function of build settings and shard records (so 1 job == M jobs + merge)."""
-    from data_prep.corpus import BadInputReport
+    from skillnet.data_prep.corpus import BadInputReport
 
     recs = sorted(records, key=lambda r: r["unit"])
     bad = BadInputReport()

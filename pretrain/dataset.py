@@ -22,8 +22,14 @@ from pathlib import Path
 
 import numpy as np
 import torch
-
-from data_prep.shards import ShardError, load_manifest, open_tokens, read_idx, read_word_starts, verify_shard
+from skillnet.data_prep.shards import (
+    ShardError,
+    load_manifest,
+    open_tokens,
+    read_idx,
+    read_word_starts,
+    verify_shard,
+)
 
 _OBJECTIVES = {"mlm": 1, "nsp": 2}
 _M1 = np.uint64(0xBF58476D1CE4E5B9)
@@ -129,7 +135,7 @@ class PretrainingDataset:
 
     def _continuation_table(self) -> np.ndarray:
         """'##' pieces from the vocab copy in the shard dir, for whole-word masking without jieba flags."""
-        from data_prep.tokenizer import TokenizerConfig, WordPieceTokenizer
+        from skillnet.data_prep.tokenizer import TokenizerConfig, WordPieceTokenizer
 
         vocab = self.shard_dir / "vocab.txt"
         if not vocab.is_file():

@@ -1,7 +1,7 @@
 """Export a pre-training checkpoint as a consolidated HF-format SkillNet-BERT folder.
 
-    python -m pretrain.export --checkpoint runs/pt --out runs/pt/hf            # newest checkpoint
-    python -m pretrain.export --checkpoint runs/pt/checkpoints/step_00001000 --out hf_1000
+    python -m skillnet.pretrain.export --checkpoint runs/pt --out runs/pt/hf            # newest checkpoint
+    python -m skillnet.pretrain.export --checkpoint runs/pt/checkpoints/step_00001000 --out hf_1000
 
 Reads plain (single-process) and DeepSpeed ZeRO-1/2/3 checkpoints (ZeRO partitions are merged to fp32
 on the CPU, no GPUs or process group needed), then, for multi-task use (Appendix B), initialises every
@@ -67,7 +67,7 @@ def init_unused_skills(
     model: torch.nn.Module, objectives: tuple[str, ...] = PRETRAIN_OBJECTIVES
 ) -> dict[str, str]:
     """Copy the generic skill into every skill no pre-training objective activated; returns {dst: src}."""
-    from model import skill_parameters
+    from skillnet.model import skill_parameters
 
     cfg = model.config
     generic = cfg.generic_skill
@@ -87,7 +87,7 @@ def init_unused_skills(
 
 
 def export(checkpoint: str | Path, out: str | Path, tag: str | None = None, init_unused: bool = True) -> Path:
-    from model import SkillNetBertConfig, SkillNetBertForPreTraining
+    from skillnet.model import SkillNetBertConfig, SkillNetBertForPreTraining
 
     root, tag = locate_checkpoint(checkpoint, tag)
     cfg_file = root / tag / "model_config.json"
@@ -137,7 +137,7 @@ def export(checkpoint: str | Path, out: str | Path, tag: str | None = None, init
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(
-        prog="python -m pretrain.export",
+        prog="python -m skillnet.pretrain.export",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )

@@ -15,8 +15,7 @@ from dataclasses import asdict, dataclass
 from typing import Any, Protocol
 
 import numpy as np
-
-from training.batch import Batch
+from skillnet.training.batch import Batch
 
 __all__ = ["ObjectiveSampler", "PretrainBatchSource", "PretrainingDatasetLike"]
 

@@ -2,7 +2,7 @@
 
     python pretrain/run.py --shards data/shards --preset small --output_dir runs/pt        # one process
     deepspeed pretrain/run.py --ds_config ds_configs/zero2.json --shards ... --preset base  # ZeRO-2
-    python -m pretrain.export --checkpoint runs/pt --out runs/pt/hf                        # HF folder
+    python -m skillnet.pretrain.export --checkpoint runs/pt --out runs/pt/hf                        # HF folder
 
 Each optimizer step trains one objective drawn with equal chance (same draw on every rank): MLM
 activates {s2, s7}, NSP {s1, s3, s7}. Skills that a step did not use stay bit-identical (parameters and
@@ -41,7 +41,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     d = p.add_argument_group("data")
     d.add_argument(
-        "--shards", help="shard directory built by `python -m data_prep build` (manifest.json + .bin/.idx)"
+        "--shards", help="shard directory built by `python -m skillnet.data_prep build` (manifest.json + .bin/.idx)"
     )
     d.add_argument(
         "--synthetic",
@@ -139,7 +139,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def build_dataset(args: argparse.Namespace) -> Any:
     if args.synthetic:
-        from pretrain.synthetic import SyntheticPretrainingDataset
+        from skillnet.pretrain.synthetic import SyntheticPretrainingDataset
 
         return SyntheticPretrainingDataset(
             args.synthetic,
@@ -150,9 +150,9 @@ def build_dataset(args: argparse.Namespace) -> Any:
         )
     if not args.shards:
         raise SystemExit(
-            "pretrain/run.py: give --shards DIR (built by `python -m data_prep build`) or --synthetic N"
+            "pretrain/run.py: give --shards DIR (built by `python -m skillnet.data_prep build`) or --synthetic N"
         )
-    from pretrain.dataset import PretrainingDataset
+    from skillnet.pretrain.dataset import PretrainingDataset
 
     kwargs: dict[str, Any] = dict(
         max_seq_len=args.max_seq_len, seed=args.seed, mlm_probability=args.mlm_probability
@@ -163,7 +163,7 @@ def build_dataset(args: argparse.Namespace) -> Any:
 
 
 def build_model(args: argparse.Namespace, vocab_size: int | None) -> torch.nn.Module:
-    from model import SkillNetBertConfig, SkillNetBertForPreTraining, skillnet_from_dense
+    from skillnet.model import SkillNetBertConfig, SkillNetBertForPreTraining, skillnet_from_dense
 
     if args.init_from_dense:
         model = skillnet_from_dense(
@@ -216,11 +216,11 @@ def make_evaluator(dataset: Any, args: argparse.Namespace, micro_batch_size: int
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    from model import skill_parameters
-    from pretrain.objectives import ObjectiveSampler, PretrainBatchSource
-    from training import TrainConfig, Trainer, prepare
-    from training import dist as D
-    from training.config import DsConfigError
+    from skillnet.model import skill_parameters
+    from skillnet.pretrain.objectives import ObjectiveSampler, PretrainBatchSource
+    from skillnet.training import TrainConfig, Trainer, prepare
+    from skillnet.training import dist as D
+    from skillnet.training.config import DsConfigError
 
     cfg = TrainConfig(
         output_dir=args.output_dir,
@@ -246,8 +246,8 @@ def main(argv: list[str] | None = None) -> int:
         sigterm_at_step=args.sigterm_at_step,
         sigterm_group=args.sigterm_group,
     )
-    from data_prep.shards import ShardError
-    from data_prep.tokenizer import TokenizerError
+    from skillnet.data_prep.shards import ShardError
+    from skillnet.data_prep.tokenizer import TokenizerError
 
     # Bad settings or data (wrong shard dir, unknown preset, JSON/launch mismatch, corpus too small) end
     # with one line naming the problem; errors once training runs keep their traceback.

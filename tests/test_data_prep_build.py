@@ -14,11 +14,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 import zstandard
-
-from data_prep.build import BuildConfig, build
-from data_prep.corpus import BadInputError
-from data_prep.shards import ShardError, iter_documents_ids, merge_parts, verify_dir
-from data_prep.tokenizer import TokenizerError, load_tokenizer, train_wordpiece
+from skillnet.data_prep.build import BuildConfig, build
+from skillnet.data_prep.corpus import BadInputError
+from skillnet.data_prep.shards import ShardError, iter_documents_ids, merge_parts, verify_dir
+from skillnet.data_prep.tokenizer import TokenizerError, load_tokenizer, train_wordpiece
 
 FIX = Path(__file__).parent / "fixtures" / "data_prep"
 REPO = Path(__file__).resolve().parents[1]
@@ -181,7 +180,7 @@ def _cli(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
     e = {**os.environ, **(env or {})}
     e["PYTHONPATH"] = str(REPO) + os.pathsep + e.get("PYTHONPATH", "")
     return subprocess.run(
-        [sys.executable, "-m", "data_prep", *args], capture_output=True, text=True, env=e, cwd=REPO
+        [sys.executable, "-m", "skillnet.data_prep", *args], capture_output=True, text=True, env=e, cwd=REPO
     )
 
 
@@ -213,7 +212,7 @@ def test_sigkilled_build_reruns_to_identical_result(tmp_path):
     assert _cli("build", *common, "--out", str(ref)).returncode == 0
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "data_prep", "build", *common, "--out", str(out), "--workers", "2"],
+        [sys.executable, "-m", "skillnet.data_prep", "build", *common, "--out", str(out), "--workers", "2"],
         cwd=REPO,
         env=env,
         stdout=subprocess.DEVNULL,
@@ -252,7 +251,7 @@ def _orphans(out: Path) -> list:
 
 
 def test_corrupted_or_truncated_shard_fails_at_load_naming_it(corpus, tmp_path):
-    from pretrain.dataset import PretrainingDataset
+    from skillnet.pretrain.dataset import PretrainingDataset
 
     d, _ = corpus
     out = tmp_path / "out"
@@ -375,7 +374,7 @@ def test_cli_help_and_train_tokenizer(tmp_path):
 def test_whole_word_flags_follow_jieba(tmp_path):
     (tmp_path / "c.txt").write_text("我们今天去北京参观博物馆。\n", encoding="utf-8")
     m = build(cfg([str(tmp_path / "c.txt")], tmp_path / "o", whole_word=True))
-    from data_prep.shards import read_word_starts
+    from skillnet.data_prep.shards import read_word_starts
 
     ws = read_word_starts(tmp_path / "o", m["shards"][0])
     import jieba

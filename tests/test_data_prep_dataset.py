@@ -7,11 +7,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from skillnet.data_prep.build import BuildConfig, build
+from skillnet.data_prep.shards import iter_documents_ids
+from skillnet.data_prep.tokenizer import load_tokenizer
+from skillnet.pretrain.dataset import PretrainingDataset, TokenizerMismatchError
 
-from data_prep.build import BuildConfig, build
-from data_prep.shards import iter_documents_ids
-from data_prep.tokenizer import load_tokenizer
-from pretrain.dataset import PretrainingDataset, TokenizerMismatchError
 from tests.test_data_prep_build import make_docs
 
 
@@ -143,7 +143,7 @@ def test_whole_word_masking_masks_whole_words(tmp_path):
     )
     ds = PretrainingDataset(tmp_path / "o", max_seq_len=48, whole_word_mask=True)
     b = ds.batch(range(ds.num_samples), 0, "mlm")
-    from data_prep.shards import load_manifest, read_word_starts
+    from skillnet.data_prep.shards import load_manifest, read_word_starts
 
     m = load_manifest(tmp_path / "o")
     ws = np.concatenate([read_word_starts(tmp_path / "o", r) for r in m["shards"]])

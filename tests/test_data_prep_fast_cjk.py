@@ -13,8 +13,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
-from data_prep.tokenizer import FAST_ENV, TokenizerConfig, WordPieceTokenizer, load_tokenizer, train_wordpiece
+from skillnet.data_prep.tokenizer import (
+    FAST_ENV,
+    TokenizerConfig,
+    WordPieceTokenizer,
+    load_tokenizer,
+    train_wordpiece,
+)
 
 # Hand-written: everything the brief of the fast path lists as a risk next to a CJK character.
 ADVERSARIAL = [
@@ -194,7 +199,7 @@ def test_batches_with_little_cjk_take_the_plain_path():
 
 
 def test_build_shards_identical_with_fast_path_on_and_off(tmp_path, monkeypatch):
-    from data_prep.build import BuildConfig, build
+    from skillnet.data_prep.build import BuildConfig, build
 
     docs = [d.replace("\n", " ") for d in _real_text()[:1500] + ADVERSARIAL[2:] + _random_docs(300, 5)]
     docs = [d.replace("\x00", "") for d in docs if d.strip()]  # NUL documents are skipped as bad input

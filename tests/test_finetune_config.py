@@ -6,8 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
-
-from finetune.config import ConfigError, FinetuneConfig
+from skillnet.finetune.config import ConfigError, FinetuneConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ROOT / "finetune" / "configs" / "tiny.json"

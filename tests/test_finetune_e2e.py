@@ -10,10 +10,9 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file
-
-from finetune import predict as predict_cli
-from finetune import run as run_cli
-from finetune.config import FinetuneConfig
+from skillnet.finetune import predict as predict_cli
+from skillnet.finetune import run as run_cli
+from skillnet.finetune.config import FinetuneConfig
 
 FIX = Path(__file__).resolve().parent / "fixtures" / "finetune"
 
@@ -44,8 +43,8 @@ def tiny_config(out: Path, **kw) -> dict:
 
 
 def _save_init(path: Path) -> dict[str, torch.Tensor]:
-    from model.config import SkillNetBertConfig
-    from model.heads import SkillNetBertForMultiTask
+    from skillnet.model.config import SkillNetBertConfig
+    from skillnet.model.heads import SkillNetBertForMultiTask
 
     torch.manual_seed(123)
     m = SkillNetBertForMultiTask(SkillNetBertConfig.preset("tiny"))
@@ -154,10 +153,10 @@ def test_prediction_on_a_mixed_file(tmp_path):
 
 
 def test_batch_source_resume_and_ranks():
-    from data_prep.tokenizer import load_tokenizer
-    from finetune.samplers import SamplerConfig, build_sampler
-    from finetune.source import MultiTaskBatchSource
-    from finetune.tasks import TaskData
+    from skillnet.data_prep.tokenizer import load_tokenizer
+    from skillnet.finetune.samplers import SamplerConfig, build_sampler
+    from skillnet.finetune.source import MultiTaskBatchSource
+    from skillnet.finetune.tasks import TaskData
 
     cfg = FinetuneConfig.from_dict(tiny_config(Path("unused")))
     tok = load_tokenizer(None)

@@ -9,12 +9,12 @@ from pathlib import Path
 
 import pytest
 import torch
+from skillnet.finetune import compare as compare_cli
+from skillnet.finetune import run as run_cli
+from skillnet.finetune.config import ConfigError, FinetuneConfig
+from skillnet.finetune.samplers import SamplerConfig, annealing_warning, build_sampler
 from transformers import BertConfig, BertModel
 
-from finetune import compare as compare_cli
-from finetune import run as run_cli
-from finetune.config import ConfigError, FinetuneConfig
-from finetune.samplers import SamplerConfig, annealing_warning, build_sampler
 from tests.test_finetune_e2e import tiny_config
 
 
@@ -29,7 +29,7 @@ def _dense_bert(path: Path) -> BertModel:
 
 def _build(tmp_path: Path, method: str, **kw) -> torch.nn.Module:
     cfg = FinetuneConfig.from_dict(tiny_config(tmp_path / method, method=method, **kw))
-    from data_prep.tokenizer import load_tokenizer
+    from skillnet.data_prep.tokenizer import load_tokenizer
 
     data = run_cli.load_task_data(cfg, load_tokenizer(None))
     model, _ = run_cli.build_model(cfg, data)
@@ -67,7 +67,7 @@ def test_a_task_head_starts_the_same_whatever_the_other_tasks(tmp_path):
     full = _build(tmp_path, "skillnet")
     d = tiny_config(tmp_path / "one")
     d["tasks"] = [t for t in d["tasks"] if t["name"] == "ner"]
-    from data_prep.tokenizer import load_tokenizer
+    from skillnet.data_prep.tokenizer import load_tokenizer
 
     cfg = FinetuneConfig.from_dict(d)
     one, _ = run_cli.build_model(cfg, run_cli.load_task_data(cfg, load_tokenizer(None)))

@@ -47,9 +47,9 @@ def _config(tmp: Path, method: str) -> Path:
 
 
 def _initial_state(cfg_path: Path) -> dict[str, torch.Tensor]:
-    from data_prep.tokenizer import load_tokenizer
-    from finetune import run as run_cli
-    from finetune.config import FinetuneConfig
+    from skillnet.data_prep.tokenizer import load_tokenizer
+    from skillnet.finetune import run as run_cli
+    from skillnet.finetune.config import FinetuneConfig
 
     cfg = FinetuneConfig.load(cfg_path)
     model, _ = run_cli.build_model(cfg, run_cli.load_task_data(cfg, load_tokenizer(None)))
@@ -65,7 +65,7 @@ def _export(run: Path, method: str) -> dict[str, torch.Tensor]:
 def test_method_under_zero2_matches_plain_and_keeps_unused_parts(tmp_path, method):
     cfg = _config(tmp_path, method)
     plain, zero = tmp_path / "plain", tmp_path / "zero"
-    r = subprocess.run([sys.executable, "-m", "finetune.run", "--config", str(cfg), "--output-dir", str(plain),
+    r = subprocess.run([sys.executable, "-m", "skillnet.finetune.run", "--config", str(cfg), "--output-dir", str(plain),
                         "--no-progress", "--no-tensorboard"], cwd=REPO, capture_output=True, text=True,
                        timeout=600, env=subprocess_env())
     assert r.returncode == 0, r.stderr[-3000:]

@@ -5,8 +5,7 @@ from __future__ import annotations
 import math
 
 import pytest
-
-from finetune.metrics import (
+from skillnet.finetune.metrics import (
     accuracy,
     bio_entities,
     entity_prf,

@@ -7,8 +7,7 @@ import multiprocessing as mp
 from collections import Counter
 
 import pytest
-
-from finetune.samplers import (
+from skillnet.finetune.samplers import (
     AnnealedSampler,
     ProportionalSampler,
     RoundRobinSampler,

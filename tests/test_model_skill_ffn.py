@@ -2,9 +2,8 @@ import random
 
 import pytest
 import torch
-
-from model import SkillNetBertConfig, SkillNetBertModel
-from model.skill_ffn import SkillFFN, SkillRouting
+from skillnet.model import SkillNetBertConfig, SkillNetBertModel
+from skillnet.model.skill_ffn import SkillFFN, SkillRouting
 
 D, F, S = 32, 48, 7
 

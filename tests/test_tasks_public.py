@@ -6,8 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
-
-from data_prep.tasks import (
+from skillnet.data_prep.tasks import (
     TaskDataError,
     TaskSpec,
     convert_clue,
@@ -18,7 +17,7 @@ from data_prep.tasks import (
     to_bio,
     write_task_dir,
 )
-from data_prep.tasks.__main__ import main
+from skillnet.data_prep.tasks.__main__ import main
 
 FIX = Path(__file__).parent / "fixtures" / "tasks"
 

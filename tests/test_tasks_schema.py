@@ -6,8 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
-
-from data_prep.tasks import (
+from skillnet.data_prep.tasks import (
     KINDS,
     TaskDataError,
     TaskSpec,

@@ -6,9 +6,8 @@ import json
 from pathlib import Path
 
 import pytest
-
-from training.config import DsConfigError, TrainConfig, load_ds_config, resolve_ds_config
-from training.trainer import lr_lambda
+from skillnet.training.config import DsConfigError, TrainConfig, load_ds_config, resolve_ds_config
+from skillnet.training.trainer import lr_lambda
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -6,9 +6,8 @@ import copy
 
 import pytest
 import torch
+from skillnet.training.optim import MaskedAdamW, build_param_groups
 from torch import nn
-
-from training.optim import MaskedAdamW, build_param_groups
 
 
 class ToySkills(nn.Module):

@@ -9,9 +9,8 @@ from typing import Any
 
 import pytest
 import torch
+from skillnet.training import Batch, BatchSource, TrainConfig, Trainer
 from torch import nn
-
-from training import Batch, BatchSource, TrainConfig, Trainer
 
 SKILLS = {"a": [0, 1], "b": [1, 2]}
 

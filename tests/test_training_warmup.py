@@ -1,4 +1,4 @@
-"""`python -m training.warmup` (run by `make setup`): builds DeepSpeed's JIT ops, never fails setup."""
+"""`python -m skillnet.training.warmup` (run by `make setup`): builds DeepSpeed's JIT ops, never fails setup."""
 
 from __future__ import annotations
 
@@ -8,15 +8,14 @@ import sys
 from pathlib import Path
 
 import pytest
-
-from training import warmup
+from skillnet.training import warmup
 
 REPO = Path(__file__).resolve().parents[1]
 
 
 def test_warmup_builds_or_reports_the_ops() -> None:
     r = subprocess.run(
-        [sys.executable, "-m", "training.warmup"], cwd=REPO, capture_output=True, text=True, timeout=900
+        [sys.executable, "-m", "skillnet.training.warmup"], cwd=REPO, capture_output=True, text=True, timeout=900
     )
     assert r.returncode == 0, r.stderr[-2000:]
     status = json.loads(r.stdout.strip().splitlines()[-1])

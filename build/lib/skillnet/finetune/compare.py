@@ -1,0 +1,376 @@
+"""Run several multi-task methods on the same tasks, data, budget and seeds, and put them side by side.
+
+    python -m skillnet.finetune.compare --config tasks.json --methods all --seeds 0 1 2 --init runs/pt/hf
+    # 2 CPU ranks per run (or GPUs): every run goes through `deepspeed --num_gpus 2 ... --ds-config`
+    python -m skillnet.finetune.compare --config tasks.json --methods skillnet dense_joint --nproc 2
+    # any launcher (a cluster): the command prefix is yours
+    python -m skillnet.finetune.compare --config tasks.json --launcher "deepspeed --hostfile hosts" --ds-config ds.json
+
+Each (method, seed) run is an ordinary ``finetune.run`` in ``<output-dir>/<method>/seed<k>/`` (its log in
+``run.log`` there). A run whose ``results.json`` exists is not run again, and an interrupted one resumes
+from its last checkpoint, so the command can be stopped and rerun at any point. The table is written
+whenever every run has finished: ``comparison.md`` / ``comparison.json`` (per-task test scores as mean ±
+std over seeds, the average, parameters total / trainable / activated per task, wall time), and the
+pictures ``curves.png`` (dev metric against step, per task and method) and ``skill_map.png`` (the
+learned task-skill map, if ``learnable`` ran).
+
+Differences: every method sees the same seeds, and a seed fixes the initial weights, the task sequence
+and the data order, so methods are compared seed by seed (paired). A difference is called beyond the
+spread when a paired t-test over the seeds gives p < 0.05; with 3 seeds that needs a large, consistent
+gap, so most small differences at this scale are within noise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import shlex
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+if __package__ in (None, ""):
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from skillnet.finetune.config import ConfigError, FinetuneConfig
+from skillnet.finetune.methods import METHODS
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog=Path(sys.argv[0]).name if not sys.argv[0].endswith("__main__.py") else "python -m skillnet.finetune.compare",
+        description="Run multi-task methods with the same tasks, data, budget and seeds; write one comparison "
+                    "table (Markdown + JSON) and pictures. Resumable: finished runs are kept.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    p.add_argument("--config", required=True, help="fine-tuning config (JSON) shared by every run")
+    p.add_argument("--methods", nargs="+", default=["all"], metavar="METHOD",
+                   help=f"methods to run, or 'all' ({', '.join(METHODS)})")
+    p.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2], help="seeds; every method runs each")
+    p.add_argument("--init", help="initial weights for every method (SkillNet export or dense HF BERT folder)")
+    p.add_argument("--output-dir", "--output_dir", dest="output_dir", default="runs/compare",
+                   help="where runs, tables and pictures go")
+    p.add_argument("--max-steps", "--max_steps", dest="max_steps", type=int,
+                   help="override train.max_steps of the config")
+    p.add_argument("--reference", default=None,
+                   help="method the others are compared with (default: skillnet if run, else the first)")
+    p.add_argument("--nproc", type=int, default=1,
+                   help="ranks per run: 1 = plain PyTorch; N > 1 = `deepspeed --num_gpus N` with --ds-config")
+    p.add_argument("--ds-config", "--ds_config", dest="ds_config", default=None,
+                   help="DeepSpeed JSON for multi-rank runs (default with --nproc > 1: ds_configs/cpu_fp32.json "
+                        "without a GPU, ds_configs/zero2.json with one)")
+    p.add_argument("--launcher", default=None,
+                   help="command prefix that starts one run on many ranks, e.g. 'deepspeed --hostfile h' "
+                        "(overrides --nproc)")
+    p.add_argument("--threads", type=int, default=None, help="torch CPU threads per run")
+    p.add_argument("--report", default=None, metavar="MD",
+                   help="also write the comparison as this Markdown file, its pictures beside it in img/")
+    p.add_argument("--title", default="Multi-task methods compared", help="title of the report")
+    p.add_argument("--no-plots", action="store_true", help="skip the pictures (no matplotlib needed)")
+    p.add_argument("--dry-run", action="store_true", help="print the runs and their commands, run nothing")
+    return p
+
+
+def resolve_methods(names: Sequence[str]) -> list[str]:
+    if list(names) == ["all"]:
+        return list(METHODS)
+    bad = [n for n in names if n not in METHODS]
+    if bad:
+        raise ConfigError(f"--methods: unknown method(s) {bad}; valid: {', '.join(METHODS)} or all")
+    return list(dict.fromkeys(names))
+
+
+def run_dir(out: Path, method: str, seed: int) -> Path:
+    return out / method / f"seed{seed}"
+
+
+def run_command(a: argparse.Namespace, config: Path, method: str, seed: int, rdir: Path) -> list[str]:
+    args = ["--config", str(config), "--method", method, "--seed", str(seed), "--output-dir", str(rdir),
+            "--resume", "auto", "--no-progress"]
+    if a.init:
+        args += ["--init", str(Path(a.init).resolve())]
+    if a.max_steps is not None:
+        args += ["--max-steps", str(a.max_steps)]
+    if a.threads:
+        args += ["--threads", str(a.threads)]
+    if a.launcher or a.nproc > 1:
+        import torch
+
+        ds = a.ds_config or str(REPO / "ds_configs" / ("zero2.json" if torch.cuda.is_available() else "cpu_fp32.json"))
+        prefix = shlex.split(a.launcher) if a.launcher else ["deepspeed", "--num_gpus", str(a.nproc)]
+        return [*prefix, str(REPO / "finetune" / "run.py"), *args, "--ds-config", ds]
+    return [sys.executable, "-m", "skillnet.finetune.run", *args]
+
+
+def _run_one(cmd: list[str], rdir: Path) -> tuple[int, float]:
+    rdir.mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
+           "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    t0 = time.time()
+    with open(rdir / "run.log", "a", encoding="utf-8") as logf:
+        logf.write(f"$ {shlex.join(cmd)}\n")
+        logf.flush()
+        r = subprocess.run(cmd, cwd=REPO, stdout=logf, stderr=subprocess.STDOUT, env=env)
+    return r.returncode, time.time() - t0
+
+
+# ---------------------------------------------------------------------------------------- aggregation
+def _mean_std(xs: Sequence[float]) -> tuple[float, float]:
+    xs = [x for x in xs if x is not None and not math.isnan(x)]
+    if not xs:
+        return math.nan, math.nan
+    return statistics.fmean(xs), (statistics.stdev(xs) if len(xs) > 1 else 0.0)
+
+
+def _score(r: dict[str, Any], split: str) -> float | None:
+    v = r.get(split)
+    return None if not isinstance(v, dict) else v.get(r["metric"])
+
+
+def paired_test(a: Sequence[float], b: Sequence[float]) -> float | None:
+    """Two-sided paired t-test p-value over seeds (None with fewer than 2 pairs or zero spread)."""
+    if len(a) != len(b) or len(a) < 2:
+        return None
+    d = [x - y for x, y in zip(a, b)]
+    sd = statistics.stdev(d)
+    if sd == 0:
+        return 0.0 if statistics.fmean(d) != 0 else 1.0
+    from scipy import stats
+
+    return float(stats.ttest_rel(a, b).pvalue)
+
+
+def aggregate(out: Path, methods: list[str], seeds: list[int], split: str = "test") -> dict[str, Any]:
+    rows: dict[str, Any] = {}
+    tasks: list[str] = []
+    for m in methods:
+        runs = [json.loads((run_dir(out, m, s) / "results.json").read_text(encoding="utf-8")) for s in seeds]
+        if not tasks:
+            tasks = list(runs[0]["tasks"])
+        per_task = {}
+        for t in tasks:
+            vals = [_score(r["tasks"][t], split) for r in runs]
+            mean, std = _mean_std(vals)
+            per_task[t] = {"mean": mean, "std": std, "values": vals, "metric": runs[0]["tasks"][t]["metric"]}
+        avg_per_seed = [statistics.fmean(per_task[t]["values"][i] for t in tasks) for i in range(len(seeds))]
+        a_mean, a_std = _mean_std(avg_per_seed)
+        p = runs[0]["params"]
+        rows[m] = {
+            "tasks": per_task, "average": {"mean": a_mean, "std": a_std, "values": avg_per_seed},
+            "params": {"total": p["total"], "trainable": p["trainable"],
+                       "activated": {t: p["tasks"][t]["activated"] for t in tasks}},
+            "seconds": {"mean": statistics.fmean(r["seconds"] for r in runs), "values": [r["seconds"] for r in runs]},
+            "steps": runs[0]["steps"],
+            "curves": {t: [r["tasks"][t].get("dev_curve", []) for r in runs] for t in tasks},
+        }
+    return {"split": split, "seeds": seeds, "tasks": tasks, "methods": rows}
+
+
+def differences(agg: dict[str, Any], reference: str) -> dict[str, Any]:
+    ref = agg["methods"][reference]
+    res: dict[str, Any] = {}
+    for m, row in agg["methods"].items():
+        if m == reference:
+            continue
+        entry = {}
+        for key in [*agg["tasks"], "average"]:
+            a = row["average"]["values"] if key == "average" else row["tasks"][key]["values"]
+            b = ref["average"]["values"] if key == "average" else ref["tasks"][key]["values"]
+            diff = statistics.fmean(a) - statistics.fmean(b)
+            pv = paired_test(a, b)
+            entry[key] = {"diff": diff, "p": pv, "beyond_noise": pv is not None and pv < 0.05}
+        res[m] = entry
+    return res
+
+
+def _fmt(ms: dict[str, Any]) -> str:
+    if math.isnan(ms["mean"]):
+        return "-"
+    return f"{ms['mean']:.1f} ± {ms['std']:.1f}"
+
+
+def markdown(agg: dict[str, Any], diffs: dict[str, Any], reference: str, title: str,
+             pictures: dict[str, str], command: str) -> str:
+    tasks, rows = agg["tasks"], agg["methods"]
+    n = len(agg["seeds"])
+    metric = {t: next(iter(rows.values()))["tasks"][t]["metric"] for t in tasks}
+    lines = [f"# {title}", "",
+             f"Written by `{command}`. Scores are on the **{agg['split']}** split, one checkpoint per run "
+             f"(selected by the mean dev score over tasks), as mean ± standard deviation over {n} seeds "
+             f"({', '.join(map(str, agg['seeds']))}).", "",
+             "| method | " + " | ".join(f"{t} ({metric[t]})" for t in tasks) + " | average | steps | wall time / run |",
+             "|---" * (len(tasks) + 4) + "|"]
+    for m, row in rows.items():
+        cells = [_fmt(row["tasks"][t]) for t in tasks]
+        lines.append(f"| {m} | " + " | ".join(cells) + f" | {_fmt(row['average'])} | {row['steps']} | "
+                     f"{row['seconds']['mean']:.0f} s |")
+    lines += ["", "Parameters (Tables 4 and 6: *activated* = what one task's forward pass uses):", "",
+              "| method | total | trainable | " + " | ".join(f"activated: {t}" for t in tasks) + " |",
+              "|---" * (len(tasks) + 3) + "|"]
+    for m, row in rows.items():
+        p = row["params"]
+        lines.append(f"| {m} | {p['total']:,} | {p['trainable']:,} | "
+                     + " | ".join(f"{p['activated'][t]:,}" for t in tasks) + " |")
+    if diffs:
+        lines += ["", f"Differences from **{reference}** (method − {reference}; paired over seeds; "
+                      "**bold** = beyond the spread, paired t-test p < 0.05):", "",
+                  "| method | " + " | ".join(tasks) + " | average |", "|---" * (len(tasks) + 2) + "|"]
+        for m, entry in diffs.items():
+            cells = []
+            for key in [*tasks, "average"]:
+                e = entry[key]
+                s = f"{e['diff']:+.1f}" + (f" (p={e['p']:.2f})" if e["p"] is not None else "")
+                cells.append(f"**{s}**" if e["beyond_noise"] else s)
+            lines.append(f"| {m} | " + " | ".join(cells) + " |")
+        beyond = [(m, k) for m, e in diffs.items() for k, v in e.items() if v["beyond_noise"]]
+        lines += ["", ("Beyond the spread: " + ", ".join(f"{m} on {k}" for m, k in beyond) + ".") if beyond
+                  else "No difference from the reference lies beyond the spread over seeds."]
+    for caption, path in pictures.items():
+        lines += ["", f"![{caption}]({path})", "", f"*{caption}*"]
+    return "\n".join(lines) + "\n"
+
+
+# ---------------------------------------------------------------------------------------- pictures
+def plot_curves(agg: dict[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    tasks, rows = agg["tasks"], agg["methods"]
+    cols = min(3, len(tasks))
+    nrows = math.ceil(len(tasks) / cols)
+    fig, axes = plt.subplots(nrows, cols, figsize=(5 * cols, 3.6 * nrows), squeeze=False)
+    for i, t in enumerate(tasks):
+        ax = axes[i // cols][i % cols]
+        for m, row in rows.items():
+            curves = [c for c in row["curves"][t] if c]
+            if not curves:
+                continue
+            steps = sorted({s for c in curves for s, _ in c})
+            by_step = [[v for c in curves for s2, v in c if s2 == s] for s in steps]
+            mean = [statistics.fmean(v) for v in by_step]
+            ax.plot(steps, mean, marker="o", ms=3, label=m)
+            ax.fill_between(steps, [min(v) for v in by_step], [max(v) for v in by_step], alpha=0.15)
+        metric = next(iter(rows.values()))["tasks"][t]["metric"]
+        ax.set_title(t)
+        ax.set_xlabel("optimizer step (task_specific: steps of its own run)")
+        ax.set_ylabel(f"dev {metric}")
+        ax.grid(alpha=0.3)
+    for j in range(len(tasks), nrows * cols):
+        axes[j // cols][j % cols].axis("off")
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="lower center", ncol=min(6, len(labels)), frameon=False)
+    fig.suptitle(f"Dev score during training (mean over seeds {agg['seeds']}; band = min..max)")
+    fig.tight_layout(rect=(0, 0.06, 1, 0.95))
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def learned_map_picture(out: Path, seeds: list[int], dest: Path) -> Path | None:
+    """The learned task-skill map of the first learnable run (written by that run as skill_map.png)."""
+    for s in seeds:
+        src = run_dir(out, "learnable", s) / "skill_map.png"
+        if src.is_file():
+            shutil.copyfile(src, dest)
+            return dest
+    return None
+
+
+# ---------------------------------------------------------------------------------------- main
+def main(argv: Sequence[str] | None = None) -> int:
+    a = build_parser().parse_args(argv)
+    try:
+        methods = resolve_methods(a.methods)
+        config = Path(a.config).resolve()
+        FinetuneConfig.load(config)  # fail on a bad config before the first run
+        if a.init and not Path(a.init).exists():
+            raise ConfigError(f"--init {a.init} does not exist")
+        if len(set(a.seeds)) != len(a.seeds):
+            raise ConfigError(f"--seeds has duplicates: {a.seeds}")
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    if not a.no_plots:
+        try:
+            import matplotlib  # noqa: F401
+        except ImportError:
+            print("error: the pictures need matplotlib: pip install 'skillnet[plots]' (or pass --no-plots)",
+                  file=sys.stderr)
+            return 2
+    out = Path(a.output_dir).resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    plan = [(m, s) for s in a.seeds for m in methods]
+    failed = []
+    t_all = time.time()
+    for i, (m, s) in enumerate(plan, 1):
+        rdir = run_dir(out, m, s)
+        cmd = run_command(a, config, m, s, rdir)
+        head = f"[compare] ({i}/{len(plan)}) {m} seed {s}"
+        if (rdir / "results.json").is_file():
+            print(f"{head}: done before, kept ({rdir / 'results.json'})", file=sys.stderr, flush=True)
+            continue
+        if a.dry_run:
+            print(f"{head}: {shlex.join(cmd)}", file=sys.stderr)
+            continue
+        print(f"{head}: running (log: {rdir / 'run.log'})", file=sys.stderr, flush=True)
+        rc, secs = _run_one(cmd, rdir)
+        if rc != 0 or not (rdir / "results.json").is_file():
+            tail = (rdir / "run.log").read_text(encoding="utf-8", errors="replace").splitlines()[-5:]
+            print(f"{head}: FAILED (exit {rc}) after {secs:.0f} s; last lines of its log:\n  " + "\n  ".join(tail),
+                  file=sys.stderr, flush=True)
+            failed.append((m, s))
+            continue
+        res = json.loads((rdir / "results.json").read_text(encoding="utf-8"))
+        dev = [_score(r, "dev") for r in res["tasks"].values()]
+        dev = [x for x in dev if x is not None]
+        msg = f"mean dev {statistics.fmean(dev):.1f}" if dev else "no dev set"
+        print(f"{head}: finished in {secs:.0f} s, {msg}", file=sys.stderr, flush=True)
+    if a.dry_run:
+        return 0
+    if failed:
+        print(f"error: {len(failed)} run(s) failed: {failed}; fix and rerun the same command "
+              "(finished runs are kept)", file=sys.stderr)
+        return 1
+    agg = aggregate(out, methods, a.seeds)
+    reference = a.reference or ("skillnet" if "skillnet" in methods else methods[0])
+    diffs = differences(agg, reference) if len(methods) > 1 else {}
+    pictures: dict[str, Path] = {}
+    if not a.no_plots:
+        plot_curves(agg, out / "curves.png")
+        pictures["Dev score against training step, per task and method"] = out / "curves.png"
+        if learned_map_picture(out, a.seeds, out / "skill_map.png"):
+            pictures["Learned task-skill map (learnable, first seed): alpha per task and skill, selected cells "
+                     "marked"] = out / "skill_map.png"
+    command = "python -m skillnet.finetune.compare " + shlex.join(list(argv) if argv is not None else sys.argv[1:])
+    (out / "comparison.json").write_text(json.dumps({"reference": reference, **agg, "differences": diffs},
+                                                    indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+    md = markdown(agg, diffs, reference, a.title, {k: v.name for k, v in pictures.items()}, command)
+    (out / "comparison.md").write_text(md, encoding="utf-8")
+    if a.report:
+        rep = Path(a.report)
+        img = rep.parent / "img"
+        img.mkdir(parents=True, exist_ok=True)
+        stem = rep.stem
+        rel = {}
+        for caption, p in pictures.items():
+            dst = img / f"{stem}_{p.name}"
+            shutil.copyfile(p, dst)
+            rel[caption] = f"img/{dst.name}"
+        rep.write_text(markdown(agg, diffs, reference, a.title, rel, command), encoding="utf-8")
+    print(md, file=sys.stderr)
+    print(f"[compare] {len(plan)} runs, {time.time() - t_all:.0f} s; table: {out / 'comparison.md'}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

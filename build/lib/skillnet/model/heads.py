@@ -1,0 +1,346 @@
+"""Task heads on top of SkillNet-BERT (skillnet-nlu.md §3.2, §3.5, §4.3) and the task-level models.
+
+`SkillNetBertForPreTraining` keeps HF's ``cls.predictions`` / ``cls.seq_relationship`` names so a dense
+``BertForPreTraining`` checkpoint loads; each step runs one objective (``task="mlm"`` or ``"nsp"``) with
+that objective's skills. `SkillNetBertForMultiTask` holds one head per fine-tuning task in ``heads``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torchcrf import CRF
+from transformers.activations import ACT2FN
+from transformers.utils import ModelOutput
+
+from .bert import SkillNetBertModel, SkillNetBertPreTrainedModel
+from .config import HEAD_TYPES, SkillNetBertConfig
+
+
+@dataclass
+class TaskOutput(ModelOutput):
+    loss: torch.Tensor | None = None
+    logits: torch.Tensor | None = None
+    # Cheap no-grad figures for logging (e.g. accuracy counts); never part of the loss.
+    metrics: dict[str, float] | None = None
+
+
+def _with_aux(out: TaskOutput, enc: Any) -> TaskOutput:
+    """Add the method's weighted auxiliary losses to the task loss, and report each raw value."""
+    if enc.aux_loss is None:
+        return out
+    if out.loss is not None:
+        out.loss = out.loss + enc.aux_loss
+    out.metrics = {**(out.metrics or {}), **{f"aux_{k}": float(v.detach()) for k, v in enc.aux_losses.items()}}
+    return out
+
+
+# ---- pre-training -------------------------------------------------------------------------------------
+class _PredictionTransform(nn.Module):
+    def __init__(self, config: SkillNetBertConfig) -> None:
+        super().__init__()
+        self.dense = nn.Linear(config.hidden_size, config.hidden_size)
+        self.act = ACT2FN[config.hidden_act]
+        self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        return self.LayerNorm(self.act(self.dense(h)))
+
+
+class _LMPrediction(nn.Module):
+    def __init__(self, config: SkillNetBertConfig) -> None:
+        super().__init__()
+        self.transform = _PredictionTransform(config)
+        self.decoder = nn.Linear(config.hidden_size, config.vocab_size, bias=True)
+        self.bias = self.decoder.bias
+
+
+class _PreTrainingHeads(nn.Module):
+    def __init__(self, config: SkillNetBertConfig) -> None:
+        super().__init__()
+        self.predictions = _LMPrediction(config)
+        self.seq_relationship = nn.Linear(config.hidden_size, 2)
+
+
+class SkillNetBertForPreTraining(SkillNetBertPreTrainedModel):
+    _tied_weights_keys = {
+        "cls.predictions.decoder.weight": "bert.embeddings.word_embeddings.weight",
+        "cls.predictions.decoder.bias": "cls.predictions.bias",
+    }
+
+    def __init__(self, config: SkillNetBertConfig) -> None:
+        super().__init__(config)
+        self.bert = SkillNetBertModel(config)
+        self.cls = _PreTrainingHeads(config)
+        self.post_init()
+
+    def get_output_embeddings(self) -> nn.Linear:
+        return self.cls.predictions.decoder
+
+    def set_output_embeddings(self, new: nn.Linear) -> None:
+        self.cls.predictions.decoder = new
+        self.cls.predictions.bias = new.bias
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        token_type_ids: torch.Tensor | None = None,
+        *,
+        task: str,
+        labels: torch.Tensor | None = None,
+        next_sentence_label: torch.Tensor | None = None,
+        **unused: Any,
+    ) -> TaskOutput:
+        """One objective per call. MLM logits are returned only at predicted positions ([M, V]):
+        running the 21k-way decoder on every token would cost more than the encoder at small sizes."""
+        if task not in ("mlm", "nsp"):
+            raise ValueError(f"pre-training task must be 'mlm' or 'nsp', got {task!r}")
+        enc = self.bert(input_ids, attention_mask, token_type_ids, task=task)
+        if task == "mlm":
+            if labels is None:
+                logits = self.cls.predictions.decoder(self.cls.predictions.transform(enc.last_hidden_state))
+                return TaskOutput(logits=logits)
+            sel = labels != -100
+            h_MD = enc.last_hidden_state[sel]
+            logits = self.cls.predictions.decoder(self.cls.predictions.transform(h_MD))
+            target = labels[sel]
+            loss = F.cross_entropy(logits, target) if target.numel() else logits.sum() * 0.0
+            with torch.no_grad():
+                correct = (logits.argmax(-1) == target).sum().item()
+            return TaskOutput(
+                loss=loss, logits=logits, metrics={"mlm_correct": correct, "mlm_count": target.numel()}
+            )
+        logits = self.cls.seq_relationship(enc.pooler_output)
+        if next_sentence_label is None:
+            return TaskOutput(logits=logits)
+        loss = F.cross_entropy(logits, next_sentence_label.view(-1))
+        with torch.no_grad():
+            correct = (logits.argmax(-1) == next_sentence_label.view(-1)).sum().item()
+        return TaskOutput(
+            loss=loss,
+            logits=logits,
+            metrics={"nsp_correct": correct, "nsp_count": next_sentence_label.numel()},
+        )
+
+
+# ---- fine-tuning heads ---------------------------------------------------------------------------------
+class ClassificationHead(nn.Module):
+    """[CLS] (pooled) -> softmax (T1-T4, single sentence or pair)."""
+
+    def __init__(self, config: SkillNetBertConfig, num_labels: int, dropout: float) -> None:
+        super().__init__()
+        self.dropout = nn.Dropout(dropout)
+        self.classifier = nn.Linear(config.hidden_size, num_labels)
+
+    def forward(self, enc: Any, batch: dict[str, torch.Tensor]) -> TaskOutput:
+        logits = self.classifier(self.dropout(enc.pooler_output))
+        labels = batch.get("labels")
+        loss = F.cross_entropy(logits, labels.view(-1)) if labels is not None else None
+        return TaskOutput(loss=loss, logits=logits)
+
+    def predict(self, out: TaskOutput, batch: dict[str, torch.Tensor]) -> list[int]:
+        return out.logits.argmax(-1).tolist()
+
+
+class RegressionHead(ClassificationHead):
+    def __init__(self, config: SkillNetBertConfig, num_labels: int, dropout: float) -> None:
+        super().__init__(config, 1, dropout)
+
+    def forward(self, enc: Any, batch: dict[str, torch.Tensor]) -> TaskOutput:
+        pred = self.classifier(self.dropout(enc.pooler_output)).squeeze(-1)
+        labels = batch.get("labels")
+        loss = F.mse_loss(pred, labels.view(-1).to(pred.dtype)) if labels is not None else None
+        return TaskOutput(loss=loss, logits=pred)
+
+    def predict(self, out: TaskOutput, batch: dict[str, torch.Tensor]) -> list[float]:
+        return out.logits.tolist()
+
+
+def _pack_left(valid_BT: torch.Tensor, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """Move the valid positions of each row to the front (stable), as pytorch-crf wants a prefix mask."""
+    order = torch.argsort((~valid_BT).to(torch.int8), dim=1, stable=True)
+    n = valid_BT.sum(1)
+    mask = torch.arange(valid_BT.shape[1], device=valid_BT.device)[None] < n[:, None]
+    packed = []
+    for t in tensors:
+        idx = order if t.dim() == 2 else order[..., None].expand_as(t)
+        packed.append(t.gather(1, idx))
+    return (mask, *packed)
+
+
+class TokenCRFHead(nn.Module):
+    """Per-token emissions + CRF (T5 NER). Word positions are given by `word_mask` (or labels != -100);
+    [CLS], [SEP], padding and sub-word continuations are left out of the CRF chain."""
+
+    def __init__(self, config: SkillNetBertConfig, num_labels: int, dropout: float) -> None:
+        super().__init__()
+        self.dropout = nn.Dropout(dropout)
+        self.classifier = nn.Linear(config.hidden_size, num_labels)
+        self.crf = CRF(num_labels, batch_first=True)
+
+    def _valid(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        if batch.get("word_mask") is not None:
+            return batch["word_mask"].bool()
+        if batch.get("labels") is not None:
+            return batch["labels"] != -100
+        raise ValueError("token_crf head needs `word_mask` (or `labels`) to know which tokens are words")
+
+    def forward(self, enc: Any, batch: dict[str, torch.Tensor]) -> TaskOutput:
+        em_BTL = self.classifier(self.dropout(enc.last_hidden_state))
+        labels = batch.get("labels")
+        if labels is None:
+            return TaskOutput(logits=em_BTL)
+        valid = self._valid(batch)
+        keep = valid.any(1)  # a row with no word has nothing to tag
+        mask, em, lab = _pack_left(valid[keep], em_BTL[keep], labels[keep].clamp(min=0))
+        loss = -self.crf(em, lab, mask=mask, reduction="token_mean") if keep.any() else em_BTL.sum() * 0.0
+        return TaskOutput(loss=loss, logits=em_BTL)
+
+    def predict(self, out: TaskOutput, batch: dict[str, torch.Tensor]) -> list[list[int]]:
+        valid = self._valid(batch)
+        result: list[list[int]] = [[] for _ in range(valid.shape[0])]
+        keep = valid.any(1)
+        if keep.any():
+            mask, em = _pack_left(valid[keep], out.logits[keep])
+            for row, tags in zip(keep.nonzero().view(-1).tolist(), self.crf.decode(em, mask=mask)):
+                result[row] = tags
+        return result
+
+
+class SpanHead(nn.Module):
+    """Start/end vectors dotted with each token, softmax over the passage (T6, §3.2)."""
+
+    def __init__(
+        self, config: SkillNetBertConfig, num_labels: int, dropout: float, max_answer_len: int = 64
+    ) -> None:
+        super().__init__()
+        self.qa_outputs = nn.Linear(config.hidden_size, 2)  # rows = v_start, v_end
+        self.max_answer_len = max_answer_len
+
+    def forward(self, enc: Any, batch: dict[str, torch.Tensor]) -> TaskOutput:
+        logits_BT2 = self.qa_outputs(enc.last_hidden_state)
+        ctx = batch.get("context_mask")
+        if ctx is not None:
+            logits_BT2 = logits_BT2.masked_fill(~ctx.bool()[..., None], torch.finfo(logits_BT2.dtype).min)
+        loss = None
+        if batch.get("start_positions") is not None:
+            s, e = logits_BT2.unbind(-1)
+            loss = (
+                F.cross_entropy(s, batch["start_positions"].view(-1))
+                + F.cross_entropy(e, batch["end_positions"].view(-1))
+            ) / 2
+        return TaskOutput(loss=loss, logits=logits_BT2)
+
+    def predict(self, out: TaskOutput, batch: dict[str, torch.Tensor]) -> list[tuple[int, int]]:
+        s, e = out.logits.float().log_softmax(1).unbind(-1)
+        score_BTT = s[:, :, None] + e[:, None, :]
+        T = score_BTT.shape[1]
+        i = torch.arange(T, device=score_BTT.device)
+        ok = (i[None, :] >= i[:, None]) & (i[None, :] - i[:, None] < self.max_answer_len)
+        best = score_BTT.masked_fill(~ok, float("-inf")).flatten(1).argmax(1)
+        return [(int(b) // T, int(b) % T) for b in best]
+
+
+class MatchingHead(nn.Module):
+    """Answer selection (cMedQA-style): [CLS] of each (question, candidate) pair -> a score; softmax over
+    the candidates of a group. Inputs are [G, C, T]; `labels` [G] is the correct candidate's index and
+    `candidate_mask` [G, C] marks real candidates when groups are padded."""
+
+    def __init__(self, config: SkillNetBertConfig, num_labels: int, dropout: float) -> None:
+        super().__init__()
+        self.dropout = nn.Dropout(dropout)
+        self.scorer = nn.Linear(config.hidden_size, 1)
+
+    def forward(self, enc: Any, batch: dict[str, torch.Tensor]) -> TaskOutput:
+        G, C = batch["group_shape"]
+        scores = self.scorer(self.dropout(enc.pooler_output)).view(G, C)
+        cm = batch.get("candidate_mask")
+        if cm is not None:
+            scores = scores.masked_fill(~cm.bool(), torch.finfo(scores.dtype).min)
+        labels = batch.get("labels")
+        loss = F.cross_entropy(scores, labels.view(-1)) if labels is not None else None
+        return TaskOutput(loss=loss, logits=scores)
+
+    def predict(self, out: TaskOutput, batch: dict[str, torch.Tensor]) -> list[int]:
+        return out.logits.argmax(-1).tolist()
+
+
+HEADS: dict[str, type[nn.Module]] = {
+    "classification": ClassificationHead,
+    "regression": RegressionHead,
+    "token_crf": TokenCRFHead,
+    "span": SpanHead,
+    "matching": MatchingHead,
+}
+assert set(HEADS) == set(HEAD_TYPES)
+
+
+def build_head(config: SkillNetBertConfig, spec: dict[str, Any]) -> nn.Module:
+    kind = spec["type"]
+    dropout = spec.get("dropout", config.classifier_dropout or config.hidden_dropout_prob)
+    num_labels = int(spec.get("num_labels", 1))
+    if kind in ("classification", "token_crf") and num_labels < 2:
+        raise ValueError(f"a {kind} head needs num_labels >= 2, got {num_labels}")
+    extra = (
+        {"max_answer_len": int(spec["max_answer_len"])} if kind == "span" and "max_answer_len" in spec else {}
+    )
+    return HEADS[kind](config, num_labels, dropout, **extra)
+
+
+class SkillNetBertForMultiTask(SkillNetBertPreTrainedModel):
+    """One encoder, one head per task (``config.task_heads``); each forward runs one task's skills."""
+
+    def __init__(self, config: SkillNetBertConfig) -> None:
+        super().__init__(config)
+        self.bert = SkillNetBertModel(config)
+        self.heads = nn.ModuleDict({t: build_head(config, spec) for t, spec in config.task_heads.items()})
+        self.post_init()
+
+    def add_task(self, task: str, skills: list[str], head: dict[str, Any]) -> None:
+        """Register a new task: its skills (in the config) and a freshly initialised head."""
+        self.config.set_task(task, skills, head)
+        new = build_head(self.config, head).to(self.device)
+        new.apply(self._init_weights)
+        self.heads[task] = new
+
+    def _head(self, task: str) -> nn.Module:
+        if task not in self.heads:
+            raise KeyError(
+                f"no head for task {task!r}; tasks with heads: {', '.join(self.heads) or '(none)'}"
+            )
+        return self.heads[task]
+
+    def forward(
+        self,
+        *,
+        task: str,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        token_type_ids: torch.Tensor | None = None,
+        **batch: Any,
+    ) -> TaskOutput:
+        head = self._head(task)
+        if input_ids.dim() == 3:  # matching groups [G, C, T] -> rows
+            batch["group_shape"] = input_ids.shape[:2]
+            input_ids = input_ids.flatten(0, 1)
+            attention_mask = attention_mask.flatten(0, 1) if attention_mask is not None else None
+            token_type_ids = token_type_ids.flatten(0, 1) if token_type_ids is not None else None
+        elif isinstance(head, MatchingHead):
+            raise ValueError(f"task {task!r} is a matching task: input_ids must be [groups, candidates, T]")
+        enc = self.bert(input_ids, attention_mask, token_type_ids, task=task)
+        out = head(enc, batch)
+        return _with_aux(out, enc)
+
+    @torch.no_grad()
+    def predict(self, task: str, **batch: Any) -> list[Any]:
+        """Decoded predictions: class ids, floats, CRF tag ids per word, (start, end) token spans, or the
+        index of the best candidate."""
+        out = self.forward(task=task, **batch)
+        if batch["input_ids"].dim() == 3:
+            batch["group_shape"] = batch["input_ids"].shape[:2]
+        return self._head(task).predict(out, batch)

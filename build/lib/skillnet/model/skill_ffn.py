@@ -1,0 +1,266 @@
+"""Skill FFNs: S parallel feed-forward networks per layer, of which a task activates a few (Eq. 1-2).
+
+A skill is the FFN's two linear layers (HF BERT's ``intermediate.dense`` and ``output.dense``); the
+residual and LayerNorm are shared and come after the average. That makes the average of the k active
+skills one FFN of width k*f:
+
+    mean_k W2_k act(W1_k x + b1_k) + b2_k  ==  [W2_1 .. W2_k]/k · act([W1_1; ..; W1_k] x + [b1]) + mean_k b2_k
+
+so the fused path concatenates the active skills' weights and runs one wide GEMM pair: the same FLOPs as
+a dense FFN of width k*f. Inactive skills never enter the graph, so their ``.grad`` stays ``None`` and a
+plain PyTorch optimizer skips them.
+
+Skill choice is data: a `SkillRouting` (groups of rows, each with its tuple of skill ids) built once per
+forward and shared by all layers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from transformers.activations import ACT2FN
+
+
+@dataclass(frozen=True)
+class SkillGroup:
+    rows: torch.Tensor | None  # batch rows of this group; None = the whole batch
+    skill_ids: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class SkillRouting:
+    """Which rows of the batch use which skills. Built once per forward (one host-side grouping)."""
+
+    groups: tuple[SkillGroup, ...]
+    inverse: torch.Tensor | None  # restores batch order after the groups are concatenated
+
+    @property
+    def single(self) -> bool:
+        return len(self.groups) == 1 and self.groups[0].rows is None
+
+    @staticmethod
+    def uniform(skill_ids: Sequence[int]) -> SkillRouting:
+        return SkillRouting((SkillGroup(None, _canon(skill_ids)),), None)
+
+    @staticmethod
+    def per_row(row_skill_ids: Sequence[Sequence[int]], device: torch.device | str = "cpu") -> SkillRouting:
+        """Group rows by identical skill set, keeping first-appearance order (deterministic)."""
+        sets = [_canon(s) for s in row_skill_ids]
+        order: dict[tuple[int, ...], list[int]] = {}
+        for i, s in enumerate(sets):
+            order.setdefault(s, []).append(i)
+        if len(order) == 1:
+            return SkillRouting.uniform(sets[0])
+        groups, perm = [], []
+        for s, rows in order.items():
+            groups.append(SkillGroup(torch.tensor(rows, dtype=torch.long, device=device), s))
+            perm.extend(rows)
+        inverse = torch.empty(len(perm), dtype=torch.long)
+        inverse[torch.tensor(perm)] = torch.arange(len(perm))
+        return SkillRouting(tuple(groups), inverse.to(device))
+
+    def active_skills(self) -> set[int]:
+        return {i for g in self.groups for i in g.skill_ids}
+
+
+def _canon(skill_ids: Sequence[int] | torch.Tensor) -> tuple[int, ...]:
+    ids = skill_ids.tolist() if isinstance(skill_ids, torch.Tensor) else list(skill_ids)
+    ids = tuple(sorted({int(i) for i in ids if int(i) >= 0}))  # -1 pads a ragged [B, k] id matrix
+    if not ids:
+        raise ValueError("a row activates no skill")
+    return ids
+
+
+_GELU_APPROXIMATE = {"gelu": "none", "gelu_new": "tanh", "gelu_pytorch_tanh": "tanh"}
+
+
+def _concat_skill_mlp(x_ND: torch.Tensor, act: nn.Module, k: int, params: list[torch.Tensor]) -> torch.Tensor:
+    """Reference fusion: one wide GEMM pair over the concatenated weights (copies the weights)."""
+    w1, b1, w2, b2 = (params[i * k : (i + 1) * k] for i in range(4))
+    h_NKF = act(F.linear(x_ND, torch.cat(w1, 0), torch.cat(b1, 0)))
+    return torch.addmm(torch.stack(b2, 0).mean(0), h_NKF, torch.cat(w2, 1).t(), alpha=1.0 / k)
+
+
+class _FusedSkillMLP(torch.autograd.Function):
+    """mean_k W2_k gelu(W1_k x + b1_k) + b2_k as one FFN of width k*F, without copying any weight.
+
+    Each skill's GEMMs read its own weight in place and write into (or read from) its column block of
+    one [N, k*F] activation buffer, so the elementwise work (bias, GELU and its derivative) runs once
+    over the whole width and the second GEMMs accumulate into one output. Weight gradients come out
+    contiguous in the parameters' own layout, and inactive skills are not inputs at all.
+    """
+
+    @staticmethod
+    def forward(ctx, x_ND: torch.Tensor, approximate: str, *params: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+        k = len(params) // 4
+        w1, b1, w2, b2 = (params[i * k : (i + 1) * k] for i in range(4))
+        n, f = x_ND.shape[0], w1[0].shape[0]
+        pre_NKF = x_ND.new_empty(n, k * f)
+        for i in range(k):
+            torch.addmm(b1[i], x_ND, w1[i].t(), out=pre_NKF[:, i * f : (i + 1) * f])
+        h_NKF = F.gelu(pre_NKF, approximate=approximate)
+        b2_mean = b2[0] if k == 1 else torch.stack(b2, 0).mean(0)
+        y_ND = torch.addmm(b2_mean, h_NKF[:, :f], w2[0].t(), alpha=1.0 / k)
+        for i in range(1, k):
+            y_ND.addmm_(h_NKF[:, i * f : (i + 1) * f], w2[i].t(), alpha=1.0 / k)
+        ctx.save_for_backward(x_ND, pre_NKF, h_NKF, *w1, *w2)
+        ctx.k, ctx.f, ctx.approximate = k, f, approximate
+        return y_ND
+
+    @staticmethod
+    def backward(ctx, dy_ND: torch.Tensor) -> tuple[torch.Tensor | None, ...]:  # type: ignore[override]
+        k, f = ctx.k, ctx.f
+        x_ND, pre_NKF, h_NKF, *ws = ctx.saved_tensors
+        w1, w2 = ws[:k], ws[k:]
+        need = ctx.needs_input_grad  # (x, approximate, w1.., b1.., w2.., b2..)
+        blocks = [slice(i * f, (i + 1) * f) for i in range(k)]
+        dy_ND = dy_ND.contiguous() * (1.0 / k)
+        dw2 = [dy_ND.t().mm(h_NKF[:, b]) if need[2 + 2 * k + i] else None for i, b in enumerate(blocks)]
+        db2 = [dy_ND.sum(0) if need[2 + 3 * k + i] else None for i in range(k)]
+        dh_NKF = torch.empty_like(pre_NKF)
+        for i, b in enumerate(blocks):
+            torch.mm(dy_ND, w2[i], out=dh_NKF[:, b])
+        dpre_NKF = torch.ops.aten.gelu_backward(dh_NKF, pre_NKF, approximate=ctx.approximate)
+        del dh_NKF
+        dw1 = [dpre_NKF[:, b].t().mm(x_ND) if need[2 + i] else None for i, b in enumerate(blocks)]
+        db1 = [dpre_NKF[:, b].sum(0) if need[2 + k + i] else None for i, b in enumerate(blocks)]
+        dx = None
+        if need[0]:
+            dx = dpre_NKF[:, blocks[0]].mm(w1[0])
+            for i in range(1, k):
+                dx.addmm_(dpre_NKF[:, blocks[i]], w1[i])
+        return (dx, None, *dw1, *db1, *dw2, *db2)
+
+
+class _Dense(nn.Module):
+    """Holder that reproduces HF's ``<name>.dense`` (and optional ``LayerNorm``) parameter names."""
+
+    def __init__(self, d_in: int, d_out: int, layer_norm_eps: float | None = None) -> None:
+        super().__init__()
+        self.dense = nn.Linear(d_in, d_out)
+        if layer_norm_eps is not None:
+            self.LayerNorm = nn.LayerNorm(d_out, eps=layer_norm_eps)
+
+
+class Skill(nn.Module):
+    """One skill's FFN in one layer: ``intermediate.dense`` (D->F) and ``output.dense`` (F->D)."""
+
+    def __init__(self, hidden: int, ffn: int, per_skill_ln_eps: float | None = None) -> None:
+        super().__init__()
+        self.intermediate = _Dense(hidden, ffn)
+        self.output = _Dense(ffn, hidden, per_skill_ln_eps)
+
+
+class SkillFFN(nn.Module):
+    def __init__(
+        self,
+        hidden_size: int,
+        intermediate_size: int,
+        num_skills: int,
+        hidden_act: str = "gelu",
+        impl: str = "fused",
+        per_skill_layernorm: bool = False,
+        layer_norm_eps: float = 1e-12,
+        hidden_dropout_prob: float = 0.0,
+        moe_top_k: int = 0,
+    ) -> None:
+        super().__init__()
+        self.impl = impl
+        self.moe_top_k = moe_top_k
+        # MoE baseline only: a learned token-level gate instead of task routing.
+        self.gate = nn.Linear(hidden_size, num_skills, bias=False) if moe_top_k else None
+        self.aux_loss: torch.Tensor | None = None
+        self.per_skill_layernorm = per_skill_layernorm
+        self.act = ACT2FN[hidden_act]
+        # The fused kernel knows GELU's derivative; other activations take the autograd concat path.
+        self.gelu_approximate = _GELU_APPROXIMATE.get(hidden_act)
+        ln_eps = layer_norm_eps if per_skill_layernorm else None
+        self.skills = nn.ModuleList(Skill(hidden_size, intermediate_size, ln_eps) for _ in range(num_skills))
+        # Only used by the per-skill-LayerNorm variant, which applies dropout+residual+LN per skill.
+        self.dropout = nn.Dropout(hidden_dropout_prob)
+
+    def forward(
+        self, x_BTD: torch.Tensor, routing: SkillRouting, residual_BTD: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """Average of the active skills' FFN outputs.
+
+        Shared LayerNorm (default): returns the pre-residual average; the layer adds dropout, residual, LN.
+        Per-skill LayerNorm: returns mean_k LN_k(dropout(FFN_k(x)) + residual); `residual_BTD` required.
+        """
+        if self.gate is not None:
+            return self._moe(x_BTD)
+        if routing.single:
+            return self._group(x_BTD, routing.groups[0].skill_ids, residual_BTD)
+        outs = []
+        for g in routing.groups:
+            res = None if residual_BTD is None else residual_BTD.index_select(0, g.rows)
+            outs.append(self._group(x_BTD.index_select(0, g.rows), g.skill_ids, res))
+        return torch.cat(outs, 0).index_select(0, routing.inverse)
+
+    def _group(self, x: torch.Tensor, ids: tuple[int, ...], residual: torch.Tensor | None) -> torch.Tensor:
+        if self.per_skill_layernorm:
+            if residual is None:
+                raise ValueError("per-skill LayerNorm needs the residual input")
+            return self._loop_per_skill_ln(x, ids, residual)
+        if self.impl == "loop" or len(ids) == 1:
+            return self._loop(x, ids)
+        return self._fused(x, ids)
+
+    def _loop(self, x: torch.Tensor, ids: tuple[int, ...]) -> torch.Tensor:
+        out = None
+        for i in ids:
+            s = self.skills[i]
+            h = s.output.dense(self.act(s.intermediate.dense(x)))
+            out = h if out is None else out + h
+        return out / len(ids) if len(ids) > 1 else out
+
+    def _fused(self, x: torch.Tensor, ids: tuple[int, ...]) -> torch.Tensor:
+        sk = [self.skills[i] for i in ids]
+        x_ND = x.reshape(-1, x.shape[-1])
+        params = [
+            *(s.intermediate.dense.weight for s in sk), *(s.intermediate.dense.bias for s in sk),
+            *(s.output.dense.weight for s in sk), *(s.output.dense.bias for s in sk),
+        ]
+        if self.gelu_approximate is not None and not torch.is_autocast_enabled(x.device.type):
+            y_ND = _FusedSkillMLP.apply(x_ND, self.gelu_approximate, *params)
+        else:  # other activations, or autocast (which custom Functions would bypass): autograd on concat
+            y_ND = _concat_skill_mlp(x_ND, self.act, len(ids), params)
+        return y_ND.view(x.shape)
+
+    def _loop_per_skill_ln(
+        self, x: torch.Tensor, ids: tuple[int, ...], residual: torch.Tensor
+    ) -> torch.Tensor:
+        out = None
+        for i in ids:
+            s = self.skills[i]
+            h = s.output.dense(self.act(s.intermediate.dense(x)))
+            h = s.output.LayerNorm(self.dropout(h) + residual)
+            out = h if out is None else out + h
+        return out / len(ids)
+
+    def _moe(self, x: torch.Tensor) -> torch.Tensor:
+        """Top-k gated mixture (the MoE baseline of §4.1), with a Switch-style load-balancing loss kept in
+        `self.aux_loss` for the model to add."""
+        x_ND = x.reshape(-1, x.shape[-1])
+        probs_NS = self.gate(x_ND).softmax(-1)
+        w_NK, idx_NK = probs_NS.topk(self.moe_top_k, dim=-1)
+        w_NK = w_NK / w_NK.sum(-1, keepdim=True)
+        S = probs_NS.shape[-1]
+        frac_S = (
+            torch.zeros(S, device=x.device).index_add_(
+                0, idx_NK.reshape(-1), torch.ones(idx_NK.numel(), device=x.device)
+            )
+            / idx_NK.numel()
+        )
+        self.aux_loss = S * (frac_S * probs_NS.mean(0)).sum()
+        y_ND = torch.zeros_like(x_ND)
+        for e in idx_NK.unique().tolist():
+            rows, slot = (idx_NK == e).nonzero(as_tuple=True)
+            s = self.skills[e]
+            h = s.output.dense(self.act(s.intermediate.dense(x_ND.index_select(0, rows))))
+            y_ND = y_ND.index_add(0, rows, h * w_NK[rows, slot, None])
+        return y_ND.view(x.shape)

@@ -1,0 +1,173 @@
+"""Which objective a step trains, and which samples each rank reads: both pure functions of the step.
+
+SkillNet-NLU §3.5: MLM activates {s2, s7}, NSP activates {s1, s3, s7}; the two are sampled with equal
+chance and the objective is the sum of both losses. Every rank must train the same objective in the
+same step (ZeRO-2 aborts when ranks activate different skills), so the draw is a pure function
+``(seed, step) -> objective`` with no state that could drift between ranks.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import struct
+from collections.abc import Iterator, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any, Protocol
+
+import numpy as np
+
+from skillnet.training.batch import Batch
+
+__all__ = ["ObjectiveSampler", "PretrainBatchSource", "PretrainingDatasetLike"]
+
+MODES = ("sample", "both")
+
+
+def _uniform(seed: int, step: int) -> float:
+    """A uniform draw in [0, 1) from (seed, step) alone: identical on every rank and every run."""
+    h = hashlib.blake2b(struct.pack("<qq", seed, step), digest_size=8).digest()
+    return (int.from_bytes(h, "little") >> 11) / float(1 << 53)
+
+
+@dataclass
+class ObjectiveSampler:
+    """``choice(step, micro)`` -> objective name.
+
+    mode "sample" (paper): one objective per optimizer step, drawn with probabilities ``weights``
+    (equal by default). mode "both": every optimizer step accumulates one micro-batch of each objective
+    (micro-batch k trains ``objectives[k % n]``), so every step optimises the sum of the losses.
+    """
+
+    seed: int = 0
+    objectives: tuple[str, ...] = ("mlm", "nsp")
+    weights: tuple[float, ...] | None = None
+    mode: str = "sample"
+
+    def __post_init__(self) -> None:
+        self.objectives = tuple(self.objectives)
+        if self.mode not in MODES:
+            raise ValueError(f"objective mode must be one of {MODES}, got {self.mode!r}")
+        if self.weights is not None:
+            self.weights = tuple(float(w) for w in self.weights)
+            if (
+                len(self.weights) != len(self.objectives)
+                or any(w < 0 for w in self.weights)
+                or sum(self.weights) <= 0
+            ):
+                raise ValueError(f"weights {self.weights} do not fit objectives {self.objectives}")
+
+    def choice(self, step: int, micro: int = 0) -> str:
+        if self.mode == "both":
+            return self.objectives[micro % len(self.objectives)]
+        w = self.weights or (1.0,) * len(self.objectives)
+        u = _uniform(self.seed, step) * sum(w)
+        acc = 0.0
+        for name, wi in zip(self.objectives, w):
+            acc += wi
+            if u < acc:
+                return name
+        return self.objectives[-1]
+
+    def state_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        # Nothing evolves (the draw is pure); restoring the settings keeps a resumed run on the same draws.
+        self.seed = int(state["seed"])
+        self.objectives = tuple(state["objectives"])
+        self.weights = None if state.get("weights") is None else tuple(state["weights"])
+        self.mode = state.get("mode", "sample")
+
+
+class PretrainingDatasetLike(Protocol):
+    num_samples: int
+
+    def batch(self, indices: Sequence[int], epoch: int, objective: str) -> dict[str, Any]: ...
+
+
+class PretrainBatchSource:
+    """Endless MLM/NSP micro-batches for one rank; resumable at the exact position.
+
+    Global sample positions are laid out per optimizer step: step s reads positions
+    ``[s*G, (s+1)*G)`` of its epoch's permutation, G = micro x accum x world; inside a step, micro-batch k
+    of rank r reads ``k*world*micro + r*micro + [0, micro)``. An epoch is ``num_samples // G`` steps
+    (the remainder is dropped, so a batch never straddles two epochs); each epoch uses a fresh
+    permutation seeded by (seed, epoch). State = the number of micro-batches consumed.
+    """
+
+    def __init__(
+        self,
+        dataset: PretrainingDatasetLike,
+        sampler: ObjectiveSampler,
+        micro_batch_size: int,
+        grad_accum: int,
+        rank: int = 0,
+        world_size: int = 1,
+        seed: int = 0,
+    ) -> None:
+        self.dataset = dataset
+        self.sampler = sampler
+        self.micro_batch_size = micro_batch_size
+        self.grad_accum = grad_accum
+        self.rank = rank
+        self.world_size = world_size
+        self.seed = seed
+        self.global_batch = micro_batch_size * grad_accum * world_size
+        n = int(dataset.num_samples)
+        if n < self.global_batch:
+            raise ValueError(
+                f"the corpus has {n} samples, fewer than one global batch ({micro_batch_size} micro x "
+                f"{grad_accum} accum x {world_size} ranks = {self.global_batch}); build more shards or shrink the batch"
+            )
+        if sampler.mode == "both" and grad_accum % len(sampler.objectives):
+            raise ValueError(
+                f"objective mode 'both' needs grad_accum to be a multiple of {len(sampler.objectives)} "
+                f"(one micro-batch per objective), got {grad_accum}"
+            )
+        self.steps_per_epoch = n // self.global_batch
+        self.micro = 0
+        self._perm_epoch = -1
+        self._perm: np.ndarray | None = None
+
+    def __iter__(self) -> Iterator[Batch]:
+        return self
+
+    def _permutation(self, epoch: int) -> np.ndarray:
+        if epoch != self._perm_epoch:
+            self._perm = np.random.default_rng([self.seed, epoch]).permutation(int(self.dataset.num_samples))
+            self._perm_epoch = epoch
+        assert self._perm is not None
+        return self._perm
+
+    def position(self, micro: int) -> tuple[int, int, int, list[int]]:
+        """(step, micro index in step, epoch, dataset indices) of this rank's micro-batch number ``micro``."""
+        step, k = divmod(micro, self.grad_accum)
+        epoch, s_in_epoch = divmod(step, self.steps_per_epoch)
+        start = s_in_epoch * self.global_batch + (k * self.world_size + self.rank) * self.micro_batch_size
+        perm = self._permutation(epoch)
+        return step, k, epoch, [int(i) for i in perm[start : start + self.micro_batch_size]]
+
+    def __next__(self) -> Batch:
+        step, k, epoch, indices = self.position(self.micro)
+        objective = self.sampler.choice(step, k)
+        tensors = self.dataset.batch(indices, epoch, objective)
+        self.micro += 1
+        return Batch(objective, dict(tensors))
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "micro": self.micro,
+            "sampler": self.sampler.state_dict(),
+            "geometry": [self.micro_batch_size, self.grad_accum, self.world_size, self.seed],
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        geom = list(state.get("geometry", []))
+        mine = [self.micro_batch_size, self.grad_accum, self.world_size, self.seed]
+        if geom and geom != mine:
+            raise ValueError(
+                f"checkpoint data position was written with (micro, accum, world, seed)={geom}, this run has "
+                f"{mine}; exact resume needs the same batch geometry"
+            )
+        self.micro = int(state["micro"])
+        self.sampler.load_state_dict(state["sampler"])

@@ -1,0 +1,199 @@
+"""Trainer settings (a JSON-round-trippable dataclass) and the DeepSpeed-JSON-vs-launch check.
+
+The DeepSpeed JSON is the single source for what it defines (batch sizes, precision, ZeRO stage and,
+when present, the optimizer / scheduler sections); command-line values that disagree with it are an
+error rather than a silent override. The trainer always builds its own sparse-update optimizer and
+LR schedule (see training/optim.py) from the resolved values and hands DeepSpeed a JSON without the
+"optimizer" / "scheduler" sections.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+__all__ = ["TrainConfig", "DsConfigError", "load_ds_config", "resolve_ds_config"]
+
+
+class DsConfigError(ValueError):
+    """A DeepSpeed JSON that does not fit the launch (message names the file and the fix)."""
+
+
+@dataclass
+class TrainConfig:
+    output_dir: str = "runs/train"
+    max_steps: int = 100
+    # Optimizer / schedule (overridden by a DeepSpeed JSON "optimizer"/"scheduler" section if present).
+    lr: float = 1e-4
+    betas: tuple[float, float] = (0.9, 0.999)
+    eps: float = 1e-6
+    weight_decay: float = 0.01
+    warmup_steps: int = 0
+    decay_steps: int | None = None  # linear decay to 0 at this step; None = max_steps
+    schedule: str = "linear"  # "linear" (warmup then linear decay) | "constant" (warmup then flat)
+    max_grad_norm: float = 1.0
+    sparse_updates: bool = True  # MaskedAdamW; False = dense AdamW semantics (for comparison)
+    # Batch geometry; None = take it from the DeepSpeed JSON (or 8 / 1 without one).
+    micro_batch_size: int | None = None
+    grad_accum: int | None = None
+    # Bookkeeping.
+    seed: int = 0
+    save_every: int = 0  # 0 = only at exit / on SIGTERM
+    keep_last: int = 2
+    log_every: int = 10
+    eval_every: int = 0
+    resume: str | None = None  # None | "auto" | path to a checkpoint directory
+    ds_config: str | None = None
+    tensorboard: bool = True
+    progress: bool = True
+    # Testing hook: raise SIGTERM in every rank after this step (exercises the real signal path).
+    sigterm_at_step: int | None = None
+    # ... and with sigterm_group, rank 0 signals its whole process group instead (launcher included),
+    # as Slurm does; only safe when the run has its own session.
+    sigterm_group: bool = False
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), indent=2, sort_keys=True)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> TrainConfig:
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(d) - known)
+        if unknown:
+            raise ValueError(f"TrainConfig: unknown keys {unknown}; valid keys: {sorted(known)}")
+        d = dict(d)
+        if "betas" in d:
+            d["betas"] = tuple(d["betas"])
+        return cls(**d)
+
+    @classmethod
+    def from_json(cls, text: str) -> TrainConfig:
+        return cls.from_dict(json.loads(text))
+
+
+def load_ds_config(path: str | Path) -> dict[str, Any]:
+    """Read a DeepSpeed JSON with an error that points at file:line:column."""
+    p = Path(path)
+    if not p.is_file():
+        raise DsConfigError(f"DeepSpeed config not found: {p}")
+    try:
+        return json.loads(p.read_text())
+    except json.JSONDecodeError as e:
+        raise DsConfigError(f"{p}:{e.lineno}:{e.colno}: invalid JSON: {e.msg}") from None
+
+
+_AUTO = (None, "auto")
+
+
+def resolve_ds_config(
+    ds: dict[str, Any], cfg: TrainConfig, world_size: int, source: str = "<ds_config>"
+) -> tuple[dict[str, Any], TrainConfig]:
+    """Check batch sizes against the launch, fold optimizer/scheduler sections into the TrainConfig.
+
+    Returns (ds_config for deepspeed.initialize, resolved TrainConfig). Raises DsConfigError with the
+    arithmetic spelled out when train_batch_size != micro x accumulation x world size.
+    """
+    ds = copy.deepcopy(ds)
+    cfg = copy.deepcopy(cfg)
+    tbs = ds.get("train_batch_size")
+    mbs = ds.get("train_micro_batch_size_per_gpu")
+    gas = ds.get("gradient_accumulation_steps")
+    tbs = None if tbs in _AUTO else int(tbs)
+    mbs = None if mbs in _AUTO else int(mbs)
+    gas = None if gas in _AUTO else int(gas)
+
+    for name, cli, js, key in (
+        ("--micro_batch_size", cfg.micro_batch_size, mbs, "train_micro_batch_size_per_gpu"),
+        ("--grad_accum", cfg.grad_accum, gas, "gradient_accumulation_steps"),
+    ):
+        if cli is not None and js is not None and cli != js:
+            raise DsConfigError(
+                f"{source}: {key}={js} but the command line asks for {name} {cli}. "
+                f"The JSON is the single source for batch geometry: drop {name} or edit {key}."
+            )
+    mbs = mbs if mbs is not None else cfg.micro_batch_size
+    gas = gas if gas is not None else cfg.grad_accum
+
+    # Fill the missing one of the three as DeepSpeed would, then check the product.
+    if tbs is not None and mbs is not None and gas is None:
+        if tbs % (mbs * world_size):
+            raise DsConfigError(
+                f"{source}: train_batch_size={tbs} is not divisible by train_micro_batch_size_per_gpu({mbs}) "
+                f"x world_size({world_size}); launch {tbs // mbs} ranks in total or change the JSON."
+            )
+        gas = tbs // (mbs * world_size)
+    elif tbs is not None and gas is not None and mbs is None:
+        if tbs % (gas * world_size):
+            raise DsConfigError(
+                f"{source}: train_batch_size={tbs} is not divisible by gradient_accumulation_steps({gas}) "
+                f"x world_size({world_size})."
+            )
+        mbs = tbs // (gas * world_size)
+    mbs = 8 if mbs is None else mbs
+    gas = 1 if gas is None else gas
+    expected = mbs * gas * world_size
+    if tbs is not None and tbs != expected:
+        hint = ""
+        if tbs % (mbs * gas) == 0:
+            ranks = tbs // (mbs * gas)
+            nodes = f" = {ranks // 8} nodes x 8 GPUs" if ranks % 8 == 0 else ""
+            hint = f" This JSON expects {ranks} ranks{nodes}."
+        raise DsConfigError(
+            f"{source}: train_batch_size={tbs} but train_micro_batch_size_per_gpu({mbs}) x "
+            f"gradient_accumulation_steps({gas}) x world_size({world_size}) = {expected}.{hint} "
+            f"Launch the matching number of ranks, or change gradient_accumulation_steps / "
+            f"train_micro_batch_size_per_gpu, or remove train_batch_size to derive it."
+        )
+    ds["train_batch_size"] = expected
+    ds["train_micro_batch_size_per_gpu"] = mbs
+    ds["gradient_accumulation_steps"] = gas
+    cfg.micro_batch_size, cfg.grad_accum = mbs, gas
+
+    opt = ds.pop("optimizer", None)
+    if opt is not None:
+        typ = str(opt.get("type", "")).lower()
+        if typ not in ("adam", "adamw"):
+            raise DsConfigError(
+                f"{source}: optimizer type {opt.get('type')!r} is not supported; SkillNet always uses its "
+                f"sparse-update AdamW (training/optim.py) and reads lr/betas/eps/weight_decay from an "
+                f"'Adam' or 'AdamW' section."
+            )
+        p = opt.get("params", {})
+        cfg.lr = float(p.get("lr", cfg.lr))
+        cfg.betas = tuple(float(b) for b in p.get("betas", cfg.betas))  # type: ignore[assignment]
+        cfg.eps = float(p.get("eps", cfg.eps))
+        cfg.weight_decay = float(p.get("weight_decay", cfg.weight_decay))
+    sch = ds.pop("scheduler", None)
+    if sch is not None:
+        typ = sch.get("type")
+        p = sch.get("params", {})
+        if typ == "WarmupDecayLR":
+            cfg.schedule = "linear"
+            cfg.decay_steps = int(p["total_num_steps"])
+        elif typ == "WarmupLR":
+            cfg.schedule = "constant"
+        else:
+            raise DsConfigError(f"{source}: scheduler {typ!r} not supported (use WarmupDecayLR or WarmupLR).")
+        if p.get("warmup_type", "linear") != "linear":
+            raise DsConfigError(
+                f"{source}: only warmup_type 'linear' is supported, got {p.get('warmup_type')!r}"
+            )
+        cfg.warmup_steps = int(p.get("warmup_num_steps", cfg.warmup_steps))
+        if "warmup_max_lr" in p:
+            cfg.lr = float(p["warmup_max_lr"])
+    if "gradient_clipping" in ds:
+        cfg.max_grad_norm = float(ds["gradient_clipping"])
+    else:
+        ds["gradient_clipping"] = cfg.max_grad_norm
+    ds["zero_allow_untested_optimizer"] = True
+    zero = ds.get("zero_optimization", {}) or {}
+    if zero.get("offload_optimizer", {}).get("device", "none") not in ("none", None):
+        # Our masked AdamW runs on the CPU copy; DeepSpeed would otherwise insist on DeepSpeedCPUAdam,
+        # which has no sparse-update semantics.
+        ds["zero_force_ds_cpu_optimizer"] = False
+    ds.pop("skillnet", None)
+    return ds, cfg

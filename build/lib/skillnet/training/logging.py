@@ -1,0 +1,145 @@
+"""Rank-0 observability: TensorBoard scalars, one JSON line per logging step, a tqdm bar."""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from pathlib import Path
+from typing import Any
+
+from tqdm import tqdm
+
+__all__ = ["MetricsLogger", "accuracy_metrics"]
+
+
+class MetricsLogger:
+    """Writes only when ``enabled`` (rank 0). JSON lines go to stdout and ``<output_dir>/log.jsonl``.
+
+    TensorBoard tags: ``train/<name>`` for every key of a training record (``train/mlm/loss``,
+    ``train/lr``, ``train/grad_norm``, ``train/tokens_per_s``, ``train/skill_grad_norm/s7`` ...),
+    ``eval/<name>`` for evaluator results.
+    """
+
+    def __init__(
+        self,
+        output_dir: str | Path,
+        enabled: bool,
+        total_steps: int,
+        initial_step: int = 0,
+        tensorboard: bool = True,
+        progress: bool = True,
+    ) -> None:
+        self.enabled = enabled
+        self.tb = None
+        self.jsonl = None
+        self.bar = None
+        if not enabled:
+            return
+        out = Path(output_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        self.jsonl = open(out / "log.jsonl", "a", buffering=1)  # noqa: SIM115 (lives as long as the logger)
+        if tensorboard:
+            from torch.utils.tensorboard import SummaryWriter  # noqa: PLC0415
+
+            self.tb = SummaryWriter(log_dir=str(out / "tensorboard"))
+        if progress:
+            self.bar = tqdm(
+                total=total_steps,
+                initial=initial_step,
+                desc="train",
+                unit="step",
+                file=sys.stderr,
+                dynamic_ncols=True,
+                mininterval=1.0,
+            )
+
+    def log(self, record: dict[str, Any], prefix: str = "train") -> None:
+        if not self.enabled:
+            return
+        step = int(record["step"])
+        clean = {
+            k: (round(v, 6) if isinstance(v, float) and math.isfinite(v) else v) for k, v in record.items()
+        }
+        clean["split"] = prefix
+        line = json.dumps(clean, sort_keys=False)
+        if self.bar is not None:
+            tqdm.write(line, file=sys.stdout)
+        else:
+            print(line, flush=True)
+        assert self.jsonl is not None
+        self.jsonl.write(line + "\n")
+        if self.tb is not None:
+            for k, v in record.items():
+                if k != "step" and isinstance(v, (int, float)) and not isinstance(v, bool):
+                    self.tb.add_scalar(f"{prefix}/{k}", v, step)
+
+    def advance(self, n: int = 1, postfix: dict[str, Any] | None = None) -> None:
+        if self.bar is not None:
+            self.bar.update(n)
+            if postfix:
+                self.bar.set_postfix(postfix, refresh=False)
+
+    def message(self, text: str) -> None:
+        if not self.enabled:
+            return
+        if self.bar is not None:
+            tqdm.write(text, file=sys.stderr)
+        else:
+            print(text, file=sys.stderr, flush=True)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+        if self.tb is not None:
+            self.tb.flush()
+            self.tb.close()
+        if self.jsonl is not None:
+            self.jsonl.close()
+        self.bar = self.tb = self.jsonl = None
+
+
+def accuracy_metrics(batch: Any, output: Any) -> dict[str, tuple[float, float]]:
+    """Default per-micro-batch metrics as (numerator, denominator) sums, summed over ranks and steps.
+
+    MLM-style: ``labels`` [B,T] with -100 = ignore against ``logits`` [B,T,V] -> ``acc``.
+    Classification: ``labels`` [B] or ``next_sentence_label`` [B] against ``logits`` [B,C] -> ``acc``.
+    Anything else (CRF, spans, regression) yields nothing; tasks can pass their own metrics_fn.
+    """
+    reported = getattr(output, "metrics", None)
+    aux: dict[str, tuple[float, float]] = {}
+    if isinstance(reported, dict):
+        # Auxiliary losses (MoE balance, orthogonality) are averaged over micro-batches like the loss.
+        aux = {k: (float(v), 1.0) for k, v in reported.items() if k.startswith("aux_")}
+        # The model may report counts itself (SkillNet-BERT: {"mlm_correct": c, "mlm_count": n}).
+        pairs = {k[: -len("_correct")]: k for k in reported if k.endswith("_correct")}
+        out = {}
+        for stem, kc in pairs.items():
+            kn = stem + "_count"
+            if kn in reported:
+                out["acc"] = (float(reported[kc]), float(reported[kn]))
+        if out:
+            return {**out, **aux}
+    return {**_accuracy_from_logits(batch, output), **aux}
+
+
+def _accuracy_from_logits(batch: Any, output: Any) -> dict[str, tuple[float, float]]:
+    logits = getattr(output, "logits", None)
+    if logits is None or not hasattr(logits, "argmax"):
+        return {}
+    tensors = batch.tensors
+    labels = tensors.get("labels", tensors.get("next_sentence_label"))
+    if labels is None or labels.dtype.is_floating_point:
+        return {}
+    if logits.dim() == labels.dim() + 1 and logits.shape[:-1] == labels.shape:
+        pred = logits.detach().argmax(-1)
+        valid = labels.ne(-100)
+        correct = (pred.eq(labels) & valid).sum().item()
+        return {"acc": (float(correct), float(valid.sum().item()))}
+    if logits.dim() == 2 and labels.dim() >= 2:
+        # MLM logits gathered at predicted positions only: [M, V] against labels[labels != -100].
+        target = labels[labels.ne(-100)]
+        if target.numel() == logits.shape[0]:
+            correct = logits.detach().argmax(-1).eq(target).sum().item()
+            return {"acc": (float(correct), float(target.numel()))}
+    return {}
