@@ -15,6 +15,7 @@ method             model derived from the reference
 ``task_specific``  one dense model per task, each trained on its task alone (see ``run.py``)
 ``moe``            top-2 token gate over as many FFNs as there are skills; expert i = skill i
 ``learnable``      the skills of the reference, a learned task-skill map (router ``learned``)
+``learnable_eq6``  the same with Eq. 6 as written (sharpness 1e9), which passes no gradient to the map
 ``pals``           ``dense_joint`` plus a projected attention layer per task in every layer
 =================  ============================================================================
 
@@ -108,8 +109,16 @@ def _moe(ref: Any) -> Any:
     return derive_model(ref, {"router": "topk", "moe_top_k": min(2, ref.config.num_skills)}, new_ok=(".gate.",))
 
 
-def _learnable(ref: Any) -> Any:
-    return derive_model(ref, {"router": "learned"}, new_ok=("skill_map.",))
+def _learnable(ref: Any, **changes: Any) -> Any:
+    model = derive_model(ref, {"router": "learned", **changes}, new_ok=("skill_map.",))
+    model.bert.sync_learned_map()  # the plan, the counts and the exports read the map from the config
+    return model
+
+
+def _learnable_eq6(ref: Any) -> Any:
+    # Eq. 6 exactly as the paper's Appendix C sets it: no gradient reaches the map in fp32 (see routers.py),
+    # so this variant shows what the paper's estimator learns: the map stays where it started.
+    return _learnable(ref, learned_estimator="eq6", learned_sharpness=1e9)
 
 
 def _pals(ref: Any) -> Any:
@@ -124,8 +133,10 @@ METHODS: dict[str, Method] = {m.name: m for m in (
     Method("dense_joint", "one dense encoder shared by all tasks, one head per task (MT-DNN)", _dense_joint),
     Method("task_specific", "one dense model per task, each trained alone", _dense_joint, per_task=True),
     Method("moe", "top-2 token gate over as many FFNs as skills, load balancing, capacity", _moe),
-    Method("learnable", "skills of SkillNet, task-skill map learned (sigmoid similarity, threshold)", _learnable,
-           own_lr_fragment="skill_map."),
+    Method("learnable", "skills of SkillNet, task-skill map learned (sigmoid similarity, threshold; "
+           "straight-through estimator)", _learnable, own_lr_fragment="skill_map."),
+    Method("learnable_eq6", "learnable with Eq. 6 as written (sharpness 1e9: no gradient reaches the map)",
+           _learnable_eq6, own_lr_fragment="skill_map."),
     Method("pals", "dense encoder + a projected attention layer per task in every layer", _pals),
 )}
 

@@ -36,6 +36,7 @@ if __package__ in (None, ""):  # `deepspeed finetune/run.py` runs this file as a
 
 import torch
 from skillnet.data_prep.tasks.schema import TaskDataError
+from skillnet.finetune import skill_map
 from skillnet.finetune.config import SELECTIONS, ConfigError, FinetuneConfig, NewSkill
 from skillnet.finetune.methods import METHODS, method_names
 from skillnet.finetune.samplers import SAMPLER_KINDS, annealing_warning, build_sampler
@@ -262,6 +263,8 @@ def save_model_dir(model: torch.nn.Module, path: Path, data: dict[str, TaskData]
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()
+    if getattr(model.bert, "skill_map", None) is not None:
+        model.bert.sync_learned_map()  # the saved config names exactly the skills the map selects now
     path = Path(path)
     tmp = path.with_name(f".{path.name}.tmp")
     shutil.rmtree(tmp, ignore_errors=True)
@@ -352,6 +355,8 @@ class DevEvaluator:
                     save_model_dir(model, self.out / "best", self.data, self.vocab, self.inherited)
             else:
                 self.bad_evals += 1
+        if getattr(model.bert, "skill_map", None) is not None:
+            res.update(skill_map.scalars(skill_map.snapshot(model, list(self.data))))
         target, real = self.source.target_mix(), self.source.realised_mix()
         for t in target:
             res[f"mix_target/{t}"] = target[t]
@@ -538,6 +543,7 @@ def _run_joint(cfg: FinetuneConfig, *, ds_config: str | None, resume: str | None
 
     t_start = time.time()
     st = setup(cfg, ds_config=ds_config, resume=resume, tensorboard=tensorboard, progress=progress, data=data)
+    initial_map = skill_map.snapshot(st.model, list(st.data)) if _learned(st.model) else None
     result = st.trainer.train()
     if result.stopped_by_signal and not st.evaluator.early_stopped:
         # Interrupted (SIGTERM/SIGINT), not early-stopped: the checkpoint is saved, resume with --resume auto.
@@ -548,6 +554,9 @@ def _run_joint(cfg: FinetuneConfig, *, ds_config: str | None, resume: str | None
     if st.rank == 0:
         out, source = st.out, st.source
         save_model_dir(st.model, out / "export", st.data, st.vocab, st.evaluator.inherited)
+        if _learned(st.model):
+            # initial_map is rebuilt after a resume from the same seed: it is the map the run started from
+            skill_map.write(out, skill_map.snapshot(st.model, list(st.data)), initial_map)
         results = final_scores(st.model, cfg, st.data, out, st.evaluator, progress)
         for name, r in results.items():
             metric = f"{name}/{r['metric']}"
@@ -563,6 +572,10 @@ def _run_joint(cfg: FinetuneConfig, *, ds_config: str | None, resume: str | None
             print(_mix_table(mix_t, mix_r), file=sys.stderr)
     D.barrier()
     return summary
+
+
+def _learned(model: torch.nn.Module) -> bool:
+    return getattr(model.bert, "skill_map", None) is not None
 
 
 def _write_results(out: Path, summary: dict[str, Any]) -> None:

@@ -8,7 +8,7 @@ layer without skills (see ``config.skill_layers``) keeps HF's ``intermediate.den
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -19,6 +19,8 @@ from transformers.activations import ACT2FN
 from transformers.utils import ModelOutput
 
 from .config import SkillNetBertConfig
+from .pals import ProjectedAttentionLayers, task_rows
+from .routers import LearnedSkillMap
 from .skill_ffn import Skill, SkillFFN, SkillRouting
 
 
@@ -113,7 +115,8 @@ class Layer(nn.Module):
         if has_skills:
             top_k = config.moe_top_k if config.router == "topk" else 0
             self.skill_ffn = SkillFFN(
-                d, f, config.num_skills, config.hidden_act, config.ffn_impl, per_skill_ln, eps, p, top_k
+                d, f, config.num_skills, config.hidden_act, config.ffn_impl, per_skill_ln, eps, p, top_k,
+                config.moe_capacity_factor, config.moe_eval_capacity_factor,
             )
         else:
             self.act = ACT2FN[config.hidden_act]
@@ -123,7 +126,8 @@ class Layer(nn.Module):
             self.output = _DenseLN(f, d, eps, p, dense=not has_skills)
 
     def forward(
-        self, x_BTD: torch.Tensor, mask_B11T: torch.Tensor | None, routing: SkillRouting
+        self, x_BTD: torch.Tensor, mask_B11T: torch.Tensor | None, routing: SkillRouting,
+        pal: Callable[[torch.Tensor], torch.Tensor | None] | None = None,
     ) -> torch.Tensor:
         a_BTD = self.attention(x_BTD, mask_B11T)
         if not self.has_skills:
@@ -132,7 +136,12 @@ class Layer(nn.Module):
             return self.skill_ffn(a_BTD, routing, residual_BTD=a_BTD)
         else:
             h = self.skill_ffn(a_BTD, routing)
-        return self.output.LayerNorm(self.output.dropout(h) + a_BTD)
+        h = self.output.dropout(h) + a_BTD
+        if pal is not None:  # PALs: inside the FFN residual, before the LayerNorm (Bert-n-PALs)
+            p_BTD = pal(x_BTD)
+            if p_BTD is not None:
+                h = h + p_BTD
+        return self.output.LayerNorm(h)
 
 
 class Encoder(nn.Module):
@@ -183,6 +192,8 @@ class SkillNetBertPreTrainedModel(PreTrainedModel):
         elif isinstance(module, nn.LayerNorm):
             module.weight.fill_(1.0)
             module.bias.zero_()
+        elif isinstance(module, LearnedSkillMap):
+            module.reset_parameters()
 
     # ---- routing ---------------------------------------------------------------------------------
     def routing(
@@ -217,6 +228,18 @@ class SkillNetBertModel(SkillNetBertPreTrainedModel):
         self.embeddings = Embeddings(config)
         self.encoder = Encoder(config)
         self.pooler = Pooler(config) if add_pooling_layer else None
+        # Method extras (shared/DESIGN.md): a learned task-skill map, projected attention layers per task.
+        self.skill_map = None
+        if config.router == "learned":
+            gen = config.skill_index(config.generic_skill) if config.generic_skill is not None else None
+            self.skill_map = LearnedSkillMap(
+                list(config.task_heads) or list(config.tasks), config.num_skills, config.learned_embed_dim, gen,
+                config.learned_threshold, config.learned_estimator, config.learned_sharpness)
+        self.pals = None
+        if config.pals_dim:
+            self.pals = ProjectedAttentionLayers(
+                list(config.task_heads), config.hidden_size, config.pals_dim, config.pals_heads,
+                config.num_hidden_layers, config.attention_probs_dropout_prob)
         self.post_init()
 
     def get_input_embeddings(self) -> nn.Embedding:
@@ -237,21 +260,33 @@ class SkillNetBertModel(SkillNetBertPreTrainedModel):
         output_hidden_states: bool = False,
         **unused: object,
     ) -> EncoderOutput:
-        if routing is None:
-            if self.config.router == "topk":  # the gate decides; the task only picks the head
-                routing = SkillRouting.uniform(range(self.config.num_skills))
-            else:
-                routing = self.routing(task, skill_ids, input_ids.device)
         if task is not None and not isinstance(task, str) and len(task) != input_ids.shape[0]:
             raise ValueError(f"{len(task)} tasks given for a batch of {input_ids.shape[0]} rows")
+        if routing is None:
+            if self.config.router == "topk":  # the gate decides per token; the task only picks the head
+                keep = attention_mask.bool() if attention_mask is not None else None
+                routing = SkillRouting.token_gate(self.config.num_skills, keep)
+            elif self.skill_map is not None and skill_ids is None:
+                if task is None:
+                    raise ValueError("the learned skill map routes by task: pass task= (or explicit skill_ids=)")
+                routing = self.skill_map.routing(task, input_ids.device)
+            else:
+                routing = self.routing(task, skill_ids, input_ids.device)
         x = self.embeddings(input_ids, token_type_ids)
         mask = None
         if attention_mask is not None:
             # Additive mask: 0 where attended, dtype-min where padded (as HF BERT).
             mask = (1.0 - attention_mask[:, None, None, :].to(x.dtype)) * torch.finfo(x.dtype).min
+        rows = {}
+        if self.pals is not None:
+            rows = {t: (None if r is None else r.to(input_ids.device)) for t, r in task_rows(task).items()}
         hidden = [x] if output_hidden_states else None
-        for layer in self.encoder.layer:
-            x = layer(x, mask, routing)
+        for i, layer in enumerate(self.encoder.layer):
+            pal = None
+            if rows:
+                def pal(h: torch.Tensor, i: int = i) -> torch.Tensor | None:
+                    return self.pals(i, h, mask, rows)
+            x = layer(x, mask, routing, pal)
             if hidden is not None:
                 hidden.append(x)
         pooled = self.pooler(x) if self.pooler is not None else None
@@ -273,7 +308,24 @@ class SkillNetBertModel(SkillNetBertPreTrainedModel):
                if layer.has_skills and layer.skill_ffn.gate is not None and layer.skill_ffn.aux_loss is not None]
         if moe:
             aux["moe_balance"] = torch.stack(moe).mean()
+        if self.skill_map is not None and self.training:
+            aux["orth"] = self.skill_map.orthogonality_loss()
         return aux
+
+    def learned_task_skills(self) -> dict[str, list[str]]:
+        """The learned map's skill names per task (its hard threshold, generic skill included)."""
+        if self.skill_map is None:
+            raise ValueError("this model has no learned skill map (router is not 'learned')")
+        names = self.config.skill_names
+        return {t: [names[i] for i in ids] for t, ids in self.skill_map.task_skills().items()}
+
+    def sync_learned_map(self) -> dict[str, list[str]]:
+        """Write the learned map into ``config.tasks`` (what counts, exports and metadata read): the model
+        routes with the map itself, so the config then says exactly which skills prediction runs."""
+        learned = self.learned_task_skills()
+        for t, skills in learned.items():
+            self.config.tasks[t] = list(skills)
+        return learned
 
     # ---- skill views -----------------------------------------------------------------------------
     def skill_modules(self, name: str) -> list[Skill]:

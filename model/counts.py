@@ -1,4 +1,6 @@
-"""Parameter counts: total, per skill, and *activated* per task (Tables 4-6 report the latter)."""
+"""Parameter counts: total, per skill, and *activated* per task (NLU Tables 4-6, NLG Table 6 report the
+latter). Work for SkillNet-BERT and SkillNet-BART; BART's lm_head is tied to the shared embeddings, so it
+counts once, as shared."""
 
 from __future__ import annotations
 
@@ -7,9 +9,10 @@ from collections import defaultdict
 
 from torch import nn
 
-from .surgery import encoder_of
+from .surgery import skill_base_of
 
 _SKILL = re.compile(r"\.skill_ffn\.skills\.(\d+)\.")
+_PALS = re.compile(r"(?:^|\.)pals\.tasks\.([^.]+)\.")
 # Pre-training heads: which objective uses which part of `cls`.
 _OBJECTIVE_HEADS = {"mlm": "cls.predictions.", "nsp": "cls.seq_relationship."}
 
@@ -20,6 +23,9 @@ def _owner(name: str, skill_names: list[str]) -> tuple[str, str]:
         return "skill", skill_names[int(m.group(1))]
     if name.startswith("heads."):
         return "head", name.split(".")[1]
+    m = _PALS.search(name)
+    if m:  # a task's projected attention layers: used by that task only, like its head
+        return "head", m.group(1)
     for obj, prefix in _OBJECTIVE_HEADS.items():
         if name.startswith(prefix):
             return "head", obj
@@ -28,7 +34,7 @@ def _owner(name: str, skill_names: list[str]) -> tuple[str, str]:
 
 def count_parameters(model: nn.Module) -> dict:
     """{"total", "shared", "skills": {name: n}, "heads": {task: n}, "trainable"}; tied weights counted once."""
-    names = encoder_of(model).config.skill_names
+    names = skill_base_of(model).config.skill_names
     out: dict = {
         "total": 0,
         "shared": 0,
@@ -50,30 +56,30 @@ def count_parameters(model: nn.Module) -> dict:
     return out
 
 
-def activated_parameters(model: nn.Module, task: str) -> int:
-    """Parameters a forward pass of `task` touches: shared ones, the task's skills, and its own head."""
-    cfg = encoder_of(model).config
-    if cfg.router == "topk":
-        # MoE baseline: every token runs moe_top_k experts; all experts have the same size.
-        per_expert = count_parameters(model)["skills"][cfg.skill_names[0]]
-        counts = count_parameters(model)
-        return counts["shared"] + cfg.moe_top_k * per_expert + counts["heads"].get(task, 0)
-    active = set(cfg.task_skill_names(task))
-    total = 0
+def _activated(model: nn.Module, task: str, trainable_only: bool) -> int:
+    cfg = skill_base_of(model).config
+    # MoE baseline: each token runs moe_top_k of the experts (all the same size): count that many.
+    experts = cfg.moe_top_k if getattr(cfg, "router", "task") == "topk" else None  # SkillNet-BART: task only
+    active = set(cfg.skill_names if experts else cfg.task_skill_names(task))
+    total, expert_sizes = 0, defaultdict(int)
     for pname, p in model.named_parameters():
+        if trainable_only and not p.requires_grad:
+            continue
         kind, who = _owner(pname, cfg.skill_names)
-        if kind == "shared" or (kind == "skill" and who in active) or (kind == "head" and who == task):
+        if kind == "skill" and who in active:
+            expert_sizes[who] += p.numel()
+        elif kind == "shared" or (kind == "head" and who == task):
             total += p.numel()
-    return total
+    sizes = sorted(expert_sizes.values(), reverse=True)
+    return total + sum(sizes[:experts] if experts else sizes)
+
+
+def activated_parameters(model: nn.Module, task: str) -> int:
+    """Parameters a forward pass of `task` touches: shared ones, the task's skills (MoE: top-k experts per
+    token), and its own head and PALs."""
+    return _activated(model, task, trainable_only=False)
 
 
 def trainable_activated_parameters(model: nn.Module, task: str) -> int:
     """Like `activated_parameters`, counting only parameters with requires_grad (frozen old skills excluded)."""
-    cfg = encoder_of(model).config
-    active = set(cfg.task_skill_names(task))
-    total = 0
-    for pname, p in model.named_parameters():
-        kind, who = _owner(pname, cfg.skill_names)
-        used = kind == "shared" or (kind == "skill" and who in active) or (kind == "head" and who == task)
-        total += p.numel() if used and p.requires_grad else 0
-    return total
+    return _activated(model, task, trainable_only=True)

@@ -29,6 +29,11 @@ from transformers.activations import ACT2FN
 class SkillGroup:
     rows: torch.Tensor | None  # batch rows of this group; None = the whole batch
     skill_ids: tuple[int, ...]
+    # Learned map in training: one weight per skill of ``skill_ids + probe`` (Eq. 8's alpha*, carrying the
+    # map's gradient); None = a plain average. Probe skills are off in the forward pass (weight 0) but
+    # their output is needed for the map's gradient: it is computed without a graph to their weights.
+    weights: torch.Tensor | None = None
+    probe: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -37,6 +42,8 @@ class SkillRouting:
 
     groups: tuple[SkillGroup, ...]
     inverse: torch.Tensor | None  # restores batch order after the groups are concatenated
+    # Token gate (MoE): [B, T] bool, False at padding, which takes no part in routing or balancing.
+    token_mask: torch.Tensor | None = None
 
     @property
     def single(self) -> bool:
@@ -62,6 +69,11 @@ class SkillRouting:
         inverse = torch.empty(len(perm), dtype=torch.long)
         inverse[torch.tensor(perm)] = torch.arange(len(perm))
         return SkillRouting(tuple(groups), inverse.to(device))
+
+    @staticmethod
+    def token_gate(num_skills: int, token_mask_BT: torch.Tensor | None) -> SkillRouting:
+        """Every FFN is a candidate; the layer's gate picks per token (the MoE baseline)."""
+        return SkillRouting((SkillGroup(None, tuple(range(num_skills))),), None, token_mask_BT)
 
     def active_skills(self) -> set[int]:
         return {i for g in self.groups for i in g.skill_ids}
@@ -167,10 +179,14 @@ class SkillFFN(nn.Module):
         layer_norm_eps: float = 1e-12,
         hidden_dropout_prob: float = 0.0,
         moe_top_k: int = 0,
+        capacity_factor: float = 1.0,
+        eval_capacity_factor: float = 2.0,
     ) -> None:
         super().__init__()
         self.impl = impl
         self.moe_top_k = moe_top_k
+        self.capacity_factor, self.eval_capacity_factor = capacity_factor, eval_capacity_factor
+        self.gate_stats: dict[str, int] = {}
         # MoE baseline only: a learned token-level gate instead of task routing.
         self.gate = nn.Linear(hidden_size, num_skills, bias=False) if moe_top_k else None
         self.aux_loss: torch.Tensor | None = None
@@ -192,29 +208,52 @@ class SkillFFN(nn.Module):
         Per-skill LayerNorm: returns mean_k LN_k(dropout(FFN_k(x)) + residual); `residual_BTD` required.
         """
         if self.gate is not None:
-            return self._moe(x_BTD)
+            return self._moe(x_BTD, routing.token_mask)
         if routing.single:
-            return self._group(x_BTD, routing.groups[0].skill_ids, residual_BTD)
+            return self._group(x_BTD, routing.groups[0], residual_BTD)
         outs = []
         for g in routing.groups:
             res = None if residual_BTD is None else residual_BTD.index_select(0, g.rows)
-            outs.append(self._group(x_BTD.index_select(0, g.rows), g.skill_ids, res))
+            outs.append(self._group(x_BTD.index_select(0, g.rows), g, res))
         return torch.cat(outs, 0).index_select(0, routing.inverse)
 
-    def _group(self, x: torch.Tensor, ids: tuple[int, ...], residual: torch.Tensor | None) -> torch.Tensor:
+    def _group(self, x: torch.Tensor, g: SkillGroup, residual: torch.Tensor | None) -> torch.Tensor:
+        ids = g.skill_ids
+        if self.per_skill_layernorm and residual is None:
+            raise ValueError("per-skill LayerNorm needs the residual input")
+        if g.weights is not None:
+            return self._weighted(x, g, residual)
         if self.per_skill_layernorm:
-            if residual is None:
-                raise ValueError("per-skill LayerNorm needs the residual input")
             return self._loop_per_skill_ln(x, ids, residual)
         if self.impl == "loop" or len(ids) == 1:
             return self._loop(x, ids)
         return self._fused(x, ids)
 
+    def _skill_out(self, i: int, x: torch.Tensor, residual: torch.Tensor | None) -> torch.Tensor:
+        s = self.skills[i]
+        h = s.output.dense(self.act(s.intermediate.dense(x)))
+        return h if residual is None else s.output.LayerNorm(self.dropout(h) + residual)
+
+    def _weighted(self, x: torch.Tensor, g: SkillGroup, residual: torch.Tensor | None) -> torch.Tensor:
+        """Eq. 8 with weights: sum_i w_i FFN_i(x) / sum_i w_i over the group's skills and probes."""
+        res = residual if self.per_skill_layernorm else None
+        w = g.weights.to(x.dtype)
+        out = None
+        for j, i in enumerate(g.skill_ids):
+            h = w[j] * self._skill_out(i, x, res)
+            out = h if out is None else out + h
+        if g.probe:
+            with torch.no_grad():
+                probes = [self._skill_out(i, x.detach(), None if res is None else res.detach()) for i in g.probe]
+            k = len(g.skill_ids)
+            for j, h in enumerate(probes):
+                out = out + w[k + j] * h
+        return out / w.sum()
+
     def _loop(self, x: torch.Tensor, ids: tuple[int, ...]) -> torch.Tensor:
         out = None
         for i in ids:
-            s = self.skills[i]
-            h = s.output.dense(self.act(s.intermediate.dense(x)))
+            h = self._skill_out(i, x, None)
             out = h if out is None else out + h
         return out / len(ids) if len(ids) > 1 else out
 
@@ -236,31 +275,28 @@ class SkillFFN(nn.Module):
     ) -> torch.Tensor:
         out = None
         for i in ids:
-            s = self.skills[i]
-            h = s.output.dense(self.act(s.intermediate.dense(x)))
-            h = s.output.LayerNorm(self.dropout(h) + residual)
+            h = self._skill_out(i, x, residual)
             out = h if out is None else out + h
         return out / len(ids)
 
-    def _moe(self, x: torch.Tensor) -> torch.Tensor:
-        """Top-k gated mixture (the MoE baseline of §4.1), with a Switch-style load-balancing loss kept in
-        `self.aux_loss` for the model to add."""
+    def _moe(self, x: torch.Tensor, token_mask_BT: torch.Tensor | None) -> torch.Tensor:
+        """Top-k token gate with capacity (the MoE baseline of §4.1, fairseq's top2gating design). The
+        layer's load-balancing loss is kept in `self.aux_loss` (the model averages it over layers) and the
+        routing statistics in `self.gate_stats`."""
+        from .routers import top_k_gating
+
         x_ND = x.reshape(-1, x.shape[-1])
-        probs_NS = self.gate(x_ND).softmax(-1)
-        w_NK, idx_NK = probs_NS.topk(self.moe_top_k, dim=-1)
-        w_NK = w_NK / w_NK.sum(-1, keepdim=True)
-        S = probs_NS.shape[-1]
-        frac_S = (
-            torch.zeros(S, device=x.device).index_add_(
-                0, idx_NK.reshape(-1), torch.ones(idx_NK.numel(), device=x.device)
-            )
-            / idx_NK.numel()
-        )
-        self.aux_loss = S * (frac_S * probs_NS.mean(0)).sum()
+        keep_N = None if token_mask_BT is None else token_mask_BT.reshape(-1)
+        factor = self.capacity_factor if self.training else self.eval_capacity_factor
+        g = top_k_gating(self.gate(x_ND), self.moe_top_k, factor, keep_N)
+        self.aux_loss = g.aux_loss
+        self.gate_stats = {"capacity": g.capacity, "dropped": g.dropped}
         y_ND = torch.zeros_like(x_ND)
-        for e in idx_NK.unique().tolist():
-            rows, slot = (idx_NK == e).nonzero(as_tuple=True)
-            s = self.skills[e]
-            h = s.output.dense(self.act(s.intermediate.dense(x_ND.index_select(0, rows))))
-            y_ND = y_ND.index_add(0, rows, h * w_NK[rows, slot, None])
+        # Every expert runs, the unchosen ones on zero rows: only the chosen tokens are computed, and the
+        # autograd graph has the same shape on every rank, which DeepSpeed's gradient buckets need (an
+        # expert chosen on one rank but not another would desynchronise the reduce).
+        for e in range(len(self.skills)):
+            rows = g.dispatch_NE[:, e].nonzero().view(-1)
+            h = self._skill_out(e, x_ND.index_select(0, rows), None)
+            y_ND = y_ND.index_add(0, rows, h * g.combine_NE.index_select(0, rows)[:, e, None])
         return y_ND.view(x.shape)

@@ -181,3 +181,40 @@ def test_compare_bad_arguments_end_with_one_error_line(tmp_path, capsys):
     assert compare_cli.main(["--config", str(cfg), "--methods", "skillnet", "mmoe", "--no-plots"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("error: --methods: unknown method(s) ['mmoe']")
+
+
+def test_learnable_run_logs_alpha_and_writes_its_map(tmp_path):
+    out = tmp_path / "learn"
+    d = tiny_config(out, method="learnable")
+    d["train"]["skill_map_lr"] = 0.5
+    run_cli.run(FinetuneConfig.from_dict(d), tensorboard=False, progress=False)
+    doc = json.loads((out / "skill_map.json").read_text())
+    assert doc["tasks"] == ["sentiment", "ner", "qa_match"] and doc["estimator"] == "ste"
+    assert len(doc["alpha"]) == 3 and len(doc["alpha"][0]) == 7
+    assert all(row[doc["skills"].index("s7")] for row in doc["active"])  # the generic skill stays on
+    assert "changed_cells" in doc and (out / "skill_map.png").stat().st_size > 0
+    evals = [json.loads(x) for x in (out / "log.jsonl").read_text().splitlines()]
+    evals = [e for e in evals if e.get("split") == "eval"]
+    assert evals and "skill_map/alpha/ner/s2" in evals[-1] and "skill_map/size/ner" in evals[-1]
+    # prediction uses exactly the trained skill sets: the export's config holds the final map
+    cfg = json.loads((out / "export" / "config.json").read_text())
+    final = {t: [s for s, on in zip(doc["skills"], row) if on] for t, row in zip(doc["tasks"], doc["active"])}
+    assert {t: cfg["tasks"][t] for t in final} == final
+    params = json.loads((out / "params.json").read_text())
+    assert params["tasks"]["ner"]["skills"]  # plan and counts read the learned map
+
+
+@pytest.mark.parametrize("method", ["moe", "pals", "learnable"])
+def test_parameter_accounting_of_each_method(tmp_path, method):
+    m = _build(tmp_path, method)
+    from skillnet.model import activated_parameters, count_parameters
+
+    c = count_parameters(m)
+    for task in ("sentiment", "ner"):
+        act = activated_parameters(m, task)
+        assert c["shared"] < act < c["total"]
+    if method == "moe":
+        per = c["skills"]["s1"]
+        assert activated_parameters(m, "ner") == c["shared"] + 2 * per + c["heads"]["ner"]
+    if method == "pals":
+        assert c["heads"]["ner"] > sum(p.numel() for p in m.heads["ner"].parameters())  # PALs of the task

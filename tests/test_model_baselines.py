@@ -19,11 +19,11 @@ def test_dense_joint_is_one_shared_ffn():
     assert m.config.task_skill_names("ner") == ["shared"]
 
 
-def test_top2_gate_mixes_the_two_best_experts_per_token():
+def test_top2_gate_mixes_the_two_best_experts_per_token_within_capacity():
     torch.manual_seed(0)
-    ffn = SkillFFN(16, 24, 7, moe_top_k=2)
+    ffn = SkillFFN(16, 24, 7, moe_top_k=2, capacity_factor=100.0)  # no token over capacity
     x = torch.randn(2, 3, 16)
-    y = ffn(x, SkillRouting.uniform(range(7)))
+    y = ffn(x, SkillRouting.token_gate(7, None))
     x_N = x.reshape(-1, 16)
     p = ffn.gate(x_N).softmax(-1)
     for n in range(x_N.shape[0]):

@@ -1,0 +1,105 @@
+"""Projected attention layers (BERT and PALs, bert-pals-annealed-sampling.md §3; the second method seam:
+what a task adds beside the shared layers).
+
+Per task: one encoder projection V^E (d -> d_m) and one decoder projection V^D (d_m -> d), shared by all
+layers, and in every layer a multi-head self-attention in the projected space, without output projection:
+
+    PAL_l(h) = GELU(V^D MHA_l(V^E h))
+
+The layer adds it inside its FFN residual, before the LayerNorm, as the public Bert-n-PALs code does:
+LN(FFN(a) + a + PAL_l(h)), with h the layer's input and a the attention output.
+
+Parameters per task: d*d_m + d_m (V^E) + d_m*d + d (V^D) + L * 3 * (d_m^2 + d_m) (query, key, value of
+each layer), see `pals_parameter_count`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class ProjectedSelfAttention(nn.Module):
+    def __init__(self, dim: int, heads: int, dropout: float) -> None:
+        super().__init__()
+        self.heads = heads
+        self.query = nn.Linear(dim, dim)
+        self.key = nn.Linear(dim, dim)
+        self.value = nn.Linear(dim, dim)
+        self.dropout_p = dropout
+
+    def forward(self, x_BTM: torch.Tensor, mask_B11T: torch.Tensor | None) -> torch.Tensor:
+        B, T, M = x_BTM.shape
+        H = self.heads
+
+        def split(t: torch.Tensor) -> torch.Tensor:
+            return t.view(B, T, H, M // H).transpose(1, 2)
+
+        o = F.scaled_dot_product_attention(
+            split(self.query(x_BTM)), split(self.key(x_BTM)), split(self.value(x_BTM)), attn_mask=mask_B11T,
+            dropout_p=self.dropout_p if self.training else 0.0,
+        )
+        return o.transpose(1, 2).reshape(B, T, M)
+
+
+class TaskPAL(nn.Module):
+    """One task's projected attention layers: ``down`` = V^E, ``up`` = V^D, ``layers.{l}`` = MHA_l."""
+
+    def __init__(self, hidden: int, dim: int, heads: int, num_layers: int, dropout: float) -> None:
+        super().__init__()
+        self.down = nn.Linear(hidden, dim)
+        self.up = nn.Linear(dim, hidden)
+        self.layers = nn.ModuleList(ProjectedSelfAttention(dim, heads, dropout) for _ in range(num_layers))
+
+    def forward(self, layer: int, h_BTD: torch.Tensor, mask_B11T: torch.Tensor | None) -> torch.Tensor:
+        return F.gelu(self.up(self.layers[layer](self.down(h_BTD), mask_B11T)))
+
+
+class ProjectedAttentionLayers(nn.Module):
+    """``pals.{task}``: a `TaskPAL` per fine-tuning task. Rows of a mixed-task batch use their own task's."""
+
+    def __init__(self, tasks: Sequence[str], hidden: int, dim: int, heads: int, num_layers: int,
+                 dropout: float) -> None:
+        super().__init__()
+        self.shape = (hidden, dim, heads, num_layers, dropout)
+        self.tasks = nn.ModuleDict({t: TaskPAL(*self.shape) for t in tasks})
+
+    def add_task(self, task: str) -> TaskPAL:
+        self.tasks[task] = TaskPAL(*self.shape)
+        return self.tasks[task]
+
+    def __call__(self, layer: int, h_BTD: torch.Tensor, mask_B11T: torch.Tensor | None,
+                 rows: dict[str, torch.Tensor | None]) -> torch.Tensor | None:
+        """Sum over the batch's tasks of their PAL on their rows; None when no task of the batch has one."""
+        out = None
+        for task, idx in rows.items():
+            if task not in self.tasks:
+                continue
+            if idx is None:
+                return self.tasks[task](layer, h_BTD, mask_B11T)
+            m = None if mask_B11T is None else mask_B11T.index_select(0, idx)
+            y = self.tasks[task](layer, h_BTD.index_select(0, idx), m)
+            out = (torch.zeros_like(h_BTD) if out is None else out).index_copy(0, idx, y)
+        return out
+
+
+def pals_parameter_count(hidden: int, dim: int, num_layers: int) -> int:
+    """Parameters one task's PALs add (PALs §3: V^E and V^D shared across layers, an attention per layer)."""
+    return (hidden * dim + dim) + (dim * hidden + hidden) + num_layers * 3 * (dim * dim + dim)
+
+
+def task_rows(task: str | Sequence[str] | None) -> dict[str, torch.Tensor | None]:
+    """{task: row indices} of a batch (None = every row), in first-appearance order."""
+    if task is None:
+        return {}
+    if isinstance(task, str):
+        return {task: None}
+    order: dict[str, list[int]] = {}
+    for i, t in enumerate(task):
+        order.setdefault(t, []).append(i)
+    if len(order) == 1:
+        return {next(iter(order)): None}
+    return {t: torch.tensor(r, dtype=torch.long) for t, r in order.items()}
