@@ -33,6 +33,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -53,10 +54,17 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     p.add_argument("--config", required=True, help="fine-tuning config (JSON) shared by every run")
-    p.add_argument("--methods", nargs="+", default=["all"], metavar="METHOD",
-                   help=f"methods to run, or 'all' ({', '.join(METHODS)})")
+    p.add_argument("--methods", nargs="+", default=["all"], metavar="[LABEL=]METHOD",
+                   help=f"rows of the table: methods, or 'all' ({', '.join(METHODS)}); LABEL=METHOD adds a "
+                        "variant under its own label (e.g. skillnet_dense=skillnet with --init-for)")
     p.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2], help="seeds; every method runs each")
     p.add_argument("--init", help="initial weights for every method (SkillNet export or dense HF BERT folder)")
+    p.add_argument("--init-for", "--init_for", dest="init_for", action="append", default=[], metavar="LABEL=DIR",
+                   help="initial weights of one row instead of --init (repeatable), e.g. the 'w/o sparse "
+                        "pre-training' row from the dense BERT")
+    p.add_argument("--args-for", "--args_for", dest="args_for", action="append", default=[],
+                   metavar="LABEL=ARGS", help="extra finetune.run options of one row (repeatable), e.g. "
+                   "'s8_frozen=--new-skill s8 --freeze-old-skills' for the adaptation rows of Table 5")
     p.add_argument("--output-dir", "--output_dir", dest="output_dir", default="runs/compare",
                    help="where runs, tables and pictures go")
     p.add_argument("--max-steps", "--max_steps", dest="max_steps", type=int,
@@ -80,24 +88,60 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+@dataclass(frozen=True)
+class Row:
+    """One row of the table: a method under a label, with its own initial weights and options if given."""
+
+    label: str
+    method: str
+    init: str | None = None
+    args: tuple[str, ...] = ()
+
+
 def resolve_methods(names: Sequence[str]) -> list[str]:
+    """Row labels of --methods (the method name unless LABEL=METHOD)."""
+    return [r.label for r in resolve_rows(names)]
+
+
+def resolve_rows(names: Sequence[str], init: str | None = None, init_for: Sequence[str] = (),
+                 args_for: Sequence[str] = ()) -> list[Row]:
     if list(names) == ["all"]:
-        return list(METHODS)
-    bad = [n for n in names if n not in METHODS]
+        names = list(METHODS)
+    pairs = [n.split("=", 1) if "=" in n else [n, n] for n in names]
+    bad = [m for _, m in pairs if m not in METHODS]
     if bad:
         raise ConfigError(f"--methods: unknown method(s) {bad}; valid: {', '.join(METHODS)} or all")
-    return list(dict.fromkeys(names))
+    labels = [lab for lab, _ in pairs]
+    if len(set(labels)) != len(labels):
+        raise ConfigError(f"--methods: duplicate row labels {labels}; give variants their own LABEL=METHOD")
+
+    def per_label(items: Sequence[str], flag: str) -> dict[str, str]:
+        out = {}
+        for it in items:
+            if "=" not in it:
+                raise ConfigError(f"{flag} {it!r}: expected LABEL=VALUE")
+            lab, val = it.split("=", 1)
+            if lab not in labels:
+                raise ConfigError(f"{flag} {it!r}: no row labelled {lab!r}; rows: {', '.join(labels)}")
+            out[lab] = val
+        return out
+
+    inits, extra = per_label(init_for, "--init-for"), per_label(args_for, "--args-for")
+    for lab, path in inits.items():
+        if not Path(path).exists():
+            raise ConfigError(f"--init-for {lab}={path}: {path} does not exist")
+    return [Row(lab, m, inits.get(lab, init), tuple(shlex.split(extra.get(lab, "")))) for lab, m in pairs]
 
 
-def run_dir(out: Path, method: str, seed: int) -> Path:
-    return out / method / f"seed{seed}"
+def run_dir(out: Path, label: str, seed: int) -> Path:
+    return out / label / f"seed{seed}"
 
 
-def run_command(a: argparse.Namespace, config: Path, method: str, seed: int, rdir: Path) -> list[str]:
-    args = ["--config", str(config), "--method", method, "--seed", str(seed), "--output-dir", str(rdir),
-            "--resume", "auto", "--no-progress"]
-    if a.init:
-        args += ["--init", str(Path(a.init).resolve())]
+def run_command(a: argparse.Namespace, config: Path, row: Row, seed: int, rdir: Path) -> list[str]:
+    args = ["--config", str(config), "--method", row.method, "--seed", str(seed), "--output-dir", str(rdir),
+            "--resume", "auto", "--no-progress", *row.args]
+    if row.init:
+        args += ["--init", str(Path(row.init).resolve())]
     if a.max_steps is not None:
         args += ["--max-steps", str(a.max_steps)]
     if a.threads:
@@ -234,6 +278,19 @@ def markdown(agg: dict[str, Any], diffs: dict[str, Any], reference: str, title: 
         beyond = [(m, k) for m, e in diffs.items() for k, v in e.items() if v["beyond_noise"]]
         lines += ["", ("Beyond the spread: " + ", ".join(f"{m} on {k}" for m, k in beyond) + ".") if beyond
                   else "No difference from the reference lies beyond the spread over seeds."]
+    variants = {lab: r for lab, r in agg.get("rows", {}).items() if lab != r["method"] or r["init"] or r["args"]}
+    if variants:
+        lines += ["", "Rows that are variants (method, initial weights, extra options):", ""]
+        for lab, r in variants.items():
+            extra = f", options `{' '.join(r['args'])}`" if r["args"] else ""
+            lines.append(f"- **{lab}**: method `{r['method']}`, init `{r['init'] or 'the preset, random'}`{extra}")
+    maps = agg.get("learned_maps") or {}
+    if maps:
+        lines += ["", "Learned task-skill maps: task x skill cells whose selection changed during training "
+                      "(per seed):", "", "| row | estimator | sharpness | changed cells |", "|---|---|---|---|"]
+        for lab, m in maps.items():
+            ch = ", ".join("-" if c is None else str(c) for c in m["changed_cells"])
+            lines.append(f"| {lab} | {m['estimator']} | {m['sharpness']:g} | {ch} of {m['cells']} |")
     for caption, path in pictures.items():
         lines += ["", f"![{caption}]({path})", "", f"*{caption}*"]
     return "\n".join(lines) + "\n"
@@ -276,13 +333,30 @@ def plot_curves(agg: dict[str, Any], path: Path) -> None:
     plt.close(fig)
 
 
-def learned_map_picture(out: Path, seeds: list[int], dest: Path) -> Path | None:
+def learned_maps(out: Path, rows: list[Row], seeds: list[int]) -> dict[str, Any]:
+    """Per learned-map row: its estimator and how many task-skill cells the training changed, per seed
+    (the map each run exported as skill_map.json)."""
+    res: dict[str, Any] = {}
+    for r in rows:
+        docs = [run_dir(out, r.label, s) / "skill_map.json" for s in seeds]
+        docs = [json.loads(d.read_text(encoding="utf-8")) for d in docs if d.is_file()]
+        if docs:
+            res[r.label] = {"estimator": docs[0].get("estimator"), "sharpness": docs[0].get("sharpness"),
+                            "cells": len(docs[0]["tasks"]) * len(docs[0]["skills"]),
+                            "changed_cells": [d.get("changed_cells") for d in docs]}
+    return res
+
+
+def learned_map_picture(out: Path, rows: list[Row], seeds: list[int], dest: Path) -> Path | None:
     """The learned task-skill map of the first learnable run (written by that run as skill_map.png)."""
-    for s in seeds:
-        src = run_dir(out, "learnable", s) / "skill_map.png"
-        if src.is_file():
-            shutil.copyfile(src, dest)
-            return dest
+    for r in rows:
+        if r.method != "learnable":
+            continue
+        for s in seeds:
+            src = run_dir(out, r.label, s) / "skill_map.png"
+            if src.is_file():
+                shutil.copyfile(src, dest)
+                return dest
     return None
 
 
@@ -290,7 +364,8 @@ def learned_map_picture(out: Path, seeds: list[int], dest: Path) -> Path | None:
 def main(argv: Sequence[str] | None = None) -> int:
     a = build_parser().parse_args(argv)
     try:
-        methods = resolve_methods(a.methods)
+        rows = resolve_rows(a.methods, a.init, a.init_for, a.args_for)
+        methods = [r.label for r in rows]
         config = Path(a.config).resolve()
         FinetuneConfig.load(config)  # fail on a bad config before the first run
         if a.init and not Path(a.init).exists():
@@ -309,12 +384,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 2
     out = Path(a.output_dir).resolve()
     out.mkdir(parents=True, exist_ok=True)
-    plan = [(m, s) for s in a.seeds for m in methods]
+    plan = [(r, s) for s in a.seeds for r in rows]
     failed = []
     t_all = time.time()
-    for i, (m, s) in enumerate(plan, 1):
+    for i, (row, s) in enumerate(plan, 1):
+        m = row.label
         rdir = run_dir(out, m, s)
-        cmd = run_command(a, config, m, s, rdir)
+        cmd = run_command(a, config, row, s, rdir)
         head = f"[compare] ({i}/{len(plan)}) {m} seed {s}"
         if (rdir / "results.json").is_file():
             print(f"{head}: done before, kept ({rdir / 'results.json'})", file=sys.stderr, flush=True)
@@ -342,13 +418,15 @@ def main(argv: Sequence[str] | None = None) -> int:
               "(finished runs are kept)", file=sys.stderr)
         return 1
     agg = aggregate(out, methods, a.seeds)
+    agg["learned_maps"] = learned_maps(out, rows, a.seeds)
+    agg["rows"] = {r.label: {"method": r.method, "init": r.init, "args": list(r.args)} for r in rows}
     reference = a.reference or ("skillnet" if "skillnet" in methods else methods[0])
     diffs = differences(agg, reference) if len(methods) > 1 else {}
     pictures: dict[str, Path] = {}
     if not a.no_plots:
         plot_curves(agg, out / "curves.png")
         pictures["Dev score against training step, per task and method"] = out / "curves.png"
-        if learned_map_picture(out, a.seeds, out / "skill_map.png"):
+        if learned_map_picture(out, rows, a.seeds, out / "skill_map.png"):
             pictures["Learned task-skill map (learnable, first seed): alpha per task and skill, selected cells "
                      "marked"] = out / "skill_map.png"
     command = "python -m skillnet.finetune.compare " + shlex.join(list(argv) if argv is not None else sys.argv[1:])

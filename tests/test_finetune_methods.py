@@ -218,3 +218,23 @@ def test_parameter_accounting_of_each_method(tmp_path, method):
         assert activated_parameters(m, "ner") == c["shared"] + 2 * per + c["heads"]["ner"]
     if method == "pals":
         assert c["heads"]["ner"] > sum(p.numel() for p in m.heads["ner"].parameters())  # PALs of the task
+
+
+def test_compare_rows_can_be_variants_with_their_own_init_and_options(tmp_path, capsys):
+    cfg = tmp_path / "cfg.json"
+    cfg.write_text(json.dumps(tiny_config(tmp_path)), encoding="utf-8")
+    dense = tmp_path / "dense"
+    _dense_bert(dense)
+    args = ["--config", str(cfg), "--methods", "skillnet", "skillnet_dense=skillnet", "s8=skillnet", "--seeds", "0",
+            "--output-dir", str(tmp_path / "cmp"), "--dry-run", "--init-for", f"skillnet_dense={dense}",
+            "--args-for", "s8=--new-skill s8 --freeze-old-skills"]
+    assert compare_cli.main(args) == 0
+    err = capsys.readouterr().err.splitlines()
+    cmds = {line.split(":")[0].split(") ")[1].split(" seed")[0]: line for line in err if "seed 0:" in line}
+    assert set(cmds) == {"skillnet", "skillnet_dense", "s8"}
+    assert f"--init {dense}" in cmds["skillnet_dense"] and "--init" not in cmds["skillnet"]
+    assert "--new-skill s8 --freeze-old-skills" in cmds["s8"] and "--method skillnet" in cmds["s8"]
+    assert str(tmp_path / "cmp" / "s8" / "seed0") in cmds["s8"]
+    bad = ["--config", str(cfg), "--methods", "skillnet", "--init-for", "nope=x", "--no-plots"]
+    assert compare_cli.main(bad) == 2
+    assert capsys.readouterr().err.strip().startswith("error: --init-for 'nope=x': no row labelled 'nope'")
