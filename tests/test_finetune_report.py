@@ -1,0 +1,53 @@
+"""`python -m skillnet.finetune.report`: pictures and one self-contained HTML page from a run directory."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from skillnet.finetune import report
+from skillnet.finetune import run as run_cli
+from skillnet.finetune.config import FinetuneConfig
+
+from tests.test_finetune_e2e import tiny_config
+
+
+def _run(out: Path, method: str = "skillnet") -> Path:
+    d = tiny_config(out, method=method)
+    d["train"].update(max_steps=6, eval_every=2, log_every=2)
+    run_cli.run(FinetuneConfig.from_dict(d), tensorboard=False, progress=False)
+    return out
+
+
+def test_report_of_a_finetuning_run_draws_every_picture(tmp_path, capsys):
+    run = _run(tmp_path / "ft")
+    assert report.main([str(run)]) == 0
+    out = run / "report"
+    for name in ("dev_curves.png", "task_mix.png", "skill_map.png", "parameters.png"):
+        assert (out / name).stat().st_size > 5000, name
+    page = (out / "report.html").read_text()
+    assert page.count("data:image/png;base64,") == 4 and "src=\"http" not in page  # self-contained
+    results = json.loads((run / "results.json").read_text())
+    for name, r in results["tasks"].items():
+        assert f"<td>{name}</td>" in page
+        assert f"<td>{r['dev'][r['metric']]:.1f}</td>" in page
+
+
+def test_report_of_a_learned_map_run_and_of_a_pretraining_log(tmp_path):
+    run = _run(tmp_path / "learn", method="learnable")
+    assert (run / "skill_map.json").is_file()  # the learned map is what the report draws, not Table 2
+    report.build(run)
+    assert (run / "report" / "skill_map.png").stat().st_size > 5000
+    pt = tmp_path / "pt"
+    pt.mkdir()
+    lines = [{"step": s, "mlm/loss": 10 - s / 10, "mlm/acc": s / 100, "nsp/loss": 0.7, "mix/mlm": 0.5,
+              "mix/nsp": 0.5, "split": "train"} for s in range(10, 110, 10)]
+    (pt / "log.jsonl").write_text("\n".join(json.dumps(r) for r in lines) + "\n{\"cut by a kill\n")
+    page = report.build(pt)
+    assert (pt / "report" / "pretrain.png").stat().st_size > 5000 and "Last logged step: 100" in page.read_text()
+
+
+def test_report_of_an_empty_directory_is_one_error_line(tmp_path, capsys):
+    assert report.main([str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error:")
