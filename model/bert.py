@@ -8,8 +8,11 @@ layer without skills (see ``config.skill_layers``) keeps HF's ``intermediate.den
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -19,6 +22,7 @@ from transformers.activations import ACT2FN
 from transformers.utils import ModelOutput
 
 from .config import SkillNetBertConfig
+from .hub import has_tokenizer, save_tokenizer, write_remote_code
 from .pals import ProjectedAttentionLayers, task_rows
 from .routers import LearnedSkillMap
 from .skill_ffn import Skill, SkillFFN, SkillRouting
@@ -194,6 +198,17 @@ class SkillNetBertPreTrainedModel(PreTrainedModel):
             module.bias.zero_()
         elif isinstance(module, LearnedSkillMap):
             module.reset_parameters()
+
+    def save_pretrained(self, save_directory: str | os.PathLike, *args: Any, **kwargs: Any) -> None:
+        """HF save, plus the modeling code and ``auto_map`` (plain transformers loads the folder with
+        ``trust_remote_code=True``) and the tokenizer of the checkpoint this model came from, if it had one."""
+        super().save_pretrained(save_directory, *args, **kwargs)
+        if not kwargs.get("is_main_process", True):
+            return
+        write_remote_code(save_directory, self.config.model_type)
+        src = getattr(self.config, "_name_or_path", "") or ""
+        if src and Path(src).is_dir() and has_tokenizer(src) and not has_tokenizer(save_directory):
+            save_tokenizer(save_directory, source=src)
 
     # ---- routing ---------------------------------------------------------------------------------
     def routing(

@@ -32,6 +32,27 @@ __all__ = ["export", "locate_checkpoint", "load_checkpoint_state", "init_unused_
 PRETRAIN_OBJECTIVES = ("mlm", "nsp")
 
 
+def _save_tokenizer(folder: Path, shards: str | None, vocab_size: int) -> None:
+    """The tokenizer the shards were built with (their vocab.txt and normalisation), else the default
+    bert-base-chinese vocab when the model's vocab size is its size (synthetic-data runs)."""
+    from skillnet.data_prep.tokenizer import TokenizerError, default_vocab_path
+    from skillnet.model.hub import save_tokenizer
+
+    lowercase = True
+    vocab = Path(shards) / "vocab.txt" if shards else None
+    if shards and (Path(shards) / "manifest.json").is_file():
+        tk = json.loads((Path(shards) / "manifest.json").read_text(encoding="utf-8")).get("tokenizer", {})
+        lowercase = bool(tk.get("settings", {}).get("lowercase", True))
+    if vocab is None or not vocab.is_file():
+        try:
+            vocab = default_vocab_path()
+        except TokenizerError:
+            return
+        if sum(1 for _ in vocab.read_text(encoding="utf-8").split("\n") if _) != vocab_size:
+            return  # a synthetic vocab: no real tokenizer belongs to this model
+    save_tokenizer(folder, vocab, lowercase=lowercase)
+
+
 def locate_checkpoint(path: str | Path, tag: str | None = None) -> tuple[Path, str]:
     """(checkpoints root, tag) from a run dir, a checkpoints dir or a step_* dir."""
     p = Path(path)
@@ -116,10 +137,8 @@ def export(checkpoint: str | Path, out: str | Path, tag: str | None = None, init
     if tfile.is_file():
         step = int(torch.load(tfile, map_location="cpu", weights_only=False)["step"])
     args_file = run_dir / "run_args.json"
-    if args_file.is_file():
-        shards = json.loads(args_file.read_text()).get("shards")
-        if shards and (Path(shards) / "vocab.txt").is_file():
-            shutil.copy(Path(shards) / "vocab.txt", tmp / "vocab.txt")
+    shards = json.loads(args_file.read_text()).get("shards") if args_file.is_file() else None
+    _save_tokenizer(tmp, shards, config.vocab_size)
     info = {
         "source": str((root / tag).resolve()),
         "step": step,

@@ -1,0 +1,124 @@
+"""What an export folder needs so that plain `transformers` users can load it without this package.
+
+* **Modeling code** (`write_remote_code`): the model's source files are copied next to the weights and
+  ``config.json`` gets an ``auto_map``, so ``AutoConfig`` / ``AutoModel`` / ``AutoModelForPreTraining`` (or
+  ``AutoModelForSeq2SeqLM``) load the folder with ``trust_remote_code=True`` in an environment that has
+  transformers but not SkillNet. Files are renamed ``skillnet_<module>.py`` so that none can be mistaken for
+  the folder's ``config.json`` or shadow a module of the loading environment; their relative imports are
+  rewritten to match.
+* **Tokenizer** (`save_tokenizer`): the WordPiece vocab as a `BertTokenizerFast`, so
+  ``AutoTokenizer.from_pretrained(folder)`` works offline, and ``config.tokenizer_class`` names it.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import os
+import re
+from pathlib import Path
+
+_MODEL_DIR = Path(__file__).resolve().parent
+_REL_IMPORT = re.compile(r"^(\s*from\s+)\.(\w+)(\s+import\b)", re.M)
+
+# The classes each architecture exposes to the Auto API: (auto class, module, class name).
+AUTO_CLASSES: dict[str, list[tuple[str, str, str]]] = {
+    "skillnet-bert": [
+        ("AutoConfig", "config", "SkillNetBertConfig"),
+        ("AutoModel", "bert", "SkillNetBertModel"),
+        ("AutoModelForPreTraining", "heads", "SkillNetBertForPreTraining"),
+    ],
+    "skillnet-bart": [
+        ("AutoConfig", "bart", "SkillNetBartConfig"),
+        ("AutoModel", "bart", "SkillNetBartModel"),
+        ("AutoModelForSeq2SeqLM", "bart", "SkillNetBartForConditionalGeneration"),
+    ],
+}
+
+
+def _remote_name(module: str) -> str:
+    return f"skillnet_{module}"
+
+
+def _relative_imports(module: str) -> set[str]:
+    tree = ast.parse((_MODEL_DIR / f"{module}.py").read_text(encoding="utf-8"))
+    return {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.level == 1 and n.module}
+
+
+def _closure(modules: set[str]) -> set[str]:
+    seen: set[str] = set()
+    todo = list(modules)
+    while todo:
+        m = todo.pop()
+        if m in seen:
+            continue
+        seen.add(m)
+        todo.extend(_relative_imports(m) - seen)
+    return seen
+
+
+def auto_map(model_type: str) -> dict[str, str]:
+    return {auto: f"{_remote_name(mod)}.{cls}" for auto, mod, cls in AUTO_CLASSES[model_type]}
+
+
+def write_remote_code(folder: str | os.PathLike, model_type: str) -> list[str]:
+    """Copy the modeling sources of `model_type` into `folder` and add ``auto_map`` to its config.json."""
+    folder = Path(folder)
+    written = []
+    if not (_MODEL_DIR / "config.py").is_file():
+        # Running from remote code already (a model loaded with trust_remote_code, saved again): our own
+        # renamed files are the sources.
+        for f in sorted(_MODEL_DIR.glob("skillnet_*.py")):
+            if f.resolve() != (folder / f.name).resolve():
+                (folder / f.name).write_text(f.read_text(encoding="utf-8"), encoding="utf-8")
+            written.append(f.name)
+    else:
+        for m in sorted(_closure({mod for _, mod, _ in AUTO_CLASSES[model_type]})):
+            src = (_MODEL_DIR / f"{m}.py").read_text(encoding="utf-8")
+            src = _REL_IMPORT.sub(lambda g: f"{g.group(1)}.{_remote_name(g.group(2))}{g.group(3)}", src)
+            (folder / f"{_remote_name(m)}.py").write_text(src, encoding="utf-8")
+            written.append(f"{_remote_name(m)}.py")
+    cfg_path = folder / "config.json"
+    cfg = json.loads(cfg_path.read_text(encoding="utf-8"))
+    cfg["auto_map"] = auto_map(model_type)
+    cfg_path.write_text(json.dumps(cfg, indent=2, sort_keys=True, ensure_ascii=False) + "\n", encoding="utf-8")
+    return written
+
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt")
+
+
+def has_tokenizer(folder: str | os.PathLike) -> bool:
+    return (Path(folder) / "tokenizer_config.json").is_file() or (Path(folder) / "vocab.txt").is_file()
+
+
+def save_tokenizer(folder: str | os.PathLike, vocab_file: str | os.PathLike | None = None,
+                   lowercase: bool = True, source: str | os.PathLike | None = None) -> None:
+    """Save a HF tokenizer into `folder` (tokenizer.json, tokenizer_config.json, plus the plain vocab.txt the
+    pipeline reads) and name its class in config.json, so ``AutoTokenizer.from_pretrained(folder)`` works
+    offline. From a WordPiece `vocab_file`, or carried over from the folder `source` (a dense checkpoint or
+    an earlier export)."""
+    import shutil
+
+    from transformers import AutoTokenizer, BertTokenizer
+
+    folder = Path(folder)
+    if source is not None and (Path(source) / "tokenizer_config.json").is_file():
+        tok = AutoTokenizer.from_pretrained(str(source))
+    else:
+        if vocab_file is None:
+            if source is None or not (Path(source) / "vocab.txt").is_file():
+                raise FileNotFoundError(f"no tokenizer to save: {source} has neither tokenizer_config.json "
+                                        "nor vocab.txt, and no vocab file was given")
+            vocab_file = Path(source) / "vocab.txt"
+        tok = BertTokenizer(vocab=str(vocab_file), do_lower_case=lowercase, tokenize_chinese_chars=True)
+    tok.save_pretrained(str(folder))
+    for src_dir, name in ((Path(vocab_file).parent if vocab_file else None, Path(vocab_file).name if vocab_file
+                           else None), (Path(source) if source else None, "vocab.txt")):
+        if src_dir is not None and name and (src_dir / name).is_file() and not (folder / "vocab.txt").is_file():
+            shutil.copyfile(src_dir / name, folder / "vocab.txt")
+    cfg_path = folder / "config.json"
+    if cfg_path.is_file():
+        cfg = json.loads(cfg_path.read_text(encoding="utf-8"))
+        cfg["tokenizer_class"] = type(tok).__name__
+        cfg_path.write_text(json.dumps(cfg, indent=2, sort_keys=True, ensure_ascii=False) + "\n", encoding="utf-8")
