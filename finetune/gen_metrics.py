@@ -1,0 +1,375 @@
+"""Generation metrics, in percent: ROUGE-L, BLEU-2/4 and character-level F0.5 for correction tasks.
+
+* ``bleu(hyps, refs, n)``: corpus BLEU-n computed by ``sacrebleu`` (exp smoothing, i.e. NIST / nltk
+  ``method3``, the smoothing of the public SkillNet-NLG scripts).
+* ``rouge_l(hyps, refs)``: mean over sentences of the ROUGE-L F1 computed by ``rouge-score`` (max over
+  the references of a sentence).
+* ``correction_prf(sources, hyps, refs)``: ChERRANT-style (MuCGEC ``scorers/ChERRANT``) character-level
+  edits source->hypothesis and source->reference, matched as (start, end, correction) and counted over
+  the corpus; P, R and F0.5.
+* ``score_generation(names, sources, hyps, refs, lang)``: the entry point for the trainer.
+
+Tokenisation (docs/nlg_data.md, "Metrics"): for ``lang="zh"`` every CJK character (and every other
+non-space, non-alphanumeric character such as punctuation) is one token and each run of ASCII letters/digits
+is one token, so Chinese is scored per character and Latin words inside Chinese text per word; whitespace only
+separates. ``lang="en"`` uses each library's standard English tokeniser (sacrebleu ``13a``, rouge-score's
+lower-casing alphanumeric tokeniser). Correction F0.5 is always per character, whitespace removed.
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+import re
+import unicodedata
+from collections import Counter
+from collections.abc import Sequence
+from typing import Any
+
+LANGS = ("zh", "en")
+GEN_METRICS = ("rouge_l", "bleu_2", "bleu_4", "f0.5", "edit_p", "edit_r")
+References = Sequence[str] | Sequence[Sequence[str]]
+# A run of ASCII letters/digits is one token; any other non-space character (CJK, punctuation) is one token.
+_TOKEN_RE = re.compile(r"[A-Za-z0-9]+|\S")
+
+
+def gen_tokens(text: str, lowercase: bool = False) -> list[str]:
+    """Tokens of `text` for BLEU/ROUGE with lang="zh" (see the module docstring)."""
+    return _TOKEN_RE.findall(text.lower() if lowercase else text)
+
+
+def _multi_refs(references: References, n: int) -> list[list[str]]:
+    """One list of references per hypothesis; a plain list of strings means one reference each."""
+    if len(references) != n:
+        raise ValueError(f"hypotheses and references differ in length: {n} vs {len(references)}")
+    out: list[list[str]] = []
+    for i, r in enumerate(references):
+        refs = [r] if isinstance(r, str) else list(r)
+        if not refs or not all(isinstance(x, str) for x in refs):
+            raise ValueError(f"references[{i}] must be a string or a non-empty list of strings")
+        out.append(refs)
+    return out
+
+
+def _check_lang(lang: str) -> None:
+    if lang not in LANGS:
+        raise ValueError(f"unknown lang {lang!r}; valid: {', '.join(LANGS)}")
+
+
+# --------------------------------------------------------------------------- BLEU
+
+
+def bleu(hypotheses: Sequence[str], references: References, n: int = 4, *, lang: str = "zh",
+         lowercase: bool = False) -> float:
+    """Corpus-level BLEU-n (percent): n-gram counts summed over the corpus, uniform weights 1/n,
+    the brevity penalty against the closest reference length, exp smoothing of zero counts."""
+    from sacrebleu.metrics import BLEU  # lazy: only generation tasks need it
+
+    _check_lang(lang)
+    refs = _multi_refs(references, len(hypotheses))
+    if not hypotheses:
+        return 0.0
+    if lang == "zh":
+        def prep(s: str) -> str:
+            return " ".join(gen_tokens(s, lowercase))
+        tokenize = "none"  # already split; sacrebleu splits on whitespace
+    else:
+        def prep(s: str) -> str:
+            return s
+        tokenize = "13a"
+    # sacrebleu takes reference *streams*; a sentence with fewer references has None in the later ones.
+    n_streams = max(len(r) for r in refs)
+    streams = [[prep(r[k]) if k < len(r) else None for r in refs] for k in range(n_streams)]
+    metric = BLEU(tokenize=tokenize, max_ngram_order=n, smooth_method="exp", lowercase=lowercase and lang == "en")
+    return float(metric.corpus_score([prep(h) for h in hypotheses], streams).score)
+
+
+# --------------------------------------------------------------------------- ROUGE-L
+
+
+class _GenTokenizer:
+    """rouge-score's tokenizer interface (its default drops every non-ASCII character, i.e. all Chinese)."""
+
+    def __init__(self, lowercase: bool) -> None:
+        self.lowercase = lowercase
+
+    def tokenize(self, text: str) -> list[str]:
+        return gen_tokens(text, self.lowercase)
+
+
+@functools.lru_cache(maxsize=4)
+def _rouge_scorer(lang: str, lowercase: bool) -> Any:
+    from rouge_score import rouge_scorer  # lazy: imports nltk (~2 s)
+
+    tok = _GenTokenizer(lowercase) if lang == "zh" else None
+    return rouge_scorer.RougeScorer(["rougeL"], tokenizer=tok)
+
+
+def rouge_l(hypotheses: Sequence[str], references: References, *, lang: str = "zh",
+            lowercase: bool = False) -> float:
+    """Mean over sentences of the ROUGE-L F1 (LCS-based, beta = 1), best reference per sentence."""
+    _check_lang(lang)
+    refs = _multi_refs(references, len(hypotheses))
+    if not hypotheses:
+        return 0.0
+    scorer = _rouge_scorer(lang, lowercase)
+    total = sum(scorer.score_multi(r, h)["rougeL"].fmeasure for h, r in zip(hypotheses, refs))
+    return 100.0 * total / len(hypotheses)
+
+
+# --------------------------------------------------------------------------- correction F0.5 (ChERRANT)
+#
+# ChERRANT (char level) aligns source and corrected sentence with a Damerau-style edit distance (insert and
+# delete cost 1, a transposition of k+1 characters costs k, a substitution costs < 2), keeps every cheapest
+# alignment, merges each alignment's operations into span edits, and scores (start, end, correction) triples.
+# Its substitution cost uses the Cilin thesaurus and pinyin, which only break ties between alignments; here
+# every pair of different characters costs what ChERRANT charges a pair it knows nothing about, by
+# punctuation class. Costs are integers (1 = 1/12000 of an insertion) so that ties are exact.
+
+_UNIT = 12000
+_SUB_COST = {2: 14000, 1: 19988, 0: 17000}  # by number of punctuation chars in the pair: 4/6 + 1/2 + {0, .499, .25}
+_MAX_ALIGNMENTS = 256  # ChERRANT enumerates all cheapest alignments; a degenerate output can have millions
+Edit = tuple[int, int, str]  # (start, end) in source characters, correction text ("" = delete)
+_Op = tuple[str, int, int, int, int]  # (operation, src start, src end, tgt start, tgt end)
+
+
+def _is_punct(text: str) -> bool:
+    return bool(text) and all(unicodedata.category(c)[0] in "PS" for c in text)
+
+
+def _sub_cost(a: str, b: str) -> int:
+    return _SUB_COST[_is_punct(a) + _is_punct(b)]
+
+
+def _levenshtein(a: str, b: str) -> int:
+    prev = list(range(len(b) + 1))
+    for i, ca in enumerate(a, 1):
+        cur = [i]
+        for j, cb in enumerate(b, 1):
+            cur.append(min(prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (ca != cb)))
+        prev = cur
+    return prev[-1]
+
+
+def _op_table(src: str, tgt: str) -> list[list[tuple[str, ...]]]:
+    """For every cell (i, j), the operations that reach it at minimum cost (ties kept, in ChERRANT's order
+    transposition, substitution, insertion, deletion; a match excludes the others)."""
+    n, m = len(src), len(tgt)
+    cost = [[0] * (m + 1) for _ in range(n + 1)]
+    ops: list[list[tuple[str, ...]]] = [[()] * (m + 1) for _ in range(n + 1)]
+    for i in range(1, n + 1):
+        cost[i][0], ops[i][0] = i * _UNIT, ("D",)
+    for j in range(1, m + 1):
+        cost[0][j], ops[0][j] = j * _UNIT, ("I",)
+    for i in range(n):
+        for j in range(m):
+            if src[i] == tgt[j]:
+                cost[i + 1][j + 1], ops[i + 1][j + 1] = cost[i][j], ("M",)
+                continue
+            # A transposition: the last k+1 characters of both sides are the same multiset; the search
+            # walks back along the diagonal while it keeps costing something.
+            trans, k = float("inf"), 1
+            while i - k >= 0 and j - k >= 0 and cost[i - k + 1][j - k + 1] != cost[i - k][j - k]:
+                if sorted(src[i - k:i + 1]) == sorted(tgt[j - k:j + 1]):
+                    trans = cost[i - k][j - k] + k * _UNIT
+                    break
+                k += 1
+            cands = ((f"T{k + 1}", trans), ("S", cost[i][j] + _sub_cost(src[i], tgt[j])),
+                     ("I", cost[i + 1][j] + _UNIT), ("D", cost[i][j + 1] + _UNIT))
+            best = min(c for _, c in cands)
+            cost[i + 1][j + 1] = int(best)
+            ops[i + 1][j + 1] = tuple(name for name, c in cands if c == best)
+    return ops
+
+
+def _alignments(src: str, tgt: str) -> list[list[_Op]]:
+    """Cheapest alignments, each a list of operations from the start. Like ChERRANT, only the first
+    operation of each cell is followed when the lengths differ by more than 10."""
+    ops = _op_table(src, tgt)
+    first_only = abs(len(src) - len(tgt)) > 10
+    out: list[list[_Op]] = []
+    stack: list[tuple[int, int, Any]] = [(len(src), len(tgt), None)]  # chain = (op, rest) toward the end
+    while stack and len(out) < _MAX_ALIGNMENTS:
+        i, j, chain = stack.pop()
+        if i == 0 and j == 0:
+            seq = []
+            while chain is not None:
+                seq.append(chain[0])
+                chain = chain[1]
+            out.append(seq)
+            continue
+        cell = ops[i][j][:1] if first_only else ops[i][j]
+        for op in reversed(cell):  # pushed in reverse so the first operation is expanded first
+            di, dj = {"M": (1, 1), "S": (1, 1), "D": (1, 0), "I": (0, 1)}.get(op, (0, 0))
+            if op[0] == "T":
+                di = dj = int(op[1:])
+            stack.append((i - di, j - dj, ((op, i - di, i, j - dj, j), chain)))
+    return out
+
+
+def _span(tag: str, seq: Sequence[_Op]) -> _Op:
+    return (tag, seq[0][1], seq[-1][2], seq[0][3], seq[-1][4])
+
+
+def _merge_run(seq: list[_Op]) -> list[_Op]:
+    """ChERRANT's char-level merging of a run of operations between matches/transpositions."""
+    kinds = {op[0] for op in seq}
+    if len(seq) <= 1 or kinds == {"D", "I"}:  # interleaved deletions and insertions stay separate
+        return seq
+    if len(kinds) == 1:  # all D, all I, all S (one span at char level), or all M
+        return [_span(seq[0][0], seq)]
+    return [_span("S", seq)]
+
+
+def _is_move(e1: _Op, e3: _Op, src: str, tgt: str) -> bool:
+    """Whether edits e1 . e3 around one match/transposition are one word-order edit (ChERRANT rules)."""
+    k1, k3 = e1[0][0], e3[0][0]
+    if k1 == "S" and k3 == "S":
+        w1, w2 = src[e1[1]:e1[2]], tgt[e1[3]:e1[4]]
+        w3, w4 = src[e3[1]:e3[2]], tgt[e3[3]:e3[4]]
+        if min(len(w1), len(w2), len(w3), len(w4)) == 1:
+            return w1 == w4 and w2 == w3
+        return _levenshtein(w1, w4) <= 1 and _levenshtein(w2, w3) <= 1
+    # deleted here, inserted there (or the reverse)
+    dele, ins = (e1, e3) if k1 == "D" else (e3, e1)
+    a, b = src[dele[1]:dele[2]], tgt[ins[3]:ins[4]]
+    if len(a) < len(b):
+        a, b = b, a
+    if _is_punct(a) or _is_punct(b) or len(a) - len(b) > 1:
+        return False
+    if len(b) == 1:
+        return a == b
+    return _levenshtein(a, b) <= 1 or (len(a) == len(b) and b in a + a)
+
+
+def _trim(e: _Op, src: str, tgt: str) -> _Op:
+    """Drop a common prefix/suffix of a substitution's two sides (ChERRANT's second filter)."""
+    tag, s0, s1, t0, t1 = e
+    a, b = src[s0:s1], tgt[t0:t1]
+    p = 0
+    while p < len(a) and p < len(b) and a[p] == b[p]:
+        p += 1
+    s = 0  # suffix of a[p:] that ends b (all of b, as ChERRANT checks), if b still has room for it
+    while s < len(a) - p and b.endswith(a[len(a) - s - 1:]):
+        s += 1
+    if s > t1 - (t0 + p):
+        s = 0
+    if not p and not s:
+        return e
+    s0, t0, s1, t1 = s0 + p, t0 + p, s1 - s, t1 - s
+    return ("I" if s0 == s1 else "D" if t0 == t1 else "S", s0, s1, t0, t1)
+
+
+def _merge(align: list[_Op], src: str, tgt: str) -> list[_Op]:
+    """One alignment -> span edits, after ChERRANT's Merger at char level."""
+    edits: list[_Op] = []
+    for kind, grp in itertools.groupby(align, key=lambda op: op[0][0] if op[0][0] in "MT" else "X"):
+        run = list(grp)
+        edits.extend(run if kind == "T" else _merge_run(run))
+    kept: list[_Op] = []
+    i = 0
+    while i < len(edits):
+        e1 = edits[i]
+        if i + 2 < len(edits):
+            e2, e3 = edits[i + 1], edits[i + 2]
+            pattern = ((e1[0][0] == "S" and e2[0][0] == "M" and e3[0][0] == "S")
+                       or ({e1[0][0], e3[0][0]} == {"D", "I"} and e2[0][0] in "MT"))
+            if pattern and _is_move(e1, e3, src, tgt):
+                kept.append(_span(f"T{e3[2] - e1[1]}", [e1, e3]))
+                i += 3
+                continue
+        if e1[0] != "M":
+            kept.append(e1)
+        i += 1
+    out = []
+    for e in kept:
+        if src[e[1]:e[2]] == tgt[e[3]:e[4]]:
+            continue
+        out.append(_trim(e, src, tgt) if e[0] == "S" else e)
+    return out
+
+
+def char_edits(source: str, target: str) -> Counter[Edit]:
+    """Character-level edits that turn `source` into `target`, as ChERRANT extracts them: the union (with
+    multiplicity, as ChERRANT's M2 file lists them) over the distinct edit lists of all cheapest alignments.
+    Whitespace is removed first. An unchanged sentence has no edits."""
+    src, tgt = "".join(source.split()), "".join(target.split())
+    out: Counter[Edit] = Counter()
+    if src == tgt:
+        return out
+    seen: list[list[_Op]] = []
+    for align in _alignments(src, tgt):
+        edits = _merge(align, src, tgt)
+        if edits in seen:
+            continue
+        seen.append(edits)
+        out.update((s0, s1, tgt[t0:t1]) for _, s0, s1, t0, t1 in edits)
+    return out
+
+
+def _prf(tp: int, fp: int, fn: int, beta: float) -> tuple[float, float, float]:
+    # ChERRANT's convention: no false positives -> precision 1 (also with no edits at all), same for recall.
+    p = tp / (tp + fp) if fp else 1.0
+    r = tp / (tp + fn) if fn else 1.0
+    f = (1 + beta**2) * p * r / (beta**2 * p + r) if p + r else 0.0
+    return p, r, f
+
+
+def _match(hyp: Counter[Edit], ref: Counter[Edit]) -> tuple[int, int, int]:
+    tp = sum(ref[e] for e in hyp if e in ref)
+    fp = sum(c for e, c in hyp.items() if e not in ref)
+    fn = sum(c for e, c in ref.items() if e not in hyp)
+    return tp, fp, fn
+
+
+def correction_prf(sources: Sequence[str], hypotheses: Sequence[str], references: References,
+                   beta: float = 0.5) -> dict[str, float]:
+    """Corpus-level edit P/R/F_beta in percent (+ integer tp/fp/fn). With several references per
+    sentence, each sentence uses the one that maximises the corpus F so far (ChERRANT / M2 scorer)."""
+    if len(sources) != len(hypotheses):
+        raise ValueError(f"sources and hypotheses differ in length: {len(sources)} vs {len(hypotheses)}")
+    refs = _multi_refs(references, len(hypotheses))
+    tot = [0, 0, 0]
+    for src, hyp, rs in zip(sources, hypotheses, refs):
+        h = char_edits(src, hyp)
+        best: tuple[Any, ...] | None = None
+        for r in rs:
+            tp, fp, fn = _match(h, char_edits(src, r))
+            f = round(_prf(tot[0] + tp, tot[1] + fp, tot[2] + fn, beta)[2], 4)  # ChERRANT compares rounded F
+            key = (f, tp, -fp, -fn)
+            if best is None or key > best[0]:
+                best = (key, tp, fp, fn)
+        assert best is not None
+        for k in range(3):
+            tot[k] += best[k + 1]
+    p, r, f = _prf(*tot, beta)
+    return {"precision": 100.0 * p, "recall": 100.0 * r, "f": 100.0 * f,
+            "tp": float(tot[0]), "fp": float(tot[1]), "fn": float(tot[2])}
+
+
+# --------------------------------------------------------------------------- entry point
+
+
+def score_generation(metric_names: Sequence[str], sources: Sequence[str] | None, hypotheses: Sequence[str],
+                     references: References, lang: str = "zh") -> dict[str, float]:
+    """{name: value in percent} for each requested name of GEN_METRICS.
+
+    `references` is one string per hypothesis or a list of references per hypothesis. `sources` is needed
+    only by the correction metrics (f0.5, edit_p, edit_r).
+    """
+    unknown = [m for m in metric_names if m not in GEN_METRICS]
+    if unknown:
+        raise ValueError(f"unknown generation metric(s) {unknown}; valid: {', '.join(GEN_METRICS)}")
+    _check_lang(lang)
+    out: dict[str, float] = {}
+    if any(m in ("f0.5", "edit_p", "edit_r") for m in metric_names):
+        if sources is None:
+            raise ValueError("f0.5/edit_p/edit_r need the source sentences (sources=None given)")
+        prf = correction_prf(sources, hypotheses, references, beta=0.5)
+        out.update({"f0.5": prf["f"], "edit_p": prf["precision"], "edit_r": prf["recall"]})
+    for m in metric_names:
+        if m == "rouge_l":
+            out[m] = rouge_l(hypotheses, references, lang=lang)
+        elif m.startswith("bleu_"):
+            out[m] = bleu(hypotheses, references, int(m[5:]), lang=lang)
+    return {m: out[m] for m in metric_names}
