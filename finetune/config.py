@@ -18,12 +18,18 @@ Task types and what they map to:
 ========================  =================  =================  ==========================
 type                      data kind (JSONL)  model head         selection metric (default)
 ========================  =================  =================  ==========================
-classification            single or pair     classification     accuracy (+ macro_f1)
+classification            single or pair     classification     accuracy (+ macro_f1, f1)
 regression                single or pair     regression         pearson (+ spearman)
-ner                       tagging            token_crf          f1 (entity-level, + P/R)
-span                      span               span               f1 (character-level, + em)
+ner                       tagging            token_crf          f1 (entity-level, + P/R, strict)
+span                      span               span               f1 (CMRC 2018's, + em)
 matching                  choice             matching           top1_accuracy
 ========================  =================  =================  ==========================
+
+The data kind of a classification/regression task given as files is inferred from the train records
+(``pair`` if they carry ``text_pair``) unless ``kind`` or the spec says it. Metric names: ``f1`` of a
+classification task is the positive-class F1 of a binary task (``positive_label``, default ``"1"``);
+span ``f1``/``em`` are CMRC 2018's official ones, ``char_bag_f1``/``char_bag_em`` a bag-of-characters
+variant that is not comparable with published CMRC numbers.
 """
 
 from __future__ import annotations
@@ -45,12 +51,29 @@ TASK_TYPES: dict[str, dict[str, Any]] = {
     "matching": {"head": "matching", "kinds": ("choice",), "metric": "top1_accuracy"},
 }
 METRICS_OF_TYPE: dict[str, tuple[str, ...]] = {
-    "classification": ("accuracy", "macro_f1"),
+    "classification": ("accuracy", "macro_f1", "f1"),
     "regression": ("pearson", "spearman"),
-    "ner": ("f1", "precision", "recall"),
-    "span": ("f1", "em"),
+    "ner": ("f1", "precision", "recall", "f1_strict", "precision_strict", "recall_strict"),
+    "span": ("f1", "em", "char_bag_f1", "char_bag_em"),
     "matching": ("top1_accuracy",),
 }
+# Extra head settings a task may give under "head", per task type, with their check.
+HEAD_OPTIONS: dict[str, dict[str, tuple[str, Any]]] = {
+    "classification": {"dropout": ("a number in [0, 1)", lambda v: _num(v) and 0 <= v < 1)},
+    "regression": {"dropout": ("a number in [0, 1)", lambda v: _num(v) and 0 <= v < 1)},
+    "ner": {"dropout": ("a number in [0, 1)", lambda v: _num(v) and 0 <= v < 1)},
+    "span": {"max_answer_len": ("an integer >= 1", lambda v: _int(v) and v >= 1)},
+    "matching": {"dropout": ("a number in [0, 1)", lambda v: _num(v) and 0 <= v < 1),
+                 "max_candidates": ("an integer >= 0 (0 = all)", lambda v: _int(v) and v >= 0)},
+}
+
+
+def _num(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
 
 
 class ConfigError(ValueError):
@@ -79,8 +102,9 @@ class TaskConfig:
     dev: str | None = None
     test: str | None = None
     spec: str | None = None  # a data_prep task.json (gives kind, label list and split files)
-    kind: str | None = None  # data kind; default: from the spec, or the first kind of the type
+    kind: str | None = None  # data kind; default: from the spec, else inferred from the train records
     labels: list[str] | None = None  # class labels / entity types; default: from spec or train file
+    positive_label: str | None = None  # binary classification: the class whose F1 is "f1"; default "1"
     head: dict[str, Any] = field(default_factory=dict)  # extra head settings (e.g. dropout)
     metric: str | None = None  # the dev metric used for best-checkpoint selection
     max_seq_len: int = 128
@@ -91,6 +115,8 @@ class TaskConfig:
     def __post_init__(self) -> None:
         if self.type not in TASK_TYPES:
             raise ValueError(f"task {self.name!r}: unknown type {self.type!r}; valid: {', '.join(TASK_TYPES)}")
+        if not isinstance(self.skills, list) or not all(isinstance(x, str) and x for x in self.skills):
+            raise ValueError(f"skills: must be a list of skill names (e.g. [\"s1\", \"s7\"]), got {self.skills!r}")
         if not self.skills:
             raise ValueError(f"task {self.name!r}: 'skills' is empty (list the skills it activates, e.g. s1 s7)")
         if self.kind is not None and self.kind not in TASK_TYPES[self.type]["kinds"]:
@@ -103,8 +129,44 @@ class TaskConfig:
                              f"valid: {METRICS_OF_TYPE[self.type]}")
         if self.train is None and self.spec is None:
             raise ValueError(f"task {self.name!r}: give 'train' (and 'dev', 'test') files or a 'spec' (task.json)")
-        if self.max_seq_len < 8:
-            raise ValueError(f"task {self.name!r}: max_seq_len={self.max_seq_len} is too short")
+        if not _int(self.max_seq_len) or self.max_seq_len < 8:
+            raise ValueError(f"task {self.name!r}: max_seq_len={self.max_seq_len!r} is too short (at least 8)")
+        for key in ("max_train_examples", "max_eval_examples"):
+            v = getattr(self, key)
+            if v is not None and (not _int(v) or v < 1):
+                raise ValueError(f"{key} must be an integer >= 1 (or null for all), got {v!r}")
+        if not _int(self.num_negatives) or self.num_negatives < 1:
+            raise ValueError(f"num_negatives must be an integer >= 1, got {self.num_negatives!r}")
+        self._check_head()
+        self._check_positive_label()
+
+    def _check_head(self) -> None:
+        if not isinstance(self.head, dict):
+            raise ValueError(f"head: expected a JSON object of head settings, got {self.head!r}")
+        options = HEAD_OPTIONS[self.type]
+        unknown = sorted(set(self.head) - set(options))
+        if unknown:
+            raise ValueError(f"head: unknown option(s) {unknown} for a {self.type} task; known: {sorted(options)}")
+        for k, v in self.head.items():
+            what, ok = options[k]
+            if not ok(v):
+                raise ValueError(f"head: {k} must be {what}, got {v!r}")
+
+    def _check_positive_label(self) -> None:
+        if self.positive_label is not None and self.type != "classification":
+            raise ValueError(f"positive_label applies to classification tasks, not {self.type!r}")
+        if self.positive_label is not None:
+            self.positive_label = str(self.positive_label)
+        labels = [str(x) for x in self.labels] if self.labels is not None else None
+        if labels is not None and self.positive_label is not None and self.positive_label not in labels:
+            raise ValueError(f"positive_label {self.positive_label!r} is not one of the labels {labels}")
+        if labels is not None and self.metric == "f1" and self.type == "classification":
+            if len(labels) != 2:
+                raise ValueError(f"metric 'f1' is the positive-class F1 of a binary task; 'labels' has "
+                                 f"{len(labels)}: {labels} (use macro_f1)")
+            if self.positive_label is None and "1" not in labels:
+                raise ValueError(f"metric 'f1' needs 'positive_label' (one of {labels}); the default '1' is "
+                                 "not a label")
 
     @property
     def head_type(self) -> str:
@@ -152,8 +214,34 @@ class TrainConfig:
     save_every: int = 0  # resumable trainer checkpoints every N steps (0 = only at the end / on SIGTERM)
     keep_last: int = 2
 
+    def __post_init__(self) -> None:
+        for key, lo in (("max_steps", 1), ("batch_size", 1), ("eval_batch_size", 1), ("eval_every", 0),
+                        ("log_every", 0), ("early_stopping_patience", 0), ("save_every", 0), ("keep_last", 1)):
+            v = getattr(self, key)
+            if not _int(v) or v < lo:
+                raise ValueError(f"{key} must be >= {lo}, got {v!r}")
+        if not _int(self.seed):
+            raise ValueError(f"seed must be an integer, got {self.seed!r}")
+        if not _num(self.eps) or not self.eps > 0:
+            raise ValueError(f"eps must be a number > 0, got {self.eps!r}")
+        for key in ("lr", "skill_map_lr", "weight_decay", "grad_clip"):  # lr 0: a frozen control run
+            v = getattr(self, key)
+            if not _num(v) or v < 0:
+                raise ValueError(f"{key} must be a number >= 0, got {v!r}")
+        if not _num(self.warmup_ratio) or not 0 <= self.warmup_ratio <= 1:
+            raise ValueError(f"warmup_ratio must be in [0, 1], got {self.warmup_ratio!r}")
+        if (not isinstance(self.betas, list) or len(self.betas) != 2
+                or not all(_num(b) and 0 <= b < 1 for b in self.betas)):
+            raise ValueError(f"betas must be two numbers in [0, 1), got {self.betas!r}")
+
 
 SELECTIONS = ("mean", "per_task")
+
+
+def _presets() -> list[str]:
+    from skillnet.model.config import PRESETS
+
+    return list(PRESETS)
 TASK_SPECIFIC_BUDGETS = ("share", "full")
 
 
@@ -182,6 +270,24 @@ class FinetuneConfig:
             for t in ns.tasks:
                 if t not in names:
                     raise ValueError(f"new skill {ns.name!r} names unknown task {t!r}; tasks: {names}")
+        for key in ("alpha", "temperature"):
+            if not _num(getattr(self.sampler, key)):
+                raise ValueError(f"sampler.{key} must be a number, got {getattr(self.sampler, key)!r}")
+        for key in ("size_cap", "num_epochs", "steps_per_epoch"):
+            if not _int(getattr(self.sampler, key)) or getattr(self.sampler, key) < 0:
+                raise ValueError(f"sampler.{key} must be an integer >= 0, got {getattr(self.sampler, key)!r}")
+        order = self.sampler.order
+        if not isinstance(order, list):
+            raise ValueError(f"sampler.order must be a list of task names, got {order!r}")
+        if order:
+            for t in order:
+                if t not in names:
+                    raise ValueError(f"sampler.order: unknown task {t!r}; tasks: {names}")
+            missing = [t for t in names if t not in order]
+            dup = sorted({t for t in order if order.count(t) > 1})
+            if missing or dup:
+                raise ValueError(f"sampler.order: must name each task once (missing {missing}, repeated {dup}); "
+                                 f"tasks: {names}")
         from .methods import METHODS
 
         if self.method not in METHODS:
@@ -216,6 +322,80 @@ class FinetuneConfig:
         if not skills:
             raise ConfigError(f"task {task.name!r} has no skill left after dropping {self.drop_skills}")
         return skills
+
+    def check_model(self, where: str = "config") -> None:
+        """Check the config against the model it will build, reading only ``config.json`` (no weights, no
+        task data): skill names of tasks, new skills and ablations, ``model.*``, sequence lengths. Run
+        before loading any data, so a typo costs one error line, not a data load and a traceback."""
+        mc = self._model_config(where)
+        known = list(mc.skill_names)
+        for i, ns in enumerate(self.new_skills):
+            if ns.name in known:
+                raise ConfigError(f"{where}: new_skills[{i}].name: skill {ns.name!r} already exists in the model "
+                                  f"(skills: {', '.join(known)})")
+            if ns.init_from is not None and ns.init_from not in known:
+                raise ConfigError(f"{where}: new_skills[{i}].init_from: unknown skill {ns.init_from!r}; the model's "
+                                  f"skills: {', '.join(known)} (or null for a random init)")
+            known.append(ns.name)
+        for s in self.drop_skills:
+            if s not in known:
+                raise ConfigError(f"{where}: drop_skills: unknown skill {s!r}; the model's skills: {', '.join(known)}")
+        for i, t in enumerate(self.tasks):
+            for s in t.skills:
+                if s not in known:
+                    raise ConfigError(f"{where}: tasks[{i}].skills: unknown skill {s!r} (task {t.name!r}); the "
+                                      f"model's skills: {', '.join(known)}")
+            try:
+                self.effective_skills(t)
+            except ConfigError as e:
+                raise ConfigError(f"{where}: drop_skills: {e}") from None
+            if t.max_seq_len > mc.max_position_embeddings:
+                raise ConfigError(f"{where}: tasks[{i}].max_seq_len: {t.max_seq_len} is longer than the model's "
+                                  f"{mc.max_position_embeddings} positions")
+        if self.model.vocab and not Path(self.resolve(self.model.vocab)).is_file():
+            raise ConfigError(f"{where}: model.vocab: {self.resolve(self.model.vocab)} not found")
+
+    def _model_config(self, where: str) -> Any:
+        """The encoder config the run starts from (``model.init``'s config.json, or the preset)."""
+        from skillnet.model.config import SkillNetBertConfig
+
+        if not self.model.init:
+            if self.model.preset not in _presets():
+                raise ConfigError(f"{where}: model.preset: unknown preset {self.model.preset!r}; valid: "
+                                  f"{', '.join(_presets())}")
+            unknown = sorted(set(self.model.overrides) - set(SkillNetBertConfig().to_dict()))
+            if unknown:
+                raise ConfigError(f"{where}: model.overrides: unknown model config field(s) {unknown}")
+            try:
+                return SkillNetBertConfig.preset(self.model.preset, **self.model.overrides)
+            except Exception as e:  # the config's own validation (huggingface_hub's strict dataclass errors too)
+                raise ConfigError(f"{where}: model.overrides: {' '.join(str(e).split())}") from None
+        init = Path(self.resolve(self.model.init) or "")
+        if not init.exists():
+            raise ConfigError(f"{where}: model.init: {init} does not exist (a folder written by save_pretrained / "
+                              "export)")
+        cfg_file = init / "config.json"
+        if not cfg_file.is_file():
+            raise ConfigError(f"{where}: model.init: {init} has no config.json (a folder written by "
+                              "save_pretrained / export)")
+        try:
+            d = json.loads(cfg_file.read_text(encoding="utf-8"))
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise ConfigError(f"{where}: model.init: {cfg_file}: invalid JSON ({e})") from None
+        model_type = d.get("model_type") if isinstance(d, dict) else None
+        if model_type == "bert":  # a dense BERT: every skill becomes a copy of its FFN, default skill set
+            return SkillNetBertConfig(max_position_embeddings=int(d.get("max_position_embeddings", 512)))
+        if model_type != "skillnet-bert":
+            raise ConfigError(f"{where}: model.init: {init}: model_type {model_type!r} is neither a SkillNet-BERT "
+                              "export ('skillnet-bert') nor a dense HF BERT ('bert')")
+        try:
+            mc = SkillNetBertConfig.from_json_file(str(cfg_file))
+        except Exception as e:  # the config's own validation (huggingface_hub's strict dataclass errors too)
+            raise ConfigError(f"{where}: model.init: {cfg_file}: {' '.join(str(e).split())}") from None
+        if mc.router != "task":
+            raise ConfigError(f"{where}: model.init: {init} is a {mc.router!r}-router model; every method starts "
+                              "from a SkillNet (router 'task') export or a dense BERT")
+        return mc
 
     def resolve(self, p: str | None) -> str | None:
         if p is None:

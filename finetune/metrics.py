@@ -1,11 +1,14 @@
 """Evaluation metrics for the fine-tuning task types (pure Python/numpy, no torch).
 
-* classification: ``accuracy``, ``macro_f1``
-* regression: ``pearson``, ``spearman`` (average ranks for ties)
+* classification: ``accuracy``, ``macro_f1`` (scikit-learn's default: the mean over the classes seen in
+  gold or predictions), ``binary_f1`` (F1 of the positive class, as the paper reports for NLPCC-DBQA)
+* regression: ``pearson``, ``spearman`` (average ranks for ties); a NaN prediction gives NaN, as scipy
 * NER: ``bio_entities`` + ``entity_prf`` (entity-level P/R/F1; an entity counts only with exact type
-  and boundaries, conlleval conventions for ill-formed BIO)
-* span MRC: ``span_em_f1`` (CMRC-2018-style mixed segmentation: each CJK character is a token, runs of
-  Latin letters/digits are one token, punctuation and spaces dropped; max over gold answers)
+  and boundaries; ``f1`` follows conlleval for ill-formed BIO, ``f1_strict`` is seqeval's strict IOB2
+  mode, where an ``I-`` tag that continues no entity belongs to none)
+* span MRC: ``cmrc2018_em_f1`` (the CMRC 2018 evaluation script's EM and F1: its punctuation list, its
+  mixed segmentation, F1 from the longest common contiguous token run) and ``span_char_bag_em_f1`` (a
+  bag-of-characters F1 after NFKC; not CMRC 2018's, kept as a second opinion)
 * matching / answer selection: ``group_top1_accuracy`` (top-1 accuracy over candidate groups, as cMedQA)
 
 All return percentages in [0, 100] except correlations, which are in [-100, 100], so that the
@@ -34,22 +37,31 @@ def accuracy(gold: Sequence[Hashable], pred: Sequence[Hashable]) -> float:
 
 
 def macro_f1(gold: Sequence[Hashable], pred: Sequence[Hashable], labels: Iterable[Hashable] | None = None) -> float:
-    """Unweighted mean of per-class F1 over ``labels`` (default: every label seen in gold or pred).
+    """Unweighted mean of per-class F1 over ``labels`` (default: every label seen in gold or pred, which is
+    scikit-learn's ``f1_score(average="macro")``).
 
-    A class with no gold and no predicted item has F1 = 0 if it is in an explicit ``labels`` list
-    (as scikit-learn's zero_division=0) — pass only the labels you care about.
+    A class listed in an explicit ``labels`` but absent from both gold and pred scores F1 = 0 and pulls
+    the mean down (scikit-learn's ``zero_division=0`` with ``labels=``): pass only the labels you mean.
     """
     _same_length(gold, pred)
     classes = list(labels) if labels is not None else sorted(set(gold) | set(pred), key=str)
     if not classes:
         return 0.0
-    f1s = []
-    for c in classes:
-        tp = sum(1 for g, p in zip(gold, pred) if g == c and p == c)
-        fp = sum(1 for g, p in zip(gold, pred) if g != c and p == c)
-        fn = sum(1 for g, p in zip(gold, pred) if g == c and p != c)
-        f1s.append(_f1(tp, fp, fn))
-    return 100.0 * sum(f1s) / len(f1s)
+    return 100.0 * sum(_class_f1(gold, pred, c) for c in classes) / len(classes)
+
+
+def binary_f1(gold: Sequence[Hashable], pred: Sequence[Hashable], positive: Hashable) -> float:
+    """F1 of the positive class alone (scikit-learn's ``average="binary"``); 0 when it is never
+    predicted or never gold."""
+    _same_length(gold, pred)
+    return 100.0 * _class_f1(gold, pred, positive)
+
+
+def _class_f1(gold: Sequence[Hashable], pred: Sequence[Hashable], c: Hashable) -> float:
+    tp = sum(1 for g, p in zip(gold, pred) if g == c and p == c)
+    fp = sum(1 for g, p in zip(gold, pred) if g != c and p == c)
+    fn = sum(1 for g, p in zip(gold, pred) if g == c and p != c)
+    return _f1(tp, fp, fn)
 
 
 # --------------------------------------------------------------------------- regression
@@ -59,6 +71,9 @@ def pearson(x: Sequence[float], y: Sequence[float]) -> float:
     _same_length(x, y)
     a = np.asarray(x, dtype=np.float64)
     b = np.asarray(y, dtype=np.float64)
+    if np.isnan(a).any() or np.isnan(b).any():
+        # A NaN prediction (a diverged model) has no correlation; NaN never wins best-checkpoint selection.
+        return math.nan
     if a.size < 2:
         return 0.0
     a = a - a.mean()
@@ -84,7 +99,10 @@ def rankdata(x: Sequence[float]) -> np.ndarray:
 
 
 def spearman(x: Sequence[float], y: Sequence[float]) -> float:
+    """Pearson of the ranks; NaN if any value is NaN (ranks of NaN are meaningless), as scipy."""
     _same_length(x, y)
+    if np.isnan(np.asarray(x, dtype=np.float64)).any() or np.isnan(np.asarray(y, dtype=np.float64)).any():
+        return math.nan
     return pearson(rankdata(x).tolist(), rankdata(y).tolist())
 
 
@@ -119,42 +137,156 @@ def bio_entities(tags: Sequence[str]) -> list[tuple[str, int, int]]:
     return out
 
 
+def iob2_strict_entities(tags: Sequence[str]) -> list[tuple[str, int, int]]:
+    """Entities ``(type, start, end_exclusive)`` as seqeval's strict IOB2 mode sees them: ``B-X`` followed by
+    the longest run of ``I-X``; an ``I-`` tag that continues no such entity belongs to no entity."""
+    out: list[tuple[str, int, int]] = []
+    cur_type: str | None = None
+    cur_start = 0
+    for i, tag in enumerate(list(tags) + ["O"]):
+        prefix, typ = (tag[0].upper(), tag[2:]) if len(tag) > 2 and tag[1] == "-" else ("O", None)
+        if cur_type is not None and not (prefix == "I" and typ == cur_type):
+            out.append((cur_type, cur_start, i))
+            cur_type = None
+        if prefix == "B":
+            cur_type, cur_start = typ, i
+    return out
+
+
 def entity_prf(gold: Sequence[Sequence[str]], pred: Sequence[Sequence[str]]) -> dict[str, float]:
-    """Micro entity-level precision / recall / F1 (percent) over sentences of BIO tags."""
+    """Micro entity-level precision / recall / F1 (percent) over sentences of BIO tags: conlleval-style
+    (``precision``, ``recall``, ``f1``; seqeval's default mode) and strict IOB2 (``*_strict``; seqeval's
+    ``mode="strict", scheme=IOB2``). On well-formed IOB2 the two agree."""
     _same_length(gold, pred)
-    tp = n_gold = n_pred = 0
     for i, (g, p) in enumerate(zip(gold, pred)):
         if len(g) != len(p):
             raise ValueError(f"sentence {i}: {len(g)} gold tags but {len(p)} predicted tags")
-        ge = Counter(bio_entities(g))
-        pe = Counter(bio_entities(p))
-        tp += sum((ge & pe).values())
-        n_gold += sum(ge.values())
-        n_pred += sum(pe.values())
-    prec = tp / n_pred if n_pred else 0.0
-    rec = tp / n_gold if n_gold else 0.0
-    f1 = 2 * prec * rec / (prec + rec) if prec + rec else 0.0
-    return {"precision": 100.0 * prec, "recall": 100.0 * rec, "f1": 100.0 * f1}
+    out: dict[str, float] = {}
+    for suffix, extract in (("", bio_entities), ("_strict", iob2_strict_entities)):
+        tp = n_gold = n_pred = 0
+        for g, p in zip(gold, pred):
+            ge = Counter(extract(g))
+            pe = Counter(extract(p))
+            tp += sum((ge & pe).values())
+            n_gold += sum(ge.values())
+            n_pred += sum(pe.values())
+        prec = tp / n_pred if n_pred else 0.0
+        rec = tp / n_gold if n_gold else 0.0
+        f1 = 2 * prec * rec / (prec + rec) if prec + rec else 0.0
+        out.update({f"precision{suffix}": 100.0 * prec, f"recall{suffix}": 100.0 * rec, f"f1{suffix}": 100.0 * f1})
+    return out
 
 
 # --------------------------------------------------------------------------- span extraction
 
-_TOKEN_RE = re.compile(r"[A-Za-z0-9]+|\S")
+# CMRC 2018's evaluation script removes exactly these characters, nothing else: ASCII , . ! ? % " and
+# Unicode punctuation outside the list stay (and count as tokens). The script also lists "……" as one
+# two-character entry, which its per-character test never matches, so "…" stays as well.
+CMRC2018_PUNCTUATION = frozenset("-:_*^/\\~`+=，。：？！“”；’《》·、「」（）－～『』")
+# The script's "Chinese character" test: the basic CJK block only (U+9FA6..U+9FFF and the extensions
+# go to the word tokenizer like Latin text).
+_CMRC_CJK_RE = re.compile(r"[\u4e00-\u9fa5]")
+_word_tokenizer: Any = None
+
+
+def _latin_words(run: str) -> list[str]:
+    """Words of a non-Chinese run as the CMRC 2018 script gets them from ``nltk.word_tokenize``.
+
+    nltk's word tokenizer is the Treebank-style regex tokenizer behind ``word_tokenize``; the sentence
+    splitter (punkt) that ``word_tokenize`` runs first needs a data download, so each run is one
+    sentence. That differs only for a run punkt would split, where the official script also splits off
+    a period inside the run (``"a. b"``: ``a . b`` there, ``a. b`` here)."""
+    global _word_tokenizer
+    if _word_tokenizer is None:
+        from nltk.tokenize.destructive import NLTKWordTokenizer  # lazy: importing nltk takes ~1 s
+
+        _word_tokenizer = NLTKWordTokenizer()
+    return _word_tokenizer.tokenize(run)
+
+
+def cmrc2018_tokens(text: str) -> list[str]:
+    """The official script's mixed segmentation (with punctuation removal): lower-cased, the fixed
+    punctuation list dropped *before* segmenting (so ``a-b`` is the one word ``ab``), every character of
+    U+4E00..U+9FA5 one token, each run of other characters word-tokenized. No Unicode normalisation."""
+    tokens: list[str] = []
+    run: list[str] = []
+    for ch in text.lower().strip():
+        if ch in CMRC2018_PUNCTUATION:
+            continue
+        if _CMRC_CJK_RE.match(ch):
+            if run:
+                tokens += _latin_words("".join(run))
+                run = []
+            tokens.append(ch)
+        else:
+            run.append(ch)
+    if run:
+        tokens += _latin_words("".join(run))
+    return tokens
+
+
+def _cmrc2018_strip(text: str) -> str:
+    return "".join(ch for ch in text.lower().strip() if ch not in CMRC2018_PUNCTUATION)
+
+
+def longest_common_run(a: Sequence[str], b: Sequence[str]) -> int:
+    """Length of the longest common contiguous run of tokens (not the longest common subsequence)."""
+    best = 0
+    prev = [0] * (len(b) + 1)
+    for x in a:
+        cur = [0] * (len(b) + 1)
+        for j, y in enumerate(b):
+            if x == y:
+                cur[j + 1] = prev[j] + 1
+                best = max(best, cur[j + 1])
+        prev = cur
+    return best
+
+
+def cmrc2018_em_f1(gold_answers: Sequence[Sequence[str] | str], pred: Sequence[str]) -> dict[str, float]:
+    """CMRC 2018's EM and F1 (percent), each the max over a question's gold answers.
+
+    F1: precision and recall of the longest common contiguous token run (``cmrc2018_tokens``); a gold
+    answer with no token left scores 0. EM: the lower-cased, punctuation-stripped strings are equal
+    (spaces count). A question without any gold answer scores 0 (the official script fails on one).
+    """
+    _same_length(gold_answers, pred)
+    if not pred:
+        return {"em": 0.0, "f1": 0.0}
+    em_sum = f1_sum = 0.0
+    for golds, p in zip(gold_answers, pred):
+        golds = [golds] if isinstance(golds, str) else list(golds)
+        pt, ps = cmrc2018_tokens(p), _cmrc2018_strip(p)
+        best_f1 = 0.0
+        for g in golds:
+            gt = cmrc2018_tokens(g)
+            n = longest_common_run(gt, pt)
+            if n:
+                prec, rec = n / len(pt), n / len(gt)
+                best_f1 = max(best_f1, 2 * prec * rec / (prec + rec))
+        em_sum += float(any(_cmrc2018_strip(g) == ps for g in golds))
+        f1_sum += best_f1
+    return {"em": 100.0 * em_sum / len(pred), "f1": 100.0 * f1_sum / len(pred)}
+
+
+_CHAR_BAG_RE = re.compile(r"[A-Za-z0-9]+|\S")
 
 
 def _is_punct(ch: str) -> bool:
     return unicodedata.category(ch).startswith(("P", "S"))
 
 
-def mixed_tokens(text: str) -> list[str]:
-    """CMRC-2018-style segmentation: CJK (and any other non-Latin) chars one by one, Latin/digit runs
-    as one token, lower-cased, punctuation and whitespace dropped."""
+def char_bag_tokens(text: str) -> list[str]:
+    """NFKC, lower-cased; each CJK (or other non-Latin) character one token, Latin/digit runs one token,
+    every Unicode punctuation/symbol character and whitespace dropped."""
     text = unicodedata.normalize("NFKC", text).lower()
-    return [t for t in _TOKEN_RE.findall(text) if not (len(t) == 1 and _is_punct(t))]
+    return [t for t in _CHAR_BAG_RE.findall(text) if not (len(t) == 1 and _is_punct(t))]
 
 
-def span_em_f1(gold_answers: Sequence[Sequence[str] | str], pred: Sequence[str]) -> dict[str, float]:
-    """Exact match and token-overlap F1 (percent), each the max over a question's gold answers."""
+def span_char_bag_em_f1(gold_answers: Sequence[Sequence[str] | str], pred: Sequence[str]) -> dict[str, float]:
+    """Bag-of-characters EM and F1 (percent), max over gold answers. NOT CMRC 2018's metric: order is
+    ignored (``北京大学`` vs ``大学北京`` scores 100), all Unicode punctuation is dropped and text is NFKC
+    normalised. Use ``cmrc2018_em_f1`` for numbers compared with published CMRC 2018 scores."""
     _same_length(gold_answers, pred)
     if not pred:
         return {"em": 0.0, "f1": 0.0}
@@ -162,10 +294,10 @@ def span_em_f1(gold_answers: Sequence[Sequence[str] | str], pred: Sequence[str])
     for golds, p in zip(gold_answers, pred):
         if isinstance(golds, str):
             golds = [golds]
-        pt = mixed_tokens(p)
+        pt = char_bag_tokens(p)
         best_em = best_f1 = 0.0
         for g in golds:
-            gt = mixed_tokens(g)
+            gt = char_bag_tokens(g)
             best_em = max(best_em, float(gt == pt))
             common = sum((Counter(gt) & Counter(pt)).values())
             if common:

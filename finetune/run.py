@@ -260,6 +260,7 @@ def save_model_dir(model: torch.nn.Module, path: Path, data: dict[str, TaskData]
 
     `inherited`: task metadata of the checkpoint this run started from, so an adapted model can still
     predict the tasks it learnt before (their heads are in the weights)."""
+    from skillnet.model.hub import save_tokenizer
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()
@@ -274,7 +275,7 @@ def save_model_dir(model: torch.nn.Module, path: Path, data: dict[str, TaskData]
     tasks.update({n: d.meta() for n, d in data.items()})
     meta = {"tasks": tasks, "vocab": "vocab.txt", "lowercase": True}
     (tmp / META_FILE).write_text(json.dumps(meta, ensure_ascii=False, indent=2) + "\n", encoding="utf-8")
-    shutil.copyfile(vocab, tmp / "vocab.txt")
+    save_tokenizer(tmp, vocab, lowercase=True)
     old = path.with_name(f".{path.name}.old")
     shutil.rmtree(old, ignore_errors=True)
     if path.exists():
@@ -673,6 +674,12 @@ def _print_plan(cfg: FinetuneConfig, data: dict[str, TaskData], sampler: Any, pa
                 lines.append(f"  --skip-bad: {name}/{split}: " + rep.summary().replace("\n", "\n    "))
         if d.skipped_windows:
             lines.append(f"  {name}/train: skipped {d.skipped_windows} examples whose answer fits no window")
+        cut = d.truncated
+        if any(cut.values()):
+            lines.append(f"  {name}: truncated at max_seq_len={d.max_len}: "
+                         + ", ".join(f"{split} {n} of {len(d.records[split])}" for split, n in cut.items()))
+    if not any(any(d.truncated.values()) for d in data.values()):
+        lines.append("  no example is truncated by max_seq_len")
     if new_skills:
         lines.append(f"  new skills: {', '.join(new_skills)}; frozen old skills: {cfg.freeze_old_skills}")
     if cfg.drop_skills:
@@ -688,11 +695,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     if a.threads:
         torch.set_num_threads(a.threads)
+    from skillnet.data_prep.tokenizer import TokenizerError
+
     try:
         cfg = apply_overrides(FinetuneConfig.load(a.config), a)
+        cfg.check_model(where=a.config)  # every config error before any data is loaded
         run(cfg, ds_config=a.ds_config, resume=a.resume, tensorboard=not a.no_tensorboard,
             progress=not a.no_progress)
-    except (ConfigError, TaskDataError, FileNotFoundError) as e:
+    except (ConfigError, TaskDataError, TokenizerError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     return 0

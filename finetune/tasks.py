@@ -30,7 +30,13 @@ from typing import Any
 
 import numpy as np
 import torch
-from skillnet.data_prep.tasks.schema import LoadReport, TaskDataError, TaskSpec, load_task_file
+from skillnet.data_prep.tasks.schema import (
+    LoadReport,
+    TaskDataError,
+    TaskSpec,
+    infer_pair_kind,
+    load_task_file,
+)
 
 from . import metrics as M
 from .config import FinetuneConfig, TaskConfig
@@ -77,12 +83,13 @@ class TaskData:
             p = getattr(cfg, split)
             if p is not None and ft is not None:
                 self.files[split] = ft.resolve(p)
+        self.kind_note = ""  # how the kind was inferred, for error messages
         if self.kind is None:
-            self.kind = {"classification": "single", "regression": "single", "ner": "tagging",
-                         "span": "span", "matching": "choice"}[cfg.type]
+            self.kind = self._infer_kind(load_splits)
         self.records: dict[str, list[dict[str, Any]]] = {}
         self.reports: dict[str, LoadReport] = {}
         self.skipped_windows = 0
+        self._truncated: dict[str, int] = {}
         for split in load_splits:
             if split in self.files:
                 self._load(split, skip_bad)
@@ -93,6 +100,39 @@ class TaskData:
             raise TaskDataError(self.files.get("train", self.name), 0,
                                 f"task {self.name!r} needs at least 2 labels, found {self.label_list}; "
                                 "list them under 'labels' in the config")
+        self.positive_label = self._positive_label() if load_splits else cfg.positive_label
+
+    def _infer_kind(self, load_splits: Sequence[str]) -> str:
+        """A classification/regression task's kind from its train records (``pair`` if they carry a
+        ``text_pair``), so a pair task given as plain files is never trained on its first texts alone."""
+        t = self.cfg.type
+        if t in ("classification", "regression") and "train" in self.files and load_splits:
+            kind, line = infer_pair_kind(self.files["train"])
+            if line is not None:
+                self.kind_note = (f" (kind 'pair' inferred from {self.files['train']}:{line}, the first record "
+                                  "with a 'text_pair'; set 'kind' in the config to choose)")
+            return kind
+        return {"classification": "single", "regression": "single", "ner": "tagging",
+                "span": "span", "matching": "choice"}[t]
+
+    def _positive_label(self) -> str | None:
+        """The class whose F1 is the ``f1`` metric of a binary classification task (None otherwise)."""
+        if self.cfg.type != "classification":
+            return None
+        labels = list(self.label_list or [])
+        pos = self.cfg.positive_label
+        where = self.files.get("train", self.name)
+        if pos is not None and pos not in labels:
+            raise TaskDataError(where, 0, f"task {self.name!r}: positive_label {pos!r} is not one of the labels "
+                                f"{labels}")
+        if len(labels) == 2 and pos is None and "1" in labels:
+            pos = "1"
+        if self.cfg.metric == "f1" and (len(labels) != 2 or pos is None):
+            raise TaskDataError(where, 0, f"task {self.name!r}: metric 'f1' is the positive-class F1 of a binary "
+                                f"task; it has {len(labels)} labels {labels}" + (
+                                    "" if len(labels) != 2 else " and no 'positive_label' (the default '1' is "
+                                    "not a label)"))
+        return pos if len(labels) == 2 else None
 
     @classmethod
     def for_inference(cls, name: str, meta: dict[str, Any], tokenizer: Any) -> TaskData:
@@ -111,8 +151,13 @@ class TaskData:
     def _load(self, split: str, skip_bad: bool) -> None:
         cap = self.cfg.max_train_examples if split == "train" else self.cfg.max_eval_examples
         labels = self.label_list
-        recs, report = load_task_file(self.files[split], self.kind, labels, skip_bad, regression=self.regression,
-                                      as_dataset=False)
+        try:
+            recs, report = load_task_file(self.files[split], self.kind, labels, skip_bad,
+                                          regression=self.regression, as_dataset=False)
+        except TaskDataError as e:
+            if not self.kind_note:
+                raise
+            raise TaskDataError(e.path, e.line, e.reason + self.kind_note) from None
         if cap is not None and len(recs) > cap:
             # A seeded sample, not the first N: converted files may be ordered (e.g. by label), and the
             # first N of a label-sorted dev set would make a one-class dev set.
@@ -152,6 +197,7 @@ class TaskData:
     def _pair(self, a: list[int], b: list[int] | None, max_len: int) -> Encoded:
         a, b = list(a), list(b) if b is not None else None
         budget = max_len - (3 if b is not None else 2)
+        cut = len(a) + (len(b) if b else 0) > budget
         # Longest-first truncation, as BERT's run_classifier.
         while len(a) + (len(b) if b else 0) > budget:
             if b and len(b) >= len(a):
@@ -164,7 +210,7 @@ class TaskData:
         if b is not None:
             ids += b + [sep]
             tt += [1] * (len(b) + 1)
-        return Encoded(ids, tt)
+        return Encoded(ids, tt, {"truncated": cut})
 
     def features(self, split: str) -> list[Encoded]:
         """Encoded rows of `split` (cached). Matching groups are encoded per batch instead."""
@@ -181,14 +227,41 @@ class TaskData:
                 e = self._pair(ia, ib, self.max_len)
                 e.extra["label"] = r["label"] if self.regression else r.get("label_id", -1)
                 feats.append(e)
+            truncated = sum(f.extra["truncated"] for f in feats)
         elif t == "ner":
             feats = [self._encode_tagging(r) for r in recs]
+            truncated = sum(f.extra["n_words"] < f.extra["n_total"] for f in feats)
         elif t == "span":
-            feats = self._encode_span(recs, train=(split == "train"))
+            feats, truncated = self._encode_span(recs, train=(split == "train"))
         else:
             feats = []  # matching: per batch
+            truncated = self._count_truncated_groups(recs, split)
         self._features[split] = feats
+        self._truncated[split] = int(truncated)
+        if truncated:
+            log.warning("%s/%s: %d of %d examples truncated at max_seq_len=%d", self.name,
+                        "input" if split == "__predict__" else split, truncated, len(recs), self.max_len)
         return feats
+
+    @property
+    def truncated(self) -> dict[str, int]:
+        """Examples of each loaded split that ``max_seq_len`` cuts: texts or pairs that lose tokens, NER
+        sentences that lose words, span questions cut to a third of the window (long contexts are read
+        through windows, which is not truncation), matching questions with a cut candidate pair."""
+        for split in self.records:
+            self.features(split)
+        return {split: self._truncated[split] for split in self.records}
+
+    def _count_truncated_groups(self, recs: list[dict[str, Any]], split: str) -> int:
+        cands = [r["candidates"] if split == "train" else [r["candidates"][i] for i in self.eval_candidates(r)]
+                 for r in recs]
+        q_len = [len(ids) for ids, _ in self._pieces([r["question"] for r in recs])]
+        c_len = [len(ids) for ids, _ in self._pieces([c for cs in cands for c in cs])]
+        n, k = 0, 0
+        for q, cs in zip(q_len, cands):
+            n += any(q + c_len[k + j] > self.max_len - 3 for j in range(len(cs)))
+            k += len(cs)
+        return n
 
     def _encode_tagging(self, r: dict[str, Any]) -> Encoded:
         words = r["tokens"]
@@ -212,12 +285,15 @@ class TaskData:
         labs.append(-100)
         return Encoded(ids, tt, {"word_mask": wmask, "labels": labs, "n_words": n_words, "n_total": len(words)})
 
-    def _encode_span(self, recs: list[dict[str, Any]], train: bool) -> list[Encoded]:
+    def _encode_span(self, recs: list[dict[str, Any]], train: bool) -> tuple[list[Encoded], int]:
+        """Window features and the number of examples whose question was cut."""
         qs = self._pieces([r["question"] for r in recs])
         cs = self._pieces([r["context"] for r in recs])
         feats: list[Encoded] = []
+        q_budget = max(1, self.max_len // 3)
+        cut_questions = sum(len(q_ids) > q_budget for q_ids, _ in qs)
         for ex_i, (r, (q_ids, _), (c_ids, c_off)) in enumerate(zip(recs, qs, cs)):
-            q_ids = q_ids[: max(1, self.max_len // 3)]
+            q_ids = q_ids[:q_budget]
             win = self.max_len - len(q_ids) - 3
             stride = max(1, win // 2)
             starts = list(range(0, max(1, len(c_ids) - win + stride), stride)) or [0]
@@ -249,7 +325,7 @@ class TaskData:
         if train and self.skipped_windows:
             log.warning("%s: %d training examples skipped: answer not inside any %d-token window",
                         self.name, self.skipped_windows, self.max_len)
-        return feats
+        return feats, cut_questions
 
     # ------------------------------------------------------------------------------------ batches
     def num_train_rows(self) -> int:
@@ -466,6 +542,7 @@ class TaskData:
         finally:
             self.records.pop(key, None)
             self._features.pop(key, None)
+            self._truncated.pop(key, None)
 
     def score(self, split: str, preds: list[Any]) -> dict[str, float]:
         return self.score_records(self.records[split], preds)
@@ -474,14 +551,21 @@ class TaskData:
         t = self.cfg.type
         if t == "classification":
             gold = [r["label"] for r in recs]
-            return {"accuracy": M.accuracy(gold, preds), "macro_f1": M.macro_f1(gold, preds, self.label_list)}
+            # macro-F1 over the classes present in gold or predictions (scikit-learn's default): a class
+            # absent from a small dev set would otherwise count as F1 = 0.
+            out = {"accuracy": M.accuracy(gold, preds), "macro_f1": M.macro_f1(gold, preds)}
+            if self.positive_label is not None:
+                out["f1"] = M.binary_f1(gold, preds, self.positive_label)
+            return out
         if t == "regression":
             gold = [float(r["label"]) for r in recs]
             return {"pearson": M.pearson(gold, preds), "spearman": M.spearman(gold, preds)}
         if t == "ner":
             return M.entity_prf([r["labels"] for r in recs], preds)
         if t == "span":
-            return M.span_em_f1([[a["text"] for a in r["answers"]] for r in recs], preds)
+            golds = [[a["text"] for a in r["answers"]] for r in recs]
+            bag = M.span_char_bag_em_f1(golds, preds)
+            return {**M.cmrc2018_em_f1(golds, preds), "char_bag_em": bag["em"], "char_bag_f1": bag["f1"]}
         gids, scores, labels = [], [], []
         for gi, (r, p) in enumerate(zip(recs, preds)):
             pos = set(r["positives"])

@@ -173,15 +173,48 @@ def _pack_left(valid_BT: torch.Tensor, *tensors: torch.Tensor) -> tuple[torch.Te
     return (mask, *packed)
 
 
+# A forbidden CRF move's score: exp() of it underflows to 0 in fp32 (and it stays finite in fp16), so the
+# move carries no probability mass and Viterbi never takes it, without the inf - inf NaNs of -inf.
+_FORBIDDEN = -10000.0
+
+
+def iob2_allowed_transitions(labels: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(start_L, trans_LL)`` booleans for IOB2 tags: ``I-X`` may only follow ``B-X`` or ``I-X``
+    (``trans_LL[from, to]``) and may not start a sentence; every other tag is unconstrained."""
+    L = len(labels)
+    start_L = torch.ones(L, dtype=torch.bool)
+    trans_LL = torch.ones(L, L, dtype=torch.bool)
+    for j, tag in enumerate(labels):
+        if tag.startswith("I-"):
+            start_L[j] = False
+            trans_LL[:, j] = torch.tensor([prev in (f"B-{tag[2:]}", tag) for prev in labels])
+    return start_L, trans_LL
+
+
 class TokenCRFHead(nn.Module):
     """Per-token emissions + CRF (T5 NER). Word positions are given by `word_mask` (or labels != -100);
-    [CLS], [SEP], padding and sub-word continuations are left out of the CRF chain."""
+    [CLS], [SEP], padding and sub-word continuations are left out of the CRF chain.
 
-    def __init__(self, config: SkillNetBertConfig, num_labels: int, dropout: float) -> None:
+    With the head spec's `labels` (the tag of each label id), the CRF is constrained to valid IOB2, in
+    decoding *and* training: forbidden moves get a fixed -1e4 on top of the learnt transition score. Gold
+    sequences are valid (the task loader rejects invalid BIO), so training over valid paths only makes
+    the loss the likelihood of the very distribution Viterbi decodes from, with no probability mass on
+    outputs it can never produce. Without `labels` (old specs) the CRF is unconstrained."""
+
+    def __init__(self, config: SkillNetBertConfig, num_labels: int, dropout: float,
+                 labels: list[str] | None = None) -> None:
         super().__init__()
         self.dropout = nn.Dropout(dropout)
         self.classifier = nn.Linear(config.hidden_size, num_labels)
         self.crf = CRF(num_labels, batch_first=True)
+        if labels is not None and len(labels) != num_labels:
+            raise ValueError(f"token_crf head: {len(labels)} labels {labels} for num_labels={num_labels}")
+        start_L, trans_LL = (iob2_allowed_transitions(list(labels)) if labels is not None
+                             else (torch.ones(num_labels, dtype=torch.bool),
+                                   torch.ones(num_labels, num_labels, dtype=torch.bool)))
+        # Derived from the config's label list, so not part of the checkpoint (persistent=False).
+        self.register_buffer("start_penalty_L", (~start_L).float() * _FORBIDDEN, persistent=False)
+        self.register_buffer("trans_penalty_LL", (~trans_LL).float() * _FORBIDDEN, persistent=False)
 
     def _valid(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         if batch.get("word_mask") is not None:
@@ -190,6 +223,11 @@ class TokenCRFHead(nn.Module):
             return batch["labels"] != -100
         raise ValueError("token_crf head needs `word_mask` (or `labels`) to know which tokens are words")
 
+    def _transitions(self) -> dict[str, torch.Tensor]:
+        return {"start_transitions": self.crf.start_transitions + self.start_penalty_L,
+                "transitions": self.crf.transitions + self.trans_penalty_LL,
+                "end_transitions": self.crf.end_transitions}
+
     def forward(self, enc: Any, batch: dict[str, torch.Tensor]) -> TaskOutput:
         em_BTL = self.classifier(self.dropout(enc.last_hidden_state))
         labels = batch.get("labels")
@@ -197,9 +235,36 @@ class TokenCRFHead(nn.Module):
             return TaskOutput(logits=em_BTL)
         valid = self._valid(batch)
         keep = valid.any(1)  # a row with no word has nothing to tag
+        if not keep.any():
+            return TaskOutput(loss=em_BTL.sum() * 0.0, logits=em_BTL)
         mask, em, lab = _pack_left(valid[keep], em_BTL[keep], labels[keep].clamp(min=0))
-        loss = -self.crf(em, lab, mask=mask, reduction="token_mean") if keep.any() else em_BTL.sum() * 0.0
-        return TaskOutput(loss=loss, logits=em_BTL)
+        # pytorch-crf's log-likelihood, run with the constrained transition scores in place of its own.
+        llh = torch.func.functional_call(self.crf, self._transitions(), (em, lab),
+                                         {"mask": mask, "reduction": "token_mean"})
+        return TaskOutput(loss=-llh, logits=em_BTL)
+
+    @torch.no_grad()
+    def viterbi(self, em_BTL: torch.Tensor, mask_BT: torch.Tensor) -> list[list[int]]:
+        """Best constrained tag sequence of each row; `mask_BT` is a prefix mask (first position on)."""
+        tr = {k: v.float() for k, v in self._transitions().items()}
+        em_BTL = em_BTL.float()
+        T = em_BTL.shape[1]
+        score_BL = tr["start_transitions"] + em_BTL[:, 0]
+        back = []
+        for t in range(1, T):
+            # [B, from, to]: the best predecessor of each tag; rows past their length keep their score.
+            best_BL, arg_BL = (score_BL[:, :, None] + tr["transitions"] + em_BTL[:, t, None, :]).max(1)
+            score_BL = torch.where(mask_BT[:, t, None], best_BL, score_BL)
+            back.append(arg_BL)
+        last_B = (score_BL + tr["end_transitions"]).max(1).indices.tolist()
+        back_TBL = torch.stack(back).tolist() if back else []
+        out = []
+        for b, n in enumerate(mask_BT.sum(1).tolist()):
+            tags = [last_B[b]]
+            for t in range(n - 1, 0, -1):
+                tags.append(back_TBL[t - 1][b][tags[-1]])
+            out.append(tags[::-1])
+        return out
 
     def predict(self, out: TaskOutput, batch: dict[str, torch.Tensor]) -> list[list[int]]:
         valid = self._valid(batch)
@@ -207,7 +272,7 @@ class TokenCRFHead(nn.Module):
         keep = valid.any(1)
         if keep.any():
             mask, em = _pack_left(valid[keep], out.logits[keep])
-            for row, tags in zip(keep.nonzero().view(-1).tolist(), self.crf.decode(em, mask=mask)):
+            for row, tags in zip(keep.nonzero().view(-1).tolist(), self.viterbi(em, mask)):
                 result[row] = tags
         return result
 
@@ -289,6 +354,8 @@ def build_head(config: SkillNetBertConfig, spec: dict[str, Any]) -> nn.Module:
     extra = (
         {"max_answer_len": int(spec["max_answer_len"])} if kind == "span" and "max_answer_len" in spec else {}
     )
+    if kind == "token_crf" and spec.get("labels") is not None:
+        extra = {"labels": [str(t) for t in spec["labels"]]}  # which id is which tag: the IOB2 constraints
     return HEADS[kind](config, num_labels, dropout, **extra)
 
 
@@ -307,6 +374,8 @@ class SkillNetBertForMultiTask(SkillNetBertPreTrainedModel):
         new = build_head(self.config, head).to(self.device)
         new.apply(self._init_weights)
         self.heads[task] = new
+        if self.bert.pals is not None and task not in self.bert.pals.tasks:
+            self.bert.pals.add_task(task).to(self.device).apply(self._init_weights)
 
     def _head(self, task: str) -> nn.Module:
         if task not in self.heads:

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from skillnet.data_prep.tasks.schema import TaskDataError
 from skillnet.data_prep.tokenizer import load_tokenizer
 from skillnet.finetune.config import FinetuneConfig
 from skillnet.finetune.tasks import TaskData
@@ -81,7 +82,7 @@ def test_span_answer_in_a_later_window_and_back_to_characters(tmp_path, tok):
 
     preds = d.predict_split(Oracle(), "dev", 4)
     assert preds == [ans]
-    assert d.score("dev", preds) == {"em": 100.0, "f1": 100.0}
+    assert d.score("dev", preds) == {"em": 100.0, "f1": 100.0, "char_bag_em": 100.0, "char_bag_f1": 100.0}
 
 
 def test_matching_batch_label_points_at_the_positive(tmp_path, tok):
@@ -123,3 +124,108 @@ def test_eval_cap_is_a_sample_not_the_head_of_a_sorted_file(tmp_path, tok):
         assert ids == sorted(ids)  # file order kept
     again = _data(tmp_path / "..", tok, "classification", rows, max_eval_examples=40)
     assert again.records["dev"] == d.records["dev"]  # deterministic
+
+
+# --------------------------------------------------------------------------- issue 8, items 5, 6, 8, 11
+PAIRS = [{"text": "花呗如何还款", "text_pair": "花呗怎么还钱", "label": "1"},
+         {"text": "今天天气好", "text_pair": "借呗利息多少", "label": "0"}]
+
+
+def test_pair_kind_is_inferred_from_the_records(tmp_path, tok):
+    d = _data(tmp_path, tok, "classification", PAIRS)
+    assert d.kind == "pair"
+    f = d.features("train")[0]
+    text_b = [tok.vocab[i] for i, tt in zip(f.input_ids, f.token_type_ids) if tt == 1]
+    assert "".join(text_b) == "花呗怎么还钱[SEP]"
+    reg = _data(tmp_path, tok, "regression", [{**r, "label": float(r["label"])} for r in PAIRS])
+    assert reg.kind == "pair"
+    single = _data(tmp_path, tok, "classification", [{"text": r["text"], "label": r["label"]} for r in PAIRS])
+    assert single.kind == "single"
+
+
+def test_pair_record_without_text_pair_is_an_error_naming_its_line(tmp_path, tok):
+    rows = [*PAIRS, {"text": "只有一句", "label": "1"}]
+    with pytest.raises(TaskDataError, match=r"classification\.jsonl:3: missing field 'text_pair'.*pair"):
+        _data(tmp_path, tok, "classification", rows)
+
+
+def test_text_pair_is_never_dropped_silently(tmp_path, tok):
+    with pytest.raises(TaskDataError, match=r"classification\.jsonl:1: .*'text_pair'.*single"):
+        _data(tmp_path, tok, "classification", PAIRS, kind="single")
+
+
+def test_classification_scores_macro_f1_as_sklearn_and_positive_class_f1(tmp_path, tok):
+    from sklearn.metrics import f1_score
+
+    rows = [{"text": f"第{i}条", "label": lab} for i, lab in enumerate("abcabcab")]
+    d = _data(tmp_path, tok, "classification", rows)
+    assert d.label_list == ["a", "b", "c"]
+    recs = [r for r in d.records["dev"] if r["label"] != "c"]  # a dev set where class c never occurs
+    preds = ["a", "b", "b", "b", "a", "a"]
+    gold = [r["label"] for r in recs]
+    scores = d.score_records(recs, preds)
+    assert scores["macro_f1"] == pytest.approx(100 * f1_score(gold, preds, average="macro"))
+    assert "f1" not in scores  # three classes: no positive class
+
+    binary = _data(tmp_path, tok, "classification", PAIRS * 3)
+    gold = [r["label"] for r in binary.records["dev"]]
+    preds = ["1"] * len(gold)
+    s = binary.score_records(binary.records["dev"], preds)
+    assert s["f1"] == pytest.approx(100 * f1_score(gold, preds, pos_label="1"))
+    neg = _data(tmp_path, tok, "classification", PAIRS * 3, positive_label="0", metric="f1")
+    assert neg.score_records(neg.records["dev"], preds)["f1"] == 0.0
+
+
+def test_f1_metric_on_a_multiclass_task_is_an_error(tmp_path, tok):
+    rows = [{"text": f"第{i}条", "label": lab} for i, lab in enumerate("abcabc")]
+    with pytest.raises(TaskDataError, match=r"metric 'f1'.*binary.*3 labels"):
+        _data(tmp_path, tok, "classification", rows, metric="f1")
+
+
+def test_span_scores_are_cmrc2018s(tmp_path, tok):
+    ctx = "北京大学和大学北京是两回事。"
+    rows = [{"context": ctx, "question": "是什么？", "answers": [{"text": "北京大学", "start": 0}]}]
+    d = _data(tmp_path, tok, "span", rows)
+    s = d.score_records(d.records["dev"], ["大学北京"])
+    assert s["f1"] == pytest.approx(50.0) and s["char_bag_f1"] == pytest.approx(100.0)
+
+
+def test_truncated_examples_are_counted_per_split(tmp_path, tok):
+    long = "很" * 100
+    cls = _data(tmp_path, tok, "classification",
+                [{"text": long, "label": "a"}, {"text": "短", "label": "b"}, {"text": long, "label": "b"}],
+                max_seq_len=16)
+    assert cls.truncated == {"train": 2, "dev": 2}
+    pair = _data(tmp_path, tok, "classification",
+                 [{"text": "短", "text_pair": long, "label": "1"}, {"text": "短", "text_pair": "短", "label": "0"}],
+                 max_seq_len=16)
+    assert pair.truncated == {"train": 1, "dev": 1}
+    ner = _data(tmp_path, tok, "ner", [{"tokens": list(long), "labels": ["O"] * 100},
+                                       {"tokens": list("李明"), "labels": ["B-PER", "I-PER"]}], max_seq_len=16)
+    assert ner.truncated == {"train": 1, "dev": 1}
+    # a long context is read through windows (not truncation); a long question is cut (truncation)
+    ctx = "前面是无关文字。" * 20 + "答案是上海。"
+    span_rows = [{"context": ctx, "question": "答案是什么？", "answers": [{"text": "上海", "start": ctx.index("上海")}]},
+                 {"context": ctx, "question": "问" * 40, "answers": [{"text": "上海", "start": ctx.index("上海")}]}]
+    span = _data(tmp_path, tok, "span", span_rows, max_seq_len=32)
+    assert span.truncated == {"train": 1, "dev": 1}
+    match = _data(tmp_path, tok, "matching", [
+        {"question": "车险怎么买", "candidates": ["寿险价格", long], "positives": [0]},
+        {"question": "寿险多少钱", "candidates": ["寿险价格", "车险网站买"], "positives": [0]}], max_seq_len=16)
+    assert match.truncated == {"train": 1, "dev": 1}
+    none = _data(tmp_path, tok, "classification", [{"text": "短", "label": "a"}, {"text": "长", "label": "b"}])
+    assert none.truncated == {"train": 0, "dev": 0}
+
+
+def test_plan_prints_truncation_counts(tmp_path, tok, capsys):
+    from skillnet.finetune.run import _print_plan
+    from skillnet.finetune.samplers import SamplerConfig, build_sampler
+
+    d = _data(tmp_path, tok, "classification",
+              [{"text": "很" * 100, "label": "a"}, {"text": "短", "label": "b"}], max_seq_len=16)
+    params = {"total": 1, "trainable": 1,
+              "tasks": {d.name: {"skills": ["s7"], "activated": 1, "trainable_activated": 1}}}
+    sampler = build_sampler(SamplerConfig(), {d.name: 2}, seed=0, steps_per_epoch=1, max_steps=1)
+    _print_plan(FinetuneConfig(tasks=[d.cfg]), {d.name: d}, sampler, params, [], 1)
+    err = capsys.readouterr().err
+    assert "truncated at max_seq_len=16: train 1 of 2, dev 1 of 2" in err

@@ -109,6 +109,7 @@ def test_pretraining_and_finetuning_exports_carry_a_tokenizer(tmp_path):
     from skillnet.finetune import run as run_cli
     from skillnet.finetune.config import FinetuneConfig
     from skillnet.pretrain.export import export
+
     from tests.test_finetune_e2e import tiny_config
 
     pt = tmp_path / "pt"

@@ -196,3 +196,33 @@ def test_check_record_public_validation() -> None:
     assert check_record(GOOD["span"], "span")["answers"] == [{"text": "山海关", "start": 4}]
     with pytest.raises(ValueError, match="missing field 'label'"):
         check_record({"text": "x"}, "single")
+
+
+# --------------------------------------------------------------------------- issue 8, items 5 and 10
+def test_truncated_json_line_reports_the_real_column(tmp_path: Path) -> None:
+    # The line's own newline must not move the error to "column 1" of a second line.
+    truncated = '{"text": "abc", "label": "1"'  # the ',' or '}' expected at column 29
+    p = _write(tmp_path, [GOOD["single"], truncated, GOOD["single"]])
+    with pytest.raises(TaskDataError, match=r"t\.jsonl:2: invalid JSON: Expecting ',' delimiter at column 29"):
+        load_task_file(p, "single")
+    cut_string = '{"text": "今天天气很好", "label": "1'
+    p = _write(tmp_path, [cut_string])
+    with pytest.raises(TaskDataError, match=r"t\.jsonl:1: invalid JSON: Unterminated string .* at column 29"):
+        load_task_file(p, "single")
+    crlf = tmp_path / "crlf.jsonl"
+    crlf.write_bytes(b'{"text": "a", "label": "1"}\r\n{"text": "b", "label": "1"\r\n')
+    with pytest.raises(TaskDataError, match=r"crlf\.jsonl:2: invalid JSON: Expecting ',' delimiter at column 27"):
+        load_task_file(crlf, "single")
+
+
+def test_single_record_with_text_pair_is_an_error(tmp_path: Path) -> None:
+    p = _write(tmp_path, [GOOD["single"], GOOD["pair"]])
+    with pytest.raises(TaskDataError, match=r"t\.jsonl:2: field 'text_pair' in a single-sentence record"):
+        load_task_file(p, "single")
+
+
+def test_infer_pair_kind_from_records(tmp_path: Path) -> None:
+    from skillnet.data_prep.tasks.schema import infer_pair_kind
+
+    assert infer_pair_kind(_write(tmp_path, [GOOD["single"], GOOD["pair"]])) == ("pair", 2)
+    assert infer_pair_kind(_write(tmp_path, [GOOD["single"], "not json", GOOD["single"]])) == ("single", None)

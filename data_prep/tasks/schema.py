@@ -215,6 +215,11 @@ def validate_record(obj: Any, kind: str, *, label_list: Sequence[str] | None = N
         out["text"] = _get_str(obj, "text")
         if kind == "pair":
             out["text_pair"] = _get_str(obj, "text_pair")
+        elif obj.get("text_pair") is not None:
+            # Never drop the second text of a pair without a word: a pair task read as single sentences
+            # trains on half its input.
+            raise _Bad("unexpected field", "field 'text_pair' in a single-sentence record (kind 'single' "
+                       "ignores it); load the file as kind 'pair'")
         out["label"] = _class_label(obj, regression, label_set) if want_sup else None
     elif kind == "tagging":
         tokens = _get_list(obj, "tokens")
@@ -363,7 +368,8 @@ def iter_jsonl(path: str | os.PathLike[str]) -> Iterator[tuple[int, Any | _Bad]]
                 hint = (" (this looks like a whole-file JSON document; task files are JSON Lines, one object per"
                         " line; convert public formats with `python -m skillnet.data_prep.tasks convert`)")
             try:
-                obj = json.loads(line)
+                # Without its line ending: else a line cut short fails at "column 1" of the line after.
+                obj = json.loads(line.rstrip("\r\n"))
             except json.JSONDecodeError as e:
                 yield line_no, _Bad("invalid JSON", f"invalid JSON: {e.msg} at column {e.colno}{hint}")
                 continue
@@ -371,6 +377,16 @@ def iter_jsonl(path: str | os.PathLike[str]) -> Iterator[tuple[int, Any | _Bad]]
                 yield line_no, _Bad("wrong type", f"expected a JSON object, got a JSON array{hint}")
                 continue
             yield line_no, obj
+
+
+def infer_pair_kind(path: str | os.PathLike[str]) -> tuple[str, int | None]:
+    """Kind of a classification/regression file given without one: ``("pair", line)`` with the line of
+    the first record that has a ``text_pair``, else ``("single", None)``. Lines that are not JSON objects
+    are left to the loader, which names them."""
+    for line_no, obj in iter_jsonl(path):
+        if isinstance(obj, dict) and obj.get("text_pair") is not None:
+            return "pair", line_no
+    return "single", None
 
 
 def load_task_file(
