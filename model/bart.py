@@ -1,0 +1,535 @@
+"""SkillNet-BART (skillnet-nlg.md §2.2): HF BART whose FFNs in some encoder and decoder layers are banks of
+skills, of which a task activates a few.
+
+Everything but the FFN is transformers' BART (embeddings, attention, masks, cache, `GenerationMixin`), so
+`generate` works unchanged: beam search, length limits, `num_return_sequences`. Parameter names follow
+``BartForConditionalGeneration``. A skill layer holds
+``model.{encoder,decoder}.layers.{i}.skill_ffn.skills.{k}.{intermediate,output}.dense`` in place of
+``fc1``/``fc2`` (plus ``...output.LayerNorm`` in place of ``final_layer_norm`` with per-skill LayerNorm);
+other layers keep HF's ``fc1``/``fc2``/``final_layer_norm``, so a dense BART state dict loads.
+
+Skill choice is data: forward takes ``task=`` (a name, or one per row) or ``skill_ids=`` ([k], or [B, k]
+with -1 pads). One `SkillRouting` per forward serves the encoder and the decoder. In `generate`, per-row
+skills travel as a [B, k] ``skill_ids`` tensor, which HF expands with the inputs (beams, returned
+sequences), so each beam keeps its row's skills for the whole generation.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from huggingface_hub.dataclasses import strict
+from torch import nn
+from transformers import BartConfig
+from transformers.cache_utils import Cache
+from transformers.modeling_outputs import BaseModelOutput, Seq2SeqLMOutput, Seq2SeqModelOutput
+from transformers.models.bart.modeling_bart import (
+    BartDecoder,
+    BartDecoderLayer,
+    BartEncoder,
+    BartEncoderLayer,
+    BartForConditionalGeneration,
+    BartLearnedPositionalEmbedding,
+    BartModel,
+    BartPreTrainedModel,
+    BartScaledWordEmbedding,
+)
+from transformers.utils import logging
+
+from .hub import has_tokenizer, save_tokenizer, write_remote_code
+from .skill_ffn import Skill, SkillFFN, SkillRouting
+from .skill_layout import SkillLayoutMixin, layer_ids_from_spec
+
+logger = logging.get_logger(__name__)
+
+# Table 1 of skillnet-nlg.md, in its order.
+NLG_SKILLS: list[dict[str, str]] = [
+    {"name": "open_end", "description": "open-ended text generation"},
+    {"name": "non_open_end", "description": "non-open-ended text generation"},
+    {"name": "conversation", "description": "understand the conversational contexts"},
+    {"name": "data_to_text", "description": "generate text from structured data"},
+    {"name": "question", "description": "understand natural language questions"},
+    {"name": "general", "description": "generic skill"},
+]
+
+# Table 2: the five multi-task tasks, then the three new tasks. `general` is added by `generic_skill`.
+NLG_TASKS: dict[str, list[str]] = {
+    "text_summarization": ["non_open_end"],
+    "advertisement_generation": ["open_end", "data_to_text"],
+    "question_answering": ["open_end", "question"],
+    "dialogue_generation": ["open_end", "conversation", "question"],
+    "grammatical_error_correction": ["non_open_end"],
+    "topic_to_essay_generation": ["open_end", "data_to_text"],
+    "paraphrase_generation": ["non_open_end"],
+    "story_generation": ["open_end"],
+}
+
+# The bert-base-chinese WordPiece vocab, used as the public SkillNet-NLG code does: [PAD]=0, [CLS]=101 as
+# bos, [SEP]=102 as eos and decoder start (labels are "[CLS] y [SEP]").
+BERT_CHINESE_TOKENS: dict[str, int] = dict(
+    vocab_size=21128, pad_token_id=0, bos_token_id=101, eos_token_id=102, decoder_start_token_id=102,
+    forced_eos_token_id=102,
+)
+
+
+def _size(d: int, layers: int, heads: int, ffn: int, positions: int) -> dict[str, int]:
+    return dict(
+        d_model=d, encoder_layers=layers, decoder_layers=layers, encoder_attention_heads=heads,
+        decoder_attention_heads=heads, encoder_ffn_dim=ffn, decoder_ffn_dim=ffn,
+        max_position_embeddings=positions,
+    )
+
+
+# "tiny" is for tests; "small" pre-trains and fine-tunes on a CPU in tens of minutes; "large" is the
+# paper's BART-large (Appendix C.1), for parameter counts (Table 6) rather than CPU training.
+BART_PRESETS: dict[str, dict[str, Any]] = {
+    "tiny": {**BERT_CHINESE_TOKENS, **_size(32, 2, 4, 64, 128)},
+    "small": {**BERT_CHINESE_TOKENS, **_size(256, 3, 4, 1024, 512)},
+    "large": {**BERT_CHINESE_TOKENS, **_size(1024, 12, 16, 4096, 1024)},
+}
+
+# HF BART's LayerNorms use the torch default.
+_LAYER_NORM_EPS = 1e-5
+
+
+@strict
+class SkillNetBartConfig(SkillLayoutMixin, BartConfig):
+    r"""BART config plus the skill layout of SkillNet-NLG.
+
+    skills: ordered list of ``{"name", "description"}``; a skill's id is its position (default: Table 1).
+    tasks: task name -> names of the skills it activates (default: Table 2).
+    generic_skill: skill added to every task's set (``None`` disables).
+    skill_layers: which layers of the encoder and of the decoder hold skill FFNs: ``"every_other"``
+        (layers 0, 2, 4, ..., as the public SkillNet-NLG code's ``i % 2 == 0``), ``"all"``, ``"top:N"`` or a
+        list of layer ids. Other layers keep one dense FFN shared by all tasks.
+    decoder_skill_layers: the decoder's spec when it differs (``None``: same as ``skill_layers``).
+    ffn_impl: ``"fused"`` (one wide GEMM pair over the active skills) or ``"loop"`` (reference).
+    skill_layernorm: ``"shared"`` (Eq. 2-3: average the skills' FFN outputs, then the layer's dropout,
+        residual and ``final_layer_norm``) or ``"per_skill"`` (public code: each skill does dropout,
+        residual and its own LayerNorm; the outputs are averaged after the LayerNorms).
+    """
+
+    model_type = "skillnet-bart"
+
+    skills: list | None = None
+    tasks: dict | None = None
+    generic_skill: str | None = "general"
+    skill_layers: str | list | None = "every_other"
+    decoder_skill_layers: str | list | None = None
+    ffn_impl: str = "fused"
+    skill_layernorm: str = "shared"
+
+    def __post_init__(self, **kwargs: Any) -> None:
+        # A dense BART dict passed as kwargs says model_type="bart": the class's own type must win, or
+        # save_pretrained would label the folder a plain BART.
+        kwargs.pop("model_type", None)
+        self._fill_skill_layout(NLG_SKILLS, NLG_TASKS)
+        super().__post_init__(**kwargs)
+        self.validate_skill_layout()
+        self.validate_skill_layers()
+
+    @classmethod
+    def preset(cls, name: str, **overrides: Any) -> SkillNetBartConfig:
+        if name not in BART_PRESETS:
+            raise KeyError(f"unknown preset {name!r}; valid presets: {', '.join(BART_PRESETS)}")
+        return cls(**{**BART_PRESETS[name], **overrides})
+
+    def validate_skill_layers(self) -> None:
+        self.encoder_skill_layer_ids()
+        self.decoder_skill_layer_ids()  # both raise on a bad spec
+
+    def encoder_skill_layer_ids(self) -> list[int]:
+        return layer_ids_from_spec(self.skill_layers, self.encoder_layers, "skill_layers", 0)
+
+    def decoder_skill_layer_ids(self) -> list[int]:
+        if self.decoder_skill_layers is None:
+            return layer_ids_from_spec(self.skill_layers, self.decoder_layers, "skill_layers", 0)
+        return layer_ids_from_spec(self.decoder_skill_layers, self.decoder_layers, "decoder_skill_layers", 0)
+
+
+# ---- layers ------------------------------------------------------------------------------------------
+class _FFNSublayer:
+    """The FFN half of a BART layer: HF's dense ``fc1``/``fc2`` or a bank of skills (Eq. 2-3)."""
+
+    def _setup_ffn(self, config: SkillNetBartConfig, ffn_dim: int, has_skills: bool) -> None:
+        self.has_skills = has_skills
+        if not has_skills:
+            return
+        # The dense FFN built by HF's __init__ is replaced by the bank.
+        del self.fc1, self.fc2
+        per_skill_ln = config.skill_layernorm == "per_skill"
+        if per_skill_ln:
+            del self.final_layer_norm
+        self.skill_ffn = SkillFFN(
+            config.d_model, ffn_dim, config.num_skills, config.activation_function, config.ffn_impl,
+            per_skill_ln, _LAYER_NORM_EPS, config.dropout,
+        )
+
+    def _ffn(self, h_BTD: torch.Tensor, routing: SkillRouting | None) -> torch.Tensor:
+        """LN(h + dropout(FFN(h))), with FFN the dense one or the mean of the active skills."""
+        if not self.has_skills:
+            y = self.activation_fn(self.fc1(h_BTD))
+            y = self.fc2(F.dropout(y, p=self.activation_dropout, training=self.training))
+        elif routing is None:
+            raise ValueError("a skill layer needs a routing: pass task= or skill_ids= to the model")
+        elif self.skill_ffn.per_skill_layernorm:
+            return self.skill_ffn(h_BTD, routing, residual_BTD=h_BTD)
+        else:
+            # SkillFFN has no activation dropout: _warn_activation_dropout says so at construction.
+            y = self.skill_ffn(h_BTD, routing)
+        y = F.dropout(y, p=self.dropout, training=self.training)
+        return self.final_layer_norm(h_BTD + y)
+
+
+class SkillNetBartEncoderLayer(_FFNSublayer, BartEncoderLayer):
+    def __init__(self, config: SkillNetBartConfig, layer_idx: int, has_skills: bool) -> None:
+        super().__init__(config, layer_idx)
+        self._setup_ffn(config, config.encoder_ffn_dim, has_skills)
+
+    def forward(
+        self,
+        hidden_states: torch.Tensor,
+        attention_mask: torch.Tensor | None,
+        routing: SkillRouting | None = None,
+        **kwargs: Any,
+    ) -> torch.Tensor:
+        residual = hidden_states
+        hidden_states, _ = self.self_attn(hidden_states, attention_mask=attention_mask, **kwargs)
+        hidden_states = F.dropout(hidden_states, p=self.dropout, training=self.training)
+        hidden_states = self.self_attn_layer_norm(residual + hidden_states)
+        hidden_states = self._ffn(hidden_states, routing)
+        if hidden_states.dtype == torch.float16 and not torch.isfinite(hidden_states).all():
+            clamp_value = torch.finfo(hidden_states.dtype).max - 1000
+            hidden_states = torch.clamp(hidden_states, min=-clamp_value, max=clamp_value)
+        return hidden_states
+
+
+class SkillNetBartDecoderLayer(_FFNSublayer, BartDecoderLayer):
+    def __init__(self, config: SkillNetBartConfig, layer_idx: int, has_skills: bool) -> None:
+        super().__init__(config, layer_idx)
+        self._setup_ffn(config, config.decoder_ffn_dim, has_skills)
+
+    def forward(
+        self,
+        hidden_states: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        encoder_hidden_states: torch.Tensor | None = None,
+        encoder_attention_mask: torch.Tensor | None = None,
+        past_key_values: Cache | None = None,
+        use_cache: bool | None = True,
+        routing: SkillRouting | None = None,
+        **kwargs: Any,
+    ) -> torch.Tensor:
+        residual = hidden_states
+        hidden_states, _ = self.self_attn(
+            hidden_states, past_key_values=past_key_values, attention_mask=attention_mask, **kwargs
+        )
+        hidden_states = F.dropout(hidden_states, p=self.dropout, training=self.training)
+        hidden_states = self.self_attn_layer_norm(residual + hidden_states)
+        if encoder_hidden_states is not None:
+            residual = hidden_states
+            hidden_states, _ = self.encoder_attn(
+                hidden_states,
+                key_value_states=encoder_hidden_states,
+                attention_mask=encoder_attention_mask,
+                past_key_values=past_key_values,
+                **kwargs,
+            )
+            hidden_states = F.dropout(hidden_states, p=self.dropout, training=self.training)
+            hidden_states = self.encoder_attn_layer_norm(residual + hidden_states)
+        return self._ffn(hidden_states, routing)
+
+
+# ---- routing ----------------------------------------------------------------------------------------
+class SkillRoutingMixin:
+    """Task names / skill ids -> `SkillRouting`, for any module with a `SkillNetBartConfig` at `.config`."""
+
+    config: SkillNetBartConfig
+
+    def routing(
+        self,
+        task: str | Sequence[str] | None = None,
+        skill_ids: Sequence[int] | Sequence[Sequence[int]] | torch.Tensor | None = None,
+        device: torch.device | str = "cpu",
+        batch_size: int | None = None,
+    ) -> SkillRouting:
+        """Skill routing from a task name, one task per row, or skill ids ([k] or [B, k], -1 pads).
+
+        `batch_size`, when given, must equal the number of rows of a per-row choice.
+        """
+        if (task is None) == (skill_ids is None):
+            raise ValueError("pass exactly one of task= (a name or one name per row) or skill_ids=")
+        if isinstance(task, str):
+            return SkillRouting.uniform(self.config.skill_ids(task))
+        if task is not None:
+            rows = [self.config.skill_ids(t) for t in task]
+        else:
+            ids = skill_ids.tolist() if isinstance(skill_ids, torch.Tensor) else list(skill_ids)
+            rows = ids if ids and isinstance(ids[0], (list, tuple)) else None
+            bad = [i for r in (rows or [ids]) for i in r if i >= self.config.num_skills]
+            if bad:
+                n = self.config.num_skills
+                raise ValueError(f"skill ids {bad} out of range: the model has {n} skills")
+            if rows is None:
+                return SkillRouting.uniform(ids)
+        if batch_size is not None and len(rows) != batch_size:
+            raise ValueError(f"skills given for {len(rows)} rows, but the batch has {batch_size} rows")
+        return SkillRouting.per_row(rows, device)
+
+    def skill_id_rows(self, tasks: Sequence[str]) -> torch.Tensor:
+        """[B, k] skill ids of one task per row, -1 padded: the form that survives HF's beam expansion."""
+        rows = [self.config.skill_ids(t) for t in tasks]
+        out = torch.full((len(rows), max(map(len, rows))), -1, dtype=torch.long)
+        for i, r in enumerate(rows):
+            out[i, : len(r)] = torch.tensor(r)
+        return out
+
+
+def _batch_size(*tensors: torch.Tensor | None) -> tuple[int | None, torch.device]:
+    for t in tensors:
+        if t is not None:
+            return t.shape[0], t.device
+    return None, torch.device("cpu")
+
+
+def _warn_activation_dropout(config: SkillNetBartConfig) -> None:
+    if config.activation_dropout:
+        logger.warning_once(
+            f"activation_dropout={config.activation_dropout} applies to dense layers only: "
+            "skill FFNs have no dropout between fc1 and fc2"
+        )
+
+
+# ---- encoder / decoder -------------------------------------------------------------------------------
+class SkillNetBartEncoder(SkillRoutingMixin, BartEncoder):
+    """HF's `BartEncoder` with skill layers. Its forward is HF's; the routing reaches layers as a kwarg."""
+
+    def __init__(self, config: SkillNetBartConfig) -> None:
+        # As BartEncoder.__init__, minus building dense FFNs that skill layers would throw away.
+        BartPreTrainedModel.__init__(self, config)
+        self.dropout = config.dropout
+        self.layerdrop = config.encoder_layerdrop
+        self.padding_idx = config.pad_token_id
+        self.max_source_positions = config.max_position_embeddings
+        embed_scale = config.d_model**0.5 if config.scale_embedding else 1.0
+        self.embed_tokens = BartScaledWordEmbedding(
+            config.vocab_size, config.d_model, self.padding_idx, embed_scale=embed_scale
+        )
+        self.embed_positions = BartLearnedPositionalEmbedding(config.max_position_embeddings, config.d_model)
+        skill_layers = set(config.encoder_skill_layer_ids())
+        self.layers = nn.ModuleList(
+            SkillNetBartEncoderLayer(config, i, i in skill_layers) for i in range(config.encoder_layers)
+        )
+        self.layernorm_embedding = nn.LayerNorm(config.d_model)
+        self.gradient_checkpointing = False
+        self.post_init()
+
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        *,
+        task: str | Sequence[str] | None = None,
+        skill_ids: Sequence[int] | Sequence[Sequence[int]] | torch.Tensor | None = None,
+        routing: SkillRouting | None = None,
+        **kwargs: Any,
+    ) -> BaseModelOutput:
+        if routing is None:
+            batch, device = _batch_size(input_ids, inputs_embeds)
+            routing = self.routing(task, skill_ids, device, batch)
+        return super().forward(
+            input_ids=input_ids, attention_mask=attention_mask, inputs_embeds=inputs_embeds, routing=routing,
+            **kwargs,
+        )
+
+
+class SkillNetBartDecoder(SkillRoutingMixin, BartDecoder):
+    """HF's `BartDecoder` with skill layers; its forward (masks, cache) is HF's."""
+
+    def __init__(self, config: SkillNetBartConfig) -> None:
+        BartPreTrainedModel.__init__(self, config)
+        self.dropout = config.dropout
+        self.layerdrop = config.decoder_layerdrop
+        self.padding_idx = config.pad_token_id
+        self.max_target_positions = config.max_position_embeddings
+        embed_scale = config.d_model**0.5 if config.scale_embedding else 1.0
+        self.embed_tokens = BartScaledWordEmbedding(
+            config.vocab_size, config.d_model, self.padding_idx, embed_scale=embed_scale
+        )
+        self.embed_positions = BartLearnedPositionalEmbedding(config.max_position_embeddings, config.d_model)
+        skill_layers = set(config.decoder_skill_layer_ids())
+        self.layers = nn.ModuleList(
+            SkillNetBartDecoderLayer(config, i, i in skill_layers) for i in range(config.decoder_layers)
+        )
+        self.layernorm_embedding = nn.LayerNorm(config.d_model)
+        self.gradient_checkpointing = False
+        self.post_init()
+
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        encoder_hidden_states: torch.Tensor | None = None,
+        encoder_attention_mask: torch.LongTensor | None = None,
+        past_key_values: Cache | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        use_cache: bool | None = None,
+        *,
+        task: str | Sequence[str] | None = None,
+        skill_ids: Sequence[int] | Sequence[Sequence[int]] | torch.Tensor | None = None,
+        routing: SkillRouting | None = None,
+        **kwargs: Any,
+    ) -> Any:
+        if routing is None:
+            batch, device = _batch_size(input_ids, inputs_embeds)
+            routing = self.routing(task, skill_ids, device, batch)
+        return super().forward(
+            input_ids=input_ids, attention_mask=attention_mask, encoder_hidden_states=encoder_hidden_states,
+            encoder_attention_mask=encoder_attention_mask, past_key_values=past_key_values,
+            inputs_embeds=inputs_embeds, use_cache=use_cache, routing=routing, **kwargs,
+        )
+
+
+# ---- models ------------------------------------------------------------------------------------------
+class SkillNetBartPreTrainedModel(SkillRoutingMixin, BartPreTrainedModel):
+    config_class = SkillNetBartConfig
+    config: SkillNetBartConfig
+    _no_split_modules = [r"SkillNetBartEncoderLayer", r"SkillNetBartDecoderLayer"]
+
+    def save_pretrained(self, save_directory: str | os.PathLike, *args: Any, **kwargs: Any) -> None:
+        """HF save, plus the modeling code and ``auto_map`` (plain transformers loads the folder with
+        ``trust_remote_code=True``) and the tokenizer of the checkpoint this model came from, if it had one
+        (as SkillNet-BERT)."""
+        super().save_pretrained(save_directory, *args, **kwargs)
+        if not kwargs.get("is_main_process", True):
+            return
+        write_remote_code(save_directory, self.config.model_type)
+        src = getattr(self.config, "_name_or_path", "") or ""
+        if src and Path(src).is_dir() and has_tokenizer(src) and not has_tokenizer(save_directory):
+            save_tokenizer(save_directory, source=src)
+
+    def skill_banks(self) -> list[SkillFFN]:
+        """The skill FFN bank of every skill layer: encoder bottom to top, then decoder bottom to top."""
+        base = self if isinstance(self, SkillNetBartModel) else self.model
+        layers = [*base.encoder.layers, *base.decoder.layers]
+        return [layer.skill_ffn for layer in layers if layer.has_skills]
+
+    def skill_modules(self, name: str) -> list[Skill]:
+        """The `Skill` module of skill `name` in every skill layer (encoder, then decoder)."""
+        k = self.config.skill_index(name)
+        return [bank.skills[k] for bank in self.skill_banks()]
+
+
+class SkillNetBartModel(SkillNetBartPreTrainedModel, BartModel):
+    def __init__(self, config: SkillNetBartConfig) -> None:
+        # As BartModel.__init__ with the skill encoder and decoder (BartModel's would build dense ones).
+        BartPreTrainedModel.__init__(self, config)
+        _warn_activation_dropout(config)
+        embed_scale = config.d_model**0.5 if config.scale_embedding else 1.0
+        self.shared = BartScaledWordEmbedding(
+            config.vocab_size, config.d_model, config.pad_token_id, embed_scale=embed_scale
+        )
+        self.encoder = SkillNetBartEncoder(config)
+        self.decoder = SkillNetBartDecoder(config)
+        self.post_init()
+
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        decoder_input_ids: torch.LongTensor | None = None,
+        decoder_attention_mask: torch.LongTensor | None = None,
+        encoder_outputs: Any = None,
+        past_key_values: Cache | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        decoder_inputs_embeds: torch.Tensor | None = None,
+        use_cache: bool | None = None,
+        *,
+        task: str | Sequence[str] | None = None,
+        skill_ids: Sequence[int] | Sequence[Sequence[int]] | torch.Tensor | None = None,
+        routing: SkillRouting | None = None,
+        **kwargs: Any,
+    ) -> Seq2SeqModelOutput:
+        """HF `BartModel.forward` plus the skill choice (`task=` or `skill_ids=`), one routing for both."""
+        if routing is None:
+            batch, device = _batch_size(decoder_input_ids, decoder_inputs_embeds, input_ids, inputs_embeds)
+            routing = self.routing(task, skill_ids, device, batch)
+        return super().forward(
+            input_ids=input_ids, attention_mask=attention_mask, decoder_input_ids=decoder_input_ids,
+            decoder_attention_mask=decoder_attention_mask, encoder_outputs=encoder_outputs,
+            past_key_values=past_key_values, inputs_embeds=inputs_embeds,
+            decoder_inputs_embeds=decoder_inputs_embeds, use_cache=use_cache, routing=routing, **kwargs,
+        )
+
+
+class SkillNetBartForConditionalGeneration(SkillNetBartPreTrainedModel, BartForConditionalGeneration):
+    """Seq2seq LM: lm_head tied to the shared embeddings, `final_logits_bias` as HF. Beam search with 4
+    beams by default (Appendix C.1); pass per-task limits (`max_new_tokens`, ...) to `generate`."""
+
+    def __init__(self, config: SkillNetBartConfig) -> None:
+        BartPreTrainedModel.__init__(self, config)
+        self.model = SkillNetBartModel(config)
+        self.final_logits_bias = nn.Buffer(torch.zeros((1, self.model.shared.num_embeddings)))
+        self.lm_head = nn.Linear(config.d_model, self.model.shared.num_embeddings, bias=False)
+        self.post_init()
+        self.generation_config.num_beams = 4
+        self.generation_config.early_stopping = True
+
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        decoder_input_ids: torch.LongTensor | None = None,
+        decoder_attention_mask: torch.LongTensor | None = None,
+        encoder_outputs: Any = None,
+        past_key_values: Cache | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        decoder_inputs_embeds: torch.Tensor | None = None,
+        labels: torch.LongTensor | None = None,
+        use_cache: bool | None = None,
+        *,
+        task: str | Sequence[str] | None = None,
+        skill_ids: Sequence[int] | Sequence[Sequence[int]] | torch.Tensor | None = None,
+        routing: SkillRouting | None = None,
+        **kwargs: Any,
+    ) -> Seq2SeqLMOutput:
+        """HF `BartForConditionalGeneration.forward` plus the skill choice (`task=` or `skill_ids=`)."""
+        return super().forward(
+            input_ids=input_ids, attention_mask=attention_mask, decoder_input_ids=decoder_input_ids,
+            decoder_attention_mask=decoder_attention_mask, encoder_outputs=encoder_outputs,
+            past_key_values=past_key_values, inputs_embeds=inputs_embeds,
+            decoder_inputs_embeds=decoder_inputs_embeds, labels=labels, use_cache=use_cache, task=task,
+            skill_ids=skill_ids, routing=routing, **kwargs,
+        )
+
+    def generate(
+        self, *args: Any, task: str | Sequence[str] | None = None, skill_ids: Any = None, **kwargs: Any
+    ) -> Any:
+        """HF `generate` with the skills fixed per row for the whole generation.
+
+        A task name or a flat skill-id list applies to every row. One task (or one id row) per input row
+        becomes a [B, k] ``skill_ids`` tensor, which HF expands with the inputs for beams and returned
+        sequences (a Python list would not be expanded).
+        """
+        if task is not None and skill_ids is not None:
+            raise ValueError("pass exactly one of task= (a name or one name per row) or skill_ids=")
+        if task is not None and not isinstance(task, str):
+            task, skill_ids = None, self.skill_id_rows(task)
+        elif skill_ids is not None:
+            ids = skill_ids.tolist() if isinstance(skill_ids, torch.Tensor) else list(skill_ids)
+            if ids and isinstance(ids[0], (list, tuple)):
+                width = max(map(len, ids))
+                skill_ids = torch.tensor([list(r) + [-1] * (width - len(r)) for r in ids], dtype=torch.long)
+            else:
+                skill_ids = ids  # one set for all rows: keep it out of HF's per-row expansion
+        if task is not None:
+            kwargs["task"] = task
+        if skill_ids is not None:
+            kwargs["skill_ids"] = skill_ids
+        return super().generate(*args, **kwargs)
