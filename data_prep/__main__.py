@@ -112,11 +112,16 @@ def main(argv: list[str] | None = None) -> int:
         "--verify",
         choices=["size", "full"],
         default="size",
-        help="size: check file sizes (fast); full: also sha256 of every shard",
+        help="size: check file sizes (fast); full: also what `verify` checks (sha256, token ids, index)",
     )
 
     v = sub.add_parser(
-        "verify", formatter_class=fmt, help="check every shard against the manifest (sizes and sha256)"
+        "verify",
+        formatter_class=fmt,
+        help="check that every shard is loadable: sizes, sha256, token ids < vocab size, index structure",
+        description="full: every file's size and sha256 against the manifest, every token id below the "
+        "vocab size, .idx sentence/document ends increasing and ending with the .bin (what a checksum "
+        "recomputed after an edit would not catch). size: file sizes only.",
     )
     v.add_argument("dir")
     v.add_argument("--level", choices=["size", "full"], default="full")

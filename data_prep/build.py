@@ -90,7 +90,10 @@ class Encoder:
             jieba.initialize()
             self._jieba = jieba
 
-    def encode(self, docs: list[str]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray | None, int]:
+    def encode(
+        self, docs: list[str]
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray | None, np.ndarray]:
+        """(flat ids, sentence ends, document ends, word starts or None, indices of documents without tokens)."""
         if self.whole_word:  # needs character offsets: plain path
             pairs = self.tok.encode_batch_offsets(docs)
             ids_lists = [p[0] for p in pairs]
@@ -100,14 +103,13 @@ class Encoder:
         else:  # CJK fast path (identical ids, see tokenizer.FastCJK), or the plain path if it is off
             flat, lens = self.tok.encode_batch_flat(docs)
         nonempty = lens > 0
-        n_empty = int(len(lens) - nonempty.sum())
         doc_end = np.cumsum(lens[nonempty])
         sent_end = self.sentence_ends(flat, doc_end)
         doc_end_sent = np.searchsorted(sent_end, doc_end, side="right")
         word_start = None
         if self.whole_word:
             word_start = self._word_starts(docs, pairs, flat)
-        return flat, sent_end, doc_end_sent, word_start, n_empty
+        return flat, sent_end, doc_end_sent, word_start, np.flatnonzero(~nonempty)
 
     def sentence_ends(self, flat: np.ndarray, doc_end: np.ndarray) -> np.ndarray:
         """Cumulative token ends of sentences: after a run of enders/closing quotes that holds an ender."""
@@ -192,14 +194,14 @@ def process_unit(unit: Unit) -> dict:
     writer = ShardWriter(out, name, tok.dtype, cfg.whole_word)
     fail_at = os.environ.get("SKILLNET_DATA_PREP_FAIL_AT")  # test hook: "unit:batch" -> hard exit mid-shard
     try:
-        for b, docs in enumerate(iter_documents(unit, cfg.read_config(), report, lambda n: _progress(n, 0))):
+        batches = iter_documents(unit, cfg.read_config(), report, lambda n: _progress(n, 0))
+        for b, (docs, locate) in enumerate(batches):
             if fail_at == f"{unit.index}:{b}":
                 os._exit(17)
-            flat, sent_end, doc_end, word_start, n_empty = enc.encode(docs)
-            if n_empty:
-                report.add(
-                    "empty_document", 0, f"{name}: {n_empty} document(s) with no tokens", count=n_empty
-                )
+            flat, sent_end, doc_end, word_start, empty = enc.encode(docs)
+            for i in empty.tolist():  # text the tokenizer drops entirely (e.g. only control characters)
+                where = f"{locate(i)}: no tokens"  # named now: the report keeps a few examples
+                report.add("empty_document", len(docs[i].encode("utf-8")), where)
             writer.add(flat, sent_end, doc_end, word_start)
             _progress(0, len(doc_end))
     except BaseException:

@@ -12,6 +12,7 @@ becomes shard k, whatever the number of workers or cluster jobs.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import glob
 import gzip
 import io
@@ -19,7 +20,9 @@ import json
 import os
 import re
 import zlib
+from bisect import bisect_right
 from collections.abc import Callable, Iterator
+from typing import Any
 
 BLOCK_BYTES = 1 << 20
 BINARY_SNIFF_BYTES = 1 << 16
@@ -233,7 +236,13 @@ except ImportError:  # pragma: no cover
 
 
 def _line_chunks(
-    f, seg: Segment, max_line: int, report: BadInputReport, progress: Callable[[int], None], counter
+    f,
+    seg: Segment,
+    max_line: int,
+    report: BadInputReport,
+    progress: Callable[[int], None],
+    counter,
+    finder: _LineFinder,
 ) -> Iterator[tuple[bytes, int]]:
     """Yields (chunk of complete lines, absolute offset of the chunk) for the lines the segment owns.
 
@@ -246,7 +255,7 @@ def _line_chunks(
         pos = seg.start - 1
         skipping = True
     buf = b""
-    long_bytes, long_where = 0, ""
+    long_bytes, long_at = 0, -1  # a too-long line being skipped: its size so far and its offset
     counted = getattr(counter, "nread", None)
     broken: BaseException | None = None
     while True:
@@ -270,9 +279,9 @@ def _line_chunks(
             long_bytes += i
             block = block[i + 1 :]
             skipping = False
-        if long_where and (not skipping or eof):  # a too-long line ended: count it with its full size
-            report.add("too_long", long_bytes, long_where)
-            long_bytes, long_where = 0, ""
+        if long_at >= 0 and (not skipping or eof):  # a too-long line ended: count it with its full size
+            report.add("too_long", long_bytes, lambda at=long_at: finder.at(at))
+            long_bytes, long_at = 0, -1
         if skipping:  # EOF while skipping
             return
         buf += block
@@ -297,9 +306,9 @@ def _line_chunks(
                 raise broken
             return
         if len(buf) > max_line:
-            long_where = _where(seg.path)(pos)
+            long_at = pos
             if report.strict:
-                report.add("too_long", len(buf), long_where)
+                report.add("too_long", len(buf), finder.at(pos))
             long_bytes = len(buf)
             pos += len(buf)
             buf = b""
@@ -327,91 +336,163 @@ _BLANK_SEP = re.compile(r"\n(?:[ \t\r\f\v\u3000]*\n)+")
 
 
 def _split_text_lines(
-    chunk: bytes, where: Callable[[int], str], report: BadInputReport, max_doc: int
-) -> list[str]:
-    """Decodes a chunk of complete lines; fast path is one decode + one split for the whole chunk."""
+    chunk: bytes, at: Callable[[int, int | None], str], report: BadInputReport, max_doc: int
+) -> tuple[list[str], Callable[[int], int]]:
+    """Decodes a chunk of complete lines -> (lines, index of kept line k among the chunk's lines).
+
+    `at(i, column)` names line i of the chunk. The fast path is one decode + one split for the whole
+    chunk; only a chunk with a bad line is decoded line by line.
+    """
     if chunk.endswith(b"\n"):
         chunk = chunk[:-1]
     if b"\x00" not in chunk:
         try:
             lines = chunk.decode("utf-8").split("\n")
             if len(chunk) <= max_doc or max(map(len, lines)) * 4 <= max_doc:
-                return lines
+                return lines, _identity
         except UnicodeDecodeError:
             pass
     out: list[str] = []
-    off = 0
-    for raw in chunk.split(b"\n"):
-        o = off
-        off += len(raw) + 1
+    kept: list[int] = []
+    for i, raw in enumerate(chunk.split(b"\n")):
         if b"\x00" in raw:
-            report.add("nul_bytes", len(raw), lambda o=o: where(o))
+            col = _column(raw, raw.index(b"\x00"))
+            report.add("nul_bytes", len(raw), lambda i=i, col=col: at(i, col))
             continue
         if len(raw) > max_doc:
-            report.add("too_long", len(raw), lambda o=o: where(o))
+            report.add("too_long", len(raw), lambda i=i: at(i, None))
             continue
         try:
             out.append(raw.decode("utf-8"))
-        except UnicodeDecodeError:
-            report.add("invalid_utf8", len(raw), lambda o=o: where(o))
-    return out
+            kept.append(i)
+        except UnicodeDecodeError as e:
+            col = _column(raw, e.start)
+            report.add("invalid_utf8", len(raw), lambda i=i, col=col: at(i, col))
+    return out, kept.__getitem__
 
 
-def _where(path: str) -> Callable[[int], str]:
-    def f(offset: int) -> str:
-        # Line numbers are only computed on error, by counting newlines up to the offset.
-        if is_compressed(path):
-            return f"{path}: uncompressed byte {offset}"
+def _identity(i: int) -> int:
+    return i
+
+
+def _column(raw: bytes, byte_index: int) -> int:
+    """1-based character column of a byte of a line (bytes before it that are not UTF-8 count as one)."""
+    return len(raw[:byte_index].decode("utf-8", errors="replace")) + 1
+
+
+class _LineFinder:
+    """Line numbers of (uncompressed) byte offsets of one input file, computed only when a report needs
+    one: by counting newlines, resuming from the previous answer when offsets grow (as they do while a
+    file is read), so naming a few bad lines costs at most about one extra read of the file."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self._f: Any = None
+        self._raw: Any = None
+        self._pos = 0
+        self._newlines = 0
+
+    def line(self, offset: int) -> int | None:
         try:
-            with open(path, "rb") as fh:
-                n = fh.read(offset).count(b"\n")
-            return f"{path}:{n + 1}"
-        except OSError:
-            return f"{path}: byte {offset}"
+            if offset < self._pos or self._f is None:
+                self.close()
+                self._f, _, self._raw = _open(self.path)
+            while self._pos < offset:
+                block = self._f.read(min(BLOCK_BYTES, offset - self._pos))
+                if not block:
+                    break
+                self._newlines += block.count(b"\n")
+                self._pos += len(block)
+        except (OSError, *_COMPRESSION_ERRORS):
+            return None
+        return self._newlines + 1
 
-    return f
+    def at(self, offset: int, line_in_chunk: int = 0, column: int | None = None) -> str:
+        """'path:line[:column]' of line `line_in_chunk` after the line starting at byte `offset`."""
+        n = self.line(offset)
+        if n is None:
+            return f"{self.path}: byte {offset}"
+        return f"{self.path}:{n + line_in_chunk}" + (f":{column}" if column else "")
+
+    def close(self) -> None:
+        for h in (self._f, self._raw):
+            if h is not None:
+                h.close()
+        self._f = self._raw = None
+        self._pos = self._newlines = 0
+
+
+Locate = Callable[[int], str]  # index of a document in a batch -> "file:line", for reports
 
 
 def iter_documents(
     unit: Unit, cfg: ReadConfig, report: BadInputReport, progress: Callable[[int], None] = lambda n: None
-) -> Iterator[list[str]]:
-    """Batches (~cfg.batch_bytes) of non-empty documents of a unit, in input order."""
+) -> Iterator[tuple[list[str], Locate]]:
+    """Batches (~cfg.batch_bytes) of non-empty documents of a unit, in input order, each with a function
+    naming where document i of the batch is (for problems found later, e.g. no tokens)."""
     batch: list[str] = []
+    pieces: list[tuple[int, Locate]] = []  # (first index in the batch, locate within the piece)
     size = 0
-    for seg in unit.segments:
-        for docs, nbytes in _segment_docs(seg, cfg, report, progress):
-            batch.extend(docs)
-            size += nbytes
-            if size >= cfg.batch_bytes:
-                yield batch
-                batch, size = [], 0
-    if batch:
-        yield batch
+    finders: dict[str, _LineFinder] = {}
+    try:
+        for seg in unit.segments:
+            finder = finders.setdefault(seg.path, _LineFinder(seg.path))
+            for docs, nbytes, locate in _segment_docs(seg, cfg, report, progress, finder):
+                if docs:
+                    pieces.append((len(batch), locate))
+                    batch.extend(docs)
+                size += nbytes
+                if size >= cfg.batch_bytes:
+                    yield batch, _batch_locate(pieces)
+                    batch, pieces, size = [], [], 0
+        if batch:
+            yield batch, _batch_locate(pieces)
+    finally:
+        for finder in finders.values():
+            finder.close()
 
 
-def _drop_empty(docs: list[str], report: BadInputReport, where: str) -> list[str]:
+def _batch_locate(pieces: list[tuple[int, Locate]]) -> Locate:
+    starts = [p[0] for p in pieces]
+
+    def locate(i: int) -> str:
+        k = bisect_right(starts, i) - 1
+        return pieces[k][1](i - starts[k])
+
+    return locate
+
+
+def _drop_empty(
+    docs: list[str], report: BadInputReport, locate: Locate
+) -> tuple[list[str], Callable[[int], int]]:
+    """(non-empty documents, index among `docs` of kept document k); empty ones are reported."""
     # One C-level pass; the slow filter runs only when an empty document is present.
     if all(map(str.strip, docs)):
-        return docs
-    out = []
-    for d in docs:
+        return docs, _identity
+    out, kept = [], []
+    for i, d in enumerate(docs):
         if d.strip():
             out.append(d)
+            kept.append(i)
         else:
-            report.add("empty_document", len(d.encode("utf-8")), where)
-    return out
+            report.add("empty_document", len(d.encode("utf-8")), lambda i=i: locate(i))
+    return out, kept.__getitem__
 
 
 def _segment_docs(
-    seg: Segment, cfg: ReadConfig, report: BadInputReport, progress: Callable[[int], None]
-) -> Iterator[tuple[list[str], int]]:
+    seg: Segment,
+    cfg: ReadConfig,
+    report: BadInputReport,
+    progress: Callable[[int], None],
+    finder: _LineFinder,
+) -> Iterator[tuple[list[str], int, Locate]]:
+    """(documents, input bytes, locate) per chunk of the segment."""
     fmt = file_format(seg.path, cfg.fmt)
     try:
         f, counter, raw = _open(seg.path)
     except OSError as e:
         report.add("unreadable_file", 0, f"{seg.path}: {e}")
         return
-    where = _where(seg.path)
     try:
         try:
             head = (
@@ -430,17 +511,17 @@ def _segment_docs(
                 f, counter, raw = _open(seg.path)
             else:
                 f.seek(seg.start)
-            chunks = _line_chunks(f, seg, cfg.max_doc_bytes, report, progress, counter)
+            chunks = _line_chunks(f, seg, cfg.max_doc_bytes, report, progress, counter, finder)
             if fmt == "jsonl":
-                yield from _jsonl_docs(chunks, cfg, report, where)
+                yield from _jsonl_docs(chunks, cfg, report, finder)
             elif cfg.doc_separator == "blank":
-                yield from _blank_docs(chunks, cfg, report, where, seg.path)
+                yield from _blank_docs(chunks, cfg, report, finder)
             else:
                 for chunk, off in chunks:
-                    docs = _split_text_lines(
-                        chunk, lambda o, off=off: where(off + o), report, cfg.max_doc_bytes
-                    )
-                    yield _drop_empty(docs, report, f"{seg.path}: near byte {off}"), len(chunk)
+                    at = _chunk_at(finder, off)
+                    lines, line_of = _split_text_lines(chunk, at, report, cfg.max_doc_bytes)
+                    docs, kept = _drop_empty(lines, report, lambda k, at=at, lo=line_of: at(lo(k)))
+                    yield docs, len(chunk), lambda k, at=at, lo=line_of, kept=kept: at(lo(kept(k)))
         except _COMPRESSION_ERRORS as e:
             report.add("corrupt_compressed", 0, f"{seg.path}: {type(e).__name__}: {e}")
         except OSError as e:
@@ -450,68 +531,119 @@ def _segment_docs(
         raw.close()
 
 
-def _jsonl_docs(chunks, cfg: ReadConfig, report: BadInputReport, where) -> Iterator[tuple[list[str], int]]:
-    field = cfg.text_field
+def _chunk_at(finder: _LineFinder, off: int) -> Callable[..., str]:
+    """at(i, column=None) -> 'file:line[:column]' of line i of the chunk starting at byte `off`."""
+
+    def at(i: int, column: int | None = None) -> str:
+        return finder.at(off, i, column)
+
+    return at
+
+
+def _jsonl_docs(
+    chunks, cfg: ReadConfig, report: BadInputReport, finder: _LineFinder
+) -> Iterator[tuple[list[str], int, Locate]]:
     for chunk, off in chunks:
-        lines = _split_text_lines(chunk, lambda o, off=off: where(off + o), report, cfg.max_doc_bytes)
-        docs: list[str] = []
-        try:  # one parser call for the whole chunk; per-line fallback only if some line is bad
-            objs = json.loads("[" + ",".join(lines) + "]")
-            if len(objs) != len(lines):
-                raise ValueError("line count mismatch")
-        except ValueError:
-            objs = []
-            lo = off
-            for line in lines:
-                o, n = lo, len(line.encode("utf-8"))
-                lo += n + 1
-                if not line.strip():
-                    report.add("empty_document", n, lambda o=o: where(o))
-                    continue
-                try:
-                    objs.append(json.loads(line))
-                except ValueError:
-                    report.add("bad_json", n, lambda o=o: where(o))
-        for obj in objs:
-            t = obj.get(field) if isinstance(obj, dict) else None
-            if isinstance(t, str):
-                docs.append(t)
-            else:
-                report.add(
-                    "missing_text_field",
-                    0,
-                    lambda off=off: f"{where(off)} (chunk): no string field {field!r}",
-                )
-        yield _drop_empty(docs, report, where(off)), len(chunk)
+        docs, locate = _jsonl_chunk(chunk, _chunk_at(finder, off), cfg, report)
+        yield docs, len(chunk), locate
+
+
+def _jsonl_chunk(
+    chunk: bytes, at: Callable[..., str], cfg: ReadConfig, report: BadInputReport
+) -> tuple[list[str], Locate]:
+    """Documents of a chunk of JSONL lines; bad lines are reported in line order (--strict stops at the
+    first one)."""
+    field = cfg.text_field
+    lines, line_of = _split_text_lines(chunk, at, report, cfg.max_doc_bytes)
+    try:  # one parser call for the whole chunk; per-line fallback only if some line is bad
+        objs = json.loads("[" + ",".join(lines) + "]")
+        if len(objs) != len(lines):
+            raise ValueError("line count mismatch")
+        texts = [o.get(field) if isinstance(o, dict) else None for o in objs]
+        if all(isinstance(t, str) and t.strip() for t in texts):  # the common case: nothing to report
+            return texts, lambda k: at(line_of(k))
+        parsed: list[tuple[Any, int | None]] = [(t, None) for t in texts]
+    except ValueError:
+        parsed = [_parse_line(line, field) for line in lines]
+    docs, doc_line = [], []
+    for j, ((text, bad_col), line) in enumerate(zip(parsed, lines)):
+        n = len(line.encode("utf-8"))
+        if bad_col is not None:
+            report.add("bad_json", n, lambda j=j, col=bad_col: at(line_of(j), col or None))
+        elif not line.strip() or (isinstance(text, str) and not text.strip()):
+            report.add("empty_document", n, lambda j=j: at(line_of(j)))
+        elif not isinstance(text, str):
+            report.add("missing_text_field", 0, lambda j=j: f"{at(line_of(j))}: no string field {field!r}")
+        else:
+            docs.append(text)
+            doc_line.append(j)
+    return docs, lambda k: at(line_of(doc_line[k]))
+
+
+def _parse_line(line: str, field: str) -> tuple[Any, int | None]:
+    """(text field or None, None) for a parsable or blank line; (None, column) for bad JSON."""
+    if not line.strip():
+        return None, None
+    try:
+        obj = json.loads(line)
+    except ValueError as e:
+        return None, getattr(e, "colno", 0)
+    return (obj.get(field) if isinstance(obj, dict) else None), None
 
 
 def _blank_docs(
-    chunks, cfg: ReadConfig, report: BadInputReport, where, path: str
-) -> Iterator[tuple[list[str], int]]:
+    chunks, cfg: ReadConfig, report: BadInputReport, finder: _LineFinder
+) -> Iterator[tuple[list[str], int, Locate]]:
     carry = ""
+    carry_at: Callable[[], str] = lambda: finder.at(0)  # noqa: E731  (where the carried document starts)
     dropping = False  # inside a document already counted as too long
     for chunk, off in chunks:
-        lines = _split_text_lines(chunk, lambda o, off=off: where(off + o), report, cfg.max_doc_bytes)
+        at = _chunk_at(finder, off)
+        lines, line_of = _split_text_lines(chunk, at, report, cfg.max_doc_bytes)
         text = carry + "\n".join(lines) + "\n"
+        where = _blank_where(text, len(carry), carry_at, at, line_of)
         parts = _BLANK_SEP.split(text)
-        carry = parts.pop()  # may continue in the next chunk
+        starts = [0] + [m.end() for m in _BLANK_SEP.finditer(text)]
+        carry, carry_start = parts.pop(), starts.pop()  # may continue in the next chunk
+        carry_at = functools.partial(where, carry_start)
         if dropping:  # the rest of a document already counted as too long
             if parts:
                 parts.pop(0)
+                starts.pop(0)
                 dropping = False
             else:
                 carry = ""
-        docs = [p for p in parts if p.strip()]
-        for d in docs:
-            if len(d) > cfg.max_doc_bytes:
-                report.add("too_long", len(d.encode("utf-8")), f"{path}: near byte {off}")
-        docs = [d for d in docs if len(d) <= cfg.max_doc_bytes]
+        docs, doc_starts = [], []
+        for p, st in zip(parts, starts):
+            if not p.strip():
+                continue
+            if len(p) > cfg.max_doc_bytes:
+                report.add("too_long", len(p.encode("utf-8")), functools.partial(where, st))
+                continue
+            docs.append(p)
+            doc_starts.append(st)
         if len(carry) > cfg.max_doc_bytes:
-            report.add("too_long", len(carry.encode("utf-8")), f"{path}: near byte {off}")
+            report.add("too_long", len(carry.encode("utf-8")), carry_at)
             carry, dropping = "", True
-        yield docs, len(chunk)
+        yield docs, len(chunk), lambda k, where=where, ds=doc_starts: where(ds[k])
     if carry.strip() and not dropping:
-        yield [carry.strip("\n")], 0
+        yield [carry.strip("\n")], 0, lambda k, carry_at=carry_at: carry_at()
+
+
+def _blank_where(
+    text: str,
+    n_carry: int,
+    carry_at: Callable[[], str],
+    at: Callable[..., str],
+    line_of: Callable[[int], int],
+) -> Callable[[int], str]:
+    """Character position of a document start in `text` (carry + this chunk) -> 'file:line'."""
+
+    def where(pos: int) -> str:
+        # A document starts at a line start: the carried one, or line k of this chunk.
+        return carry_at() if pos < n_carry else at(line_of(text.count("\n", n_carry, pos)))
+
+    return where
 
 
 def iter_texts(patterns: list[str], cfg: ReadConfig, max_bytes: int | None = None) -> Iterator[str]:
@@ -520,7 +652,7 @@ def iter_texts(patterns: list[str], cfg: ReadConfig, max_bytes: int | None = Non
     report = BadInputReport()
     seen = 0
     for unit in plan_units(paths, 1 << 62, lambda p: False):
-        for docs in iter_documents(unit, cfg, report):
+        for docs, _ in iter_documents(unit, cfg, report):
             for d in docs:
                 yield d
                 seen += len(d)

@@ -199,8 +199,14 @@ def load_manifest(shard_dir: str | os.PathLike) -> dict:
     return m
 
 
-def verify_shard(shard_dir: Path, rec: dict, level: str = "full") -> None:
-    """Raises ShardError naming the file if it is missing, has the wrong size or (level=full) checksum."""
+def verify_shard(shard_dir: Path, rec: dict, level: str = "full", tokenizer: dict | None = None) -> None:
+    """Raises ShardError naming the file and the problem unless the shard is loadable.
+
+    Every level checks that each file exists with its recorded size. level="full" also checks the
+    sha256 and what a checksum recomputed after an edit would not catch: the `.idx` offsets are
+    increasing and end with the `.bin`, and (given the manifest's `tokenizer`) every token id is below
+    the vocab size, computed in the same pass over the `.bin` as its sha256.
+    """
     for ext, meta in rec["files"].items():
         f = Path(shard_dir) / f"{rec['name']}.{ext}"
         if not f.is_file():
@@ -210,8 +216,72 @@ def verify_shard(shard_dir: Path, rec: dict, level: str = "full") -> None:
             raise ShardError(
                 f"shard file truncated or wrong size: {f} has {size} bytes, manifest says {meta['bytes']}"
             )
-        if level == "full" and file_sha256(f) != meta["sha256"]:
+    if level != "full":
+        return
+    for ext, meta in rec["files"].items():
+        f = Path(shard_dir) / f"{rec['name']}.{ext}"
+        dtype = tokenizer["dtype"] if (ext == "bin" and tokenizer) else None
+        digest, max_id = _sha256_and_max(f, dtype)
+        if digest != meta["sha256"]:
             raise ShardError(f"shard file corrupted (sha256 mismatch): {f}")
+        if max_id is not None:
+            check_token_ids(f, max_id, int(tokenizer["vocab_size"]), dtype)  # type: ignore[index]
+    sent_end, doc_end = read_idx(Path(shard_dir) / f"{rec['name']}.idx", rec)
+    check_index(Path(shard_dir) / f"{rec['name']}.idx", sent_end, doc_end, int(rec["num_tokens"]))
+
+
+def _sha256_and_max(path: Path, dtype: str | None, bufsize: int = 8 << 20) -> tuple[str, int | None]:
+    """sha256 of a file and, for a token file, its largest id (one read of the file)."""
+    h = hashlib.sha256()
+    top = -1 if dtype else None
+    with open(path, "rb") as f:
+        while chunk := f.read(bufsize):  # bufsize is a multiple of every id width
+            h.update(chunk)
+            if dtype and chunk:
+                top = max(top, int(np.frombuffer(chunk, dtype=dtype).max()))
+    return h.hexdigest(), top
+
+
+def check_token_ids(path: Path, max_id: int, vocab_size: int, dtype: str) -> None:
+    """Raises ShardError naming the first token id >= vocab_size (found with one more pass, only then)."""
+    if max_id < vocab_size:
+        return
+    toks = np.memmap(path, dtype=dtype, mode="r")
+    pos = int(np.argmax(toks >= vocab_size))
+    raise ShardError(
+        f"{path}: token id {int(toks[pos])} at position {pos} >= vocab size {vocab_size} of the manifest's "
+        f"tokenizer; the shard was edited or built with another vocab: rebuild it"
+    )
+
+
+def check_index(path: Path, sent_end: np.ndarray, doc_end: np.ndarray, n_tokens: int) -> None:
+    """Raises ShardError unless sentence ends (tokens) and document ends (sentences) are strictly
+    increasing and the last ones end the shard: every token in a sentence, every sentence in a document,
+    nothing past the end of the `.bin`."""
+    bin_name = path.with_suffix(".bin").name
+    for what, ends, total, unit in (
+        ("sentence", sent_end, n_tokens, "tokens"),
+        ("document", doc_end, len(sent_end), "sentences"),
+    ):
+        e = np.asarray(ends).astype(np.int64)  # uint64 beyond 2**63 turns negative: caught below
+        if len(e) == 0:
+            if total:
+                raise ShardError(f"{path}: no {what} ends for {total} {unit}")
+            continue
+        if e[0] <= 0:
+            raise ShardError(f"{path}: {what} ends not increasing: the first one is {e[0]}")
+        step = np.flatnonzero(np.diff(e) <= 0)
+        if len(step):
+            i = int(step[0])
+            raise ShardError(
+                f"{path}: {what} ends not increasing at {what} {i + 1} ({e[i]} then {e[i + 1]}); "
+                f"the index was edited or is corrupt: rebuild the shard"
+            )
+        if e[-1] > total:
+            where = f"past the end of {bin_name}" if what == "sentence" else "past the last sentence"
+            raise ShardError(f"{path}: {what} ends point {where}: {e[-1]} > {total} {unit}")
+        if e[-1] < total:
+            raise ShardError(f"{path}: the last {what} ends at {e[-1]} but the shard has {total} {unit}")
 
 
 def verify_dir(shard_dir: str | os.PathLike, level: str = "full", progress: bool = False) -> dict:
@@ -222,7 +292,7 @@ def verify_dir(shard_dir: str | os.PathLike, level: str = "full", progress: bool
 
         recs = tqdm(recs, desc="verify", unit="shard")
     for rec in recs:
-        verify_shard(Path(shard_dir), rec, level)
+        verify_shard(Path(shard_dir), rec, level, m["tokenizer"])
     return m
 
 
@@ -341,7 +411,7 @@ def merge_parts(shard_dir: str | os.PathLike, verify: str = "size") -> dict:
             f"{d}: the jobs' shards do not cover units 0..{ref_header['plan']['num_units'] - 1} exactly once"
         )
     for r in records:
-        verify_shard(d, r, verify)
+        verify_shard(d, r, verify, ref_header["tokenizer"])
     manifest = assemble_manifest(ref_header, records)
     atomic_write_json(d / "manifest.json", manifest)
     return manifest

@@ -1,29 +1,37 @@
 """BERT pre-training samples (MLM / NSP) read from `data_prep` shards through `numpy.memmap`.
 
-Sample i of an epoch is window i: every document is cut into consecutive windows of
+Sample i of an epoch is anchored at window i: every document is cut into consecutive windows of
 `max_seq_len - 3` tokens (the last one shorter), so the number of samples is known without a pass over
-the data, every token is used once per epoch, and sample i is a pure function of the shards.
+the data and sample i is a pure function of the shards.
 
-Randomness (NSP split point and partner, MLM positions and replacements) comes from a counter-based
-hash of (seed, epoch, objective, index, position), evaluated for the whole batch in numpy: no RNG state,
-so any rank can build any sample and training resumes at an exact position.
+Randomness (target lengths, split points, partners, MLM positions and replacements) comes from a
+counter-based hash of (seed, epoch, objective, index, position), evaluated for the whole batch in numpy:
+no RNG state, so any rank can build any sample and training resumes at an exact position.
 
-    mlm: [CLS] window [SEP]            labels = original id at masked positions, -100 elsewhere
-    nsp: [CLS] A [SEP] B [SEP]         A = window prefix ending at a sentence end when there is one;
-                                       B = the rest of the window (label 0) or, with probability 1/2,
-                                       the start of a window of another document (label 1)
+    mlm: [CLS] window [SEP]      labels = original id at masked positions, -100 elsewhere
+    nsp: [CLS] A [SEP] B [SEP]   built as BERT's create_pretraining_data does, so that nothing but the
+                                 content tells a true next B from a random one:
+      1. target length T = max_seq_len - 3, or with probability `short_seq_prob` uniform in [2, T];
+      2. split point p = a sentence boundary inside a document (drawn among those in window i);
+      3. A = whole sentences ending at p (at least one), within a drawn share of T;
+      4. B starts at a sentence boundary and fills T - len(A) tokens or stops at its document's end:
+         at p in the same document (label 0) or, with probability 1/2, at a split point of another
+         document drawn the same way as p (label 1).
+    Both kinds of B therefore start at a sentence boundary and take their length from the same rule.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import numpy as np
 import torch
 from skillnet.data_prep.shards import (
     ShardError,
+    check_index,
+    check_token_ids,
     load_manifest,
     open_tokens,
     read_idx,
@@ -67,6 +75,7 @@ class PretrainingDataset:
         mlm_probability: float = 0.15,
         whole_word_mask: bool = False,
         *,
+        short_seq_prob: float = 0.1,
         expected_fingerprint: str | None = None,
         verify: str = "full",
     ) -> None:
@@ -74,11 +83,14 @@ class PretrainingDataset:
             raise ValueError(f"max_seq_len={max_seq_len} is too small (need >= 8)")
         if not 0.0 < mlm_probability < 1.0:
             raise ValueError(f"mlm_probability={mlm_probability} must be in (0, 1)")
+        if not 0.0 <= short_seq_prob <= 1.0:
+            raise ValueError(f"short_seq_prob={short_seq_prob} must be in [0, 1]")
         if verify not in ("full", "size", "none"):
             raise ValueError(f"verify={verify!r}: use 'full' (sha256), 'size' or 'none'")
         self.shard_dir = Path(shard_dir)
         self.max_seq_len, self.seed = max_seq_len, seed
         self.mlm_probability, self.whole_word_mask = mlm_probability, whole_word_mask
+        self.short_seq_prob = short_seq_prob
         self.manifest = m = load_manifest(self.shard_dir)
         tk = m["tokenizer"]
         if expected_fingerprint is not None and expected_fingerprint != tk["fingerprint"]:
@@ -97,38 +109,79 @@ class PretrainingDataset:
         dtype = tk["dtype"]
 
         self._tokens: list[np.ndarray] = []
-        self._sent_end: list[np.ndarray] = []
         self._doc_start: list[np.ndarray] = []
         self._doc_len: list[np.ndarray] = []
         self._chunk_cum: list[np.ndarray] = []  # per shard: cumulative windows per document, [n_docs + 1]
         self._word_start: list[np.ndarray | None] = []
-        shard_chunks, shard_docs = [0], [0]
+        sent_ends: list[np.ndarray] = []  # per shard, in corpus-wide token positions
+        doc_sent_ends: list[
+            np.ndarray
+        ] = []  # per shard, corpus-wide index of each document's last sentence + 1
+        shard_chunks, shard_docs, shard_tokens, shard_sents = [0], [0], [0], [0]
         for rec in m["shards"]:
             if verify != "none":
-                verify_shard(self.shard_dir, rec, verify)
-            sent_end, doc_end = read_idx(self.shard_dir / f"{rec['name']}.idx", rec)
+                verify_shard(self.shard_dir, rec, verify, tk)
+            idx_path = self.shard_dir / f"{rec['name']}.idx"
+            sent_end, doc_end = read_idx(idx_path, rec)
+            if verify == "size":  # "full" checked it; here it costs little: the index is read anyway
+                check_index(idx_path, sent_end, doc_end, int(rec["num_tokens"]))
             sent_end = np.asarray(sent_end, dtype=np.int64)
-            doc_tok_end = (
-                sent_end[np.asarray(doc_end, dtype=np.int64) - 1] if len(doc_end) else np.zeros(0, np.int64)
-            )
+            doc_end = np.asarray(doc_end, dtype=np.int64)
+            doc_tok_end = sent_end[doc_end - 1] if len(doc_end) else np.zeros(0, np.int64)
             doc_start = np.concatenate([[0], doc_tok_end[:-1]]).astype(np.int64)
             doc_len = doc_tok_end - doc_start
             n_chunks = -(-doc_len // self.target)
             self._tokens.append(open_tokens(self.shard_dir, rec, dtype))
-            self._sent_end.append(sent_end)
             self._doc_start.append(doc_start)
             self._doc_len.append(doc_len)
             self._chunk_cum.append(np.concatenate([[0], np.cumsum(n_chunks)]).astype(np.int64))
             self._word_start.append(read_word_starts(self.shard_dir, rec) if whole_word_mask else None)
+            sent_ends.append(sent_end + shard_tokens[-1])
+            doc_sent_ends.append(doc_end + shard_sents[-1])
             shard_chunks.append(shard_chunks[-1] + int(n_chunks.sum()))
             shard_docs.append(shard_docs[-1] + len(doc_len))
+            shard_tokens.append(shard_tokens[-1] + int(rec["num_tokens"]))
+            shard_sents.append(shard_sents[-1] + len(sent_end))
         self._shard_chunk_cum = np.asarray(shard_chunks, dtype=np.int64)
         self._shard_doc_cum = np.asarray(shard_docs, dtype=np.int64)
+        self._shard_tok_cum = np.asarray(shard_tokens, dtype=np.int64)
         self.num_samples = int(self._shard_chunk_cum[-1])
         self.num_documents = int(self._shard_doc_cum[-1])
+        self._index_documents(sent_ends, doc_sent_ends)
         self._cont_tbl: np.ndarray | None = None
         if whole_word_mask and any(w is None for w in self._word_start):
             self._cont_tbl = self._continuation_table()
+
+    def _index_documents(self, sent_ends: list[np.ndarray], doc_sent_ends: list[np.ndarray]) -> None:
+        """Corpus-wide sentence ends and per-document arrays for building NSP pairs.
+
+        Only the sentence ends are per sentence (as before); everything else is per document. A split
+        point is a sentence end strictly inside a document: where an A may end and a B may start.
+        """
+        empty = np.zeros(0, np.int64)
+        self._sent_end = np.concatenate(sent_ends) if sent_ends else empty
+        doc_sent_end = np.concatenate(doc_sent_ends) if doc_sent_ends else empty
+        self._doc_first_sent = np.concatenate([[0], doc_sent_end[:-1]]).astype(np.int64)
+        self._doc_end = self._sent_end[doc_sent_end - 1] if len(doc_sent_end) else empty
+        self._doc_begin = np.concatenate([[0], self._doc_end[:-1]]).astype(np.int64)
+        windows = [cum[:-1] + off for cum, off in zip(self._chunk_cum, self._shard_chunk_cum)]
+        self._doc_first_window = np.concatenate(windows) if windows else empty
+        self._doc_windows = np.diff(np.append(self._doc_first_window, self.num_samples))
+        # Documents of two or more sentences can give a true next B; for each document the next such
+        # one (wrapping around) is where a window without a split point takes its split point.
+        nsp_docs = np.flatnonzero(doc_sent_end - self._doc_first_sent >= 2)
+        self.num_nsp_documents = len(nsp_docs)
+        nxt = np.searchsorted(nsp_docs, np.arange(self.num_documents), side="right")
+        self._next_nsp_doc = nsp_docs[nxt % len(nsp_docs)] if len(nsp_docs) else empty
+
+    def check_objective(self, objective: str) -> None:
+        """Raise ValueError (one line naming the shards) if the corpus cannot give samples for objective."""
+        if objective == "nsp" and self.num_nsp_documents < 2:
+            raise ValueError(
+                f"{self.shard_dir}: NSP needs at least 2 documents of 2 or more sentences (sentences end at "
+                f"。！？!?.…), the shards hold {self.num_nsp_documents} of {self.num_documents}; "
+                f"train MLM only (--objective_weights 1 0) or add documents"
+            )
 
     def __len__(self) -> int:
         return self.num_samples
@@ -173,15 +226,6 @@ class PretrainingDataset:
             first[sel] = self._shard_chunk_cum[s] + cum[d]
         return shard, start, length, doc, first
 
-    def _doc_windows(self, doc: np.ndarray) -> np.ndarray:
-        shard = np.searchsorted(self._shard_doc_cum, doc, side="right") - 1
-        out = np.empty(len(doc), np.int64)
-        for s in np.unique(shard):
-            sel = shard == s
-            d = doc[sel] - self._shard_doc_cum[s]
-            out[sel] = self._chunk_cum[s][d + 1] - self._chunk_cum[s][d]
-        return out
-
     # ---- batches ------------------------------------------------------------------------------------------
     def batch(self, indices: Sequence[int], epoch: int, objective: str) -> dict[str, torch.Tensor]:
         if objective not in _OBJECTIVES:
@@ -210,6 +254,7 @@ class PretrainingDataset:
                 w = self._word_start[s]
                 ws[b, 1 : 1 + n] = w[a : a + n] if w is not None else ~self._cont_tbl[ids[b, 1 : 1 + n]]
                 ws[b, 1] = True  # a window may start inside a word: its first token starts a (partial) word
+        self._check_ids(ids, lambda b, t: int(self._shard_tok_cum[shard[b]] + start[b]) + t - 1)
         pos = np.arange(T)
         attn = pos[None, :] < (length + 2)[:, None]
         cand = attn & (pos[None, :] > 0) & (pos[None, :] < (length + 1)[:, None])
@@ -220,6 +265,17 @@ class PretrainingDataset:
             "attention_mask": torch.from_numpy(attn.astype(np.int64)),
             "labels": torch.from_numpy(labels),
         }
+
+    def _check_ids(self, ids_BT: np.ndarray, corpus_pos: Callable[[int, int], int]) -> None:
+        """One max per batch: a token id >= vocab_size (a shard edited after it was verified, or read
+        with verify="size"/"none") is a ShardError naming the shard, not an IndexError in the embedding."""
+        if ids_BT.size == 0 or int(ids_BT.max()) < self.vocab_size:
+            return
+        b, t = (int(x) for x in np.argwhere(ids_BT >= self.vocab_size)[0])
+        s = int(np.searchsorted(self._shard_tok_cum, corpus_pos(b, t), side="right")) - 1
+        path = self.shard_dir / f"{self.manifest['shards'][s]['name']}.bin"
+        check_token_ids(path, int(ids_BT.max()), self.vocab_size, self.manifest["tokenizer"]["dtype"])
+        raise ShardError(f"{path}: token id {int(ids_BT[b, t])} >= vocab size {self.vocab_size}")
 
     def _mask(
         self, ids: np.ndarray, cand: np.ndarray, ws: np.ndarray, key: np.ndarray
@@ -248,52 +304,84 @@ class PretrainingDataset:
         out = np.where(sel & (r >= 0.8) & (r < 0.9), rand_ids, out)
         return out, labels
 
+    def _split_point(
+        self, doc: np.ndarray, start: np.ndarray, length: np.ndarray, u: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """(index into _sent_end, document) of a split point drawn uniformly among those of `doc` in the
+        window (start, start + length]; a window without one takes the next split point of the corpus."""
+        end = start + length
+        lo = np.searchsorted(self._sent_end, start, side="right")
+        hi = np.searchsorted(self._sent_end, end, side="right")
+        cnt = hi - lo - (end == self._doc_end[doc])  # a document's end is no split point
+        pick = lo + np.minimum((u * cnt).astype(np.int64), np.maximum(cnt - 1, 0))
+        # Fallback: the end of the sentence running past the window if it lies inside the document,
+        # else the end of the first sentence of the next document that has two or more sentences.
+        after = np.minimum(hi, len(self._sent_end) - 1)
+        in_doc = (hi < len(self._sent_end)) & (self._sent_end[after] < self._doc_end[doc])
+        nxt = self._next_nsp_doc[doc]
+        fallback = np.where(in_doc, after, self._doc_first_sent[nxt])
+        return np.where(cnt > 0, pick, fallback), np.where((cnt > 0) | in_doc, doc, nxt)
+
+    def _sentence_start_at_or_after(self, pos: np.ndarray) -> np.ndarray:
+        """First sentence start >= pos (pos must not exceed the start of the corpus' last sentence)."""
+        return np.where(pos <= 0, 0, self._sent_end[np.searchsorted(self._sent_end, pos, side="left")])
+
+    def _read(self, start: int, n: int) -> np.ndarray:
+        """Tokens [start, start+n) in corpus-wide positions (a segment never spans two shards)."""
+        s = int(np.searchsorted(self._shard_tok_cum, start, side="right")) - 1
+        a = start - int(self._shard_tok_cum[s])
+        return self._tokens[s][a : a + n]
+
     def _nsp(self, idx: np.ndarray, key: np.ndarray) -> dict[str, torch.Tensor]:
         B, T = len(idx), self.max_seq_len
-        if self.num_documents < 2:
-            raise ValueError(
-                f"{self.shard_dir}: NSP needs at least 2 documents, the shards hold {self.num_documents}"
-            )
-        shard, start, length, doc, first = self._locate(idx)
-        u_split, u_rand, u_other = _uniform(key, 4), _uniform(key, 5), _uniform(key, 6)
-        # Split point: a sentence end strictly inside the window if any, else a random token position.
-        len_a = np.empty(B, np.int64)
-        for s in np.unique(shard):
-            sel = np.flatnonzero(shard == s)
-            se = self._sent_end[s]
-            lo = np.searchsorted(se, start[sel], side="right")
-            hi = np.searchsorted(se, start[sel] + length[sel], side="left")
-            cnt = hi - lo
-            pick = lo + np.minimum((u_split[sel] * cnt).astype(np.int64), np.maximum(cnt - 1, 0))
-            at_sentence = se[np.minimum(pick, len(se) - 1)] - start[sel]
-            at_token = 1 + (u_split[sel] * np.maximum(length[sel] - 1, 1)).astype(np.int64)
-            len_a[sel] = np.where(cnt > 0, at_sentence, np.minimum(at_token, length[sel]))
-        is_random = (u_rand < 0.5) | (len_a >= length)  # nothing left for a true B: must be random
-        # Partner window uniformly among windows of *other* documents (a document's windows are contiguous).
-        n_own = self._doc_windows(doc)
-        other = (first + n_own + (u_other * (self.num_samples - n_own)).astype(np.int64)) % self.num_samples
-        o_shard, o_start, o_len, _, _ = self._locate(other)
+        self.check_objective("nsp")
+        shard, start, length, doc, _ = self._locate(idx)
+        u = {k: _uniform(key, k) for k in range(4, 11)}
+        # 1. Target length of A + B: the full budget or, with short_seq_prob, uniform in [2, budget].
+        short = u[4] < self.short_seq_prob
+        target = np.where(short, 2 + (u[5] * (self.target - 1)).astype(np.int64), self.target)
+        # 2. Split point p (end of A), drawn among the sentence boundaries in window i.
+        k, doc = self._split_point(doc, self._shard_tok_cum[shard] + start, length, u[6])
+        p = self._sent_end[k]
+        # 3. A: the sentence ending at p plus the whole sentences before it that fit a drawn share of the
+        #    target, not before the document start; only its last target - 1 tokens if longer.
+        sentence_start = np.where(k > 0, self._sent_end[np.maximum(k - 1, 0)], 0)
+        share = 1 + (u[7] * (target - 1)).astype(np.int64)
+        bound = np.maximum(self._doc_begin[doc], p - share)
+        a0 = np.minimum(self._sentence_start_at_or_after(bound), sentence_start)
+        a0 = np.maximum(a0, p - (target - 1))
+        len_a = p - a0
+        # 4. B starts at a split point and fills the rest of the target or stops at its document's end:
+        #    at p (true next) or, with probability 1/2, at a split point of another document drawn the
+        #    same way as p, from a window of that document (random next).
+        is_random = u[8] < 0.5
+        n_own = self._doc_windows[doc]
+        other = (
+            self._doc_first_window[doc] + n_own + (u[9] * (self.num_samples - n_own)).astype(np.int64)
+        ) % self.num_samples
+        o_shard, o_start, o_len, o_doc, _ = self._locate(other)
+        ko, o_doc = self._split_point(o_doc, self._shard_tok_cum[o_shard] + o_start, o_len, u[10])
+        same = o_doc == doc  # only when the partner window had no split point and fell back to ours
+        o_doc = np.where(same, self._next_nsp_doc[doc], o_doc)
+        ko = np.where(same, self._doc_first_sent[o_doc], ko)
+        b0 = np.where(is_random, self._sent_end[ko], p)
+        b_doc = np.where(is_random, o_doc, doc)
+        len_b = np.minimum(target - len_a, self._doc_end[b_doc] - b0)
 
         ids = np.full((B, T), self.pad_id, np.int64)
         tt = np.zeros((B, T), np.int64)
-        total = np.empty(B, np.int64)
         for b in range(B):
-            s, a, la = int(shard[b]), int(start[b]), int(len_a[b])
-            toks = self._tokens[s]
-            if is_random[b]:
-                nb = min(int(o_len[b]), self.target - la)
-                seg_b = self._tokens[int(o_shard[b])][int(o_start[b]) : int(o_start[b]) + nb]
-            else:
-                nb = int(length[b]) - la
-                seg_b = toks[a + la : a + la + nb]
+            la, lb = int(len_a[b]), int(len_b[b])
             ids[b, 0] = self.cls_id
-            ids[b, 1 : 1 + la] = toks[a : a + la]
+            ids[b, 1 : 1 + la] = self._read(int(a0[b]), la)
             ids[b, 1 + la] = self.sep_id
-            ids[b, 2 + la : 2 + la + nb] = seg_b
-            ids[b, 2 + la + nb] = self.sep_id
-            tt[b, 2 + la : 3 + la + nb] = 1
-            total[b] = 3 + la + nb
-        attn = np.arange(T)[None, :] < total[:, None]
+            ids[b, 2 + la : 2 + la + lb] = self._read(int(b0[b]), lb)
+            ids[b, 2 + la + lb] = self.sep_id
+            tt[b, 2 + la : 3 + la + lb] = 1
+        self._check_ids(
+            ids, lambda b, t: int(a0[b]) + t - 1 if t <= len_a[b] else int(b0[b]) + t - 2 - int(len_a[b])
+        )
+        attn = np.arange(T)[None, :] < (3 + len_a + len_b)[:, None]
         return {
             "input_ids": torch.from_numpy(ids),
             "token_type_ids": torch.from_numpy(tt),

@@ -27,6 +27,7 @@ import json  # noqa: E402
 from typing import Any  # noqa: E402
 
 import torch  # noqa: E402
+from skillnet.pretrain.recipes import DEFAULTS, RECIPES, ResolvedSettings, describe, resolve_settings  # noqa: E402
 
 __all__ = ["build_parser", "main", "build_model", "build_dataset"]
 
@@ -53,15 +54,26 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument(
         "--synthetic_vocab", type=int, default=21128, help="vocab size of the synthetic corpus (>= 872)"
     )
-    d.add_argument("--max_seq_len", type=int, default=128, help="tokens per sample (paper: 512)")
+    d.add_argument(
+        "--max_seq_len", type=int, default=None, help="tokens per sample (default 128; recipe paper: 512)"
+    )
     d.add_argument("--mlm_probability", type=float, default=0.15)
+    d.add_argument(
+        "--short_seq_prob",
+        type=float,
+        default=0.1,
+        help="share of NSP pairs whose target length is drawn uniformly in [2, max_seq_len - 3] "
+        "instead of the full length (default 0.1, as BERT)",
+    )
     d.add_argument(
         "--whole_word_mask", action="store_true", help="mask whole words (needs word ids in shards)"
     )
 
     m = p.add_argument_group("model")
     m.add_argument(
-        "--preset", default="tiny", help="model size preset from model/config.py PRESETS (tiny, small, base)"
+        "--preset",
+        default=None,
+        help="model size preset from model/config.py PRESETS: tiny, small, base (default tiny; recipe paper: base)",
     )
     m.add_argument("--model_config", help="JSON file of SkillNetBertConfig fields (overrides --preset)")
     m.add_argument(
@@ -86,24 +98,43 @@ def build_parser() -> argparse.ArgumentParser:
         help="sampling weights (default equal)",
     )
 
-    t = p.add_argument_group("training (DeepSpeed JSON values win; conflicting batch sizes are an error)")
+    t = p.add_argument_group(
+        "training (a flag > the DeepSpeed JSON > --recipe > the default; a flag that contradicts the JSON "
+        "is an error; the effective values and their sources are printed at start)"
+    )
     t.add_argument(
         "--ds_config", help="DeepSpeed JSON (ds_configs/*.json); omit for plain single-process PyTorch"
     )
+    t.add_argument(
+        "--recipe",
+        choices=sorted(RECIPES),
+        default=None,
+        help="named settings, usable with any ZeRO config. paper: " + RECIPES["paper"].reference,
+    )
+    t.add_argument(
+        "--dry_run",
+        action="store_true",
+        help="resolve and print the settings, check the data, then exit without building the model",
+    )
     t.add_argument("--output_dir", default="runs/pretrain")
     t.add_argument(
-        "--max_steps", type=int, default=None, help="default: the JSON scheduler's total_num_steps or 100"
+        "--max_steps",
+        type=int,
+        default=None,
+        help="default: the JSON scheduler's total_num_steps, else the recipe's (paper: 100000), else 100",
     )
     t.add_argument("--micro_batch_size", type=int, default=None, help="per rank (default: JSON, else 8)")
     t.add_argument(
         "--grad_accum", type=int, default=None, help="gradient accumulation steps (default: JSON, else 1)"
     )
-    t.add_argument("--lr", type=float, default=1e-4)
-    t.add_argument("--betas", type=float, nargs=2, default=(0.9, 0.98))
-    t.add_argument("--eps", type=float, default=1e-6)
-    t.add_argument("--weight_decay", type=float, default=0.01)
-    t.add_argument("--warmup_steps", type=int, default=0)
-    t.add_argument("--max_grad_norm", type=float, default=1.0)
+    t.add_argument("--lr", type=float, default=None, help="peak learning rate (default 1e-4; recipe paper: 3e-5)")
+    t.add_argument("--betas", type=float, nargs=2, default=None, help="Adam betas (default 0.9 0.98)")
+    t.add_argument("--eps", type=float, default=None, help="Adam epsilon (default 1e-6)")
+    t.add_argument("--weight_decay", type=float, default=None, help="(default 0.01)")
+    t.add_argument(
+        "--warmup_steps", type=int, default=None, help="linear warmup steps (default 0; recipe paper: 10000)"
+    )
+    t.add_argument("--max_grad_norm", type=float, default=None, help="gradient clipping (default 1.0)")
     t.add_argument(
         "--dense_updates",
         action="store_true",
@@ -155,7 +186,10 @@ def build_dataset(args: argparse.Namespace) -> Any:
     from skillnet.pretrain.dataset import PretrainingDataset
 
     kwargs: dict[str, Any] = dict(
-        max_seq_len=args.max_seq_len, seed=args.seed, mlm_probability=args.mlm_probability
+        max_seq_len=args.max_seq_len,
+        seed=args.seed,
+        mlm_probability=args.mlm_probability,
+        short_seq_prob=args.short_seq_prob,
     )
     if args.whole_word_mask:
         kwargs["whole_word_mask"] = True
@@ -214,59 +248,101 @@ def make_evaluator(dataset: Any, args: argparse.Namespace, micro_batch_size: int
     return evaluate
 
 
+def resolve_args(args: argparse.Namespace, raw: dict[str, Any] | None) -> ResolvedSettings:
+    """Fill the settings of DEFAULTS in ``args`` (flag > DeepSpeed JSON ``raw`` > recipe > default);
+    returns them with their sources. Raises ValueError with a one-line message."""
+    flags = {name: getattr(args, name) for name in DEFAULTS}
+    settings = resolve_settings(flags, raw, args.recipe, ds_source=str(args.ds_config))
+    for name in DEFAULTS:
+        setattr(args, name, settings[name])
+    return settings
+
+
+def _batch_sources(args: argparse.Namespace, raw: dict[str, Any] | None) -> tuple[str, str]:
+    raw = raw or {}
+    out = []
+    for flag, key in (
+        (args.micro_batch_size, "train_micro_batch_size_per_gpu"),
+        (args.grad_accum, "gradient_accumulation_steps"),
+    ):
+        given = raw.get(key) not in (None, "auto")
+        out.append("flag" if flag is not None else "ds_config" if given else "default/derived")
+    return out[0], out[1]
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    from skillnet.data_prep.shards import ShardError
+    from skillnet.data_prep.tokenizer import TokenizerError
     from skillnet.model import skill_parameters
     from skillnet.pretrain.objectives import ObjectiveSampler, PretrainBatchSource
     from skillnet.training import TrainConfig, Trainer, prepare
     from skillnet.training import dist as D
-    from skillnet.training.config import DsConfigError
-
-    cfg = TrainConfig(
-        output_dir=args.output_dir,
-        max_steps=args.max_steps if args.max_steps is not None else 100,
-        lr=args.lr,
-        betas=tuple(args.betas),
-        eps=args.eps,
-        weight_decay=args.weight_decay,
-        warmup_steps=args.warmup_steps,
-        max_grad_norm=args.max_grad_norm,
-        sparse_updates=not args.dense_updates,
-        micro_batch_size=args.micro_batch_size,
-        grad_accum=args.grad_accum,
-        seed=args.seed,
-        save_every=args.save_every,
-        keep_last=args.keep_last,
-        log_every=args.log_every,
-        eval_every=args.eval_every,
-        resume=None if args.resume in ("none", "") else args.resume,
-        ds_config=args.ds_config,
-        tensorboard=not args.no_tensorboard,
-        progress=not args.no_progress,
-        sigterm_at_step=args.sigterm_at_step,
-        sigterm_group=args.sigterm_group,
-    )
-    from skillnet.data_prep.shards import ShardError
-    from skillnet.data_prep.tokenizer import TokenizerError
+    from skillnet.training.config import DsConfigError, load_ds_config
 
     # Bad settings or data (wrong shard dir, unknown preset, JSON/launch mismatch, corpus too small) end
     # with one line naming the problem; errors once training runs keep their traceback.
     try:
+        raw_ds = load_ds_config(args.ds_config) if args.ds_config else None
+        settings = resolve_args(args, raw_ds)
+        cfg = TrainConfig(
+            output_dir=args.output_dir,
+            max_steps=args.max_steps,
+            lr=args.lr,
+            betas=tuple(args.betas),
+            eps=args.eps,
+            weight_decay=args.weight_decay,
+            warmup_steps=args.warmup_steps,
+            max_grad_norm=args.max_grad_norm,
+            sparse_updates=not args.dense_updates,
+            micro_batch_size=args.micro_batch_size,
+            grad_accum=args.grad_accum,
+            seed=args.seed,
+            save_every=args.save_every,
+            keep_last=args.keep_last,
+            log_every=args.log_every,
+            eval_every=args.eval_every,
+            resume=None if args.resume in ("none", "") else args.resume,
+            ds_config=args.ds_config,
+            tensorboard=not args.no_tensorboard,
+            progress=not args.no_progress,
+            sigterm_at_step=args.sigterm_at_step,
+            sigterm_group=args.sigterm_group,
+        )
         cfg, _ = prepare(cfg)
-        if args.max_steps is None and cfg.decay_steps is not None:
-            cfg.max_steps = cfg.decay_steps
+        cfg.max_steps = args.max_steps  # the JSON's total_num_steps sets the decay end, not the run length
         rank, world = D.rank(), D.world_size()
         dataset = build_dataset(args)
-        model = build_model(args, getattr(dataset, "vocab_size", None))
         sampler = ObjectiveSampler(
             seed=args.seed,
             mode=args.objective_mode,
             weights=tuple(args.objective_weights) if args.objective_weights else None,
         )
+        if hasattr(dataset, "check_objective"):
+            for i, name in enumerate(sampler.objectives):
+                if sampler.mode == "both" or sampler.weights is None or sampler.weights[i] > 0:
+                    dataset.check_objective(name)
         assert cfg.micro_batch_size is not None and cfg.grad_accum is not None
+        start_lines = describe(
+            settings,
+            schedule=cfg.schedule,
+            decay_steps=cfg.decay_steps,
+            decay_source="ds_config" if cfg.decay_steps is not None else "= max_steps",
+            sparse_updates=cfg.sparse_updates,
+            micro_batch_size=cfg.micro_batch_size,
+            grad_accum=cfg.grad_accum,
+            world_size=world,
+            batch_sources=_batch_sources(args, raw_ds),
+            ds_config=args.ds_config,
+        )
         source = PretrainBatchSource(
             dataset, sampler, cfg.micro_batch_size, cfg.grad_accum, rank, world, args.seed
         )
+        if rank == 0:
+            print("\n".join(start_lines), flush=True)
+        if args.dry_run:
+            return 0
+        model = build_model(args, getattr(dataset, "vocab_size", None))
     except (DsConfigError, ShardError, TokenizerError, FileNotFoundError, KeyError, ValueError) as e:
         print(f"error: {e.args[0] if isinstance(e, KeyError) else e}", file=sys.stderr)
         return 2
@@ -285,6 +361,7 @@ def main(argv: list[str] | None = None) -> int:
                     "global_batch": cfg.micro_batch_size * cfg.grad_accum * world,
                     "max_steps": cfg.max_steps,
                     "zero_stage": trainer.zero_stage,
+                    "settings": settings.to_json(),
                 }
             ),
             flush=True,

@@ -316,7 +316,13 @@ def test_every_bad_input_kind_is_counted_and_strict_fails(tmp_path):
         "corrupt_compressed": 1,
     }
     assert m["bad_input"]["bytes"]["too_long"] >= 50_000_000  # counted whole, though never held in memory
-    assert re.search(r"a_text\.txt:2$", m["bad_input"]["examples"]["invalid_utf8"][0])
+    ex = m["bad_input"]["examples"]
+    assert re.search(r"a_text\.txt:2:5$", ex["invalid_utf8"][0])  # line 2, column of the bad byte
+    assert re.search(r"a_text\.txt:3:5$", ex["nul_bytes"][0])
+    assert re.search(r"b_long\.txt:2$", ex["too_long"][0])
+    assert re.search(r"d\.jsonl:2:2$", ex["bad_json"][0])
+    assert re.search(r"d\.jsonl:3: no string field 'text'$", ex["missing_text_field"][0])
+    assert [re.sub(r".*/", "", e) for e in ex["empty_document"]] == ["a_text.txt:4", "a_text.txt:5", "d.jsonl:4"]
     # good documents around the bad ones are all kept: 2 in a, 2 in b, 1 in d, and some before the gzip cut
     assert m["totals"]["num_documents"] > 5
     r = _cli(

@@ -89,48 +89,69 @@ def test_mlm_masking_statistics(shards):
     assert (sel.sum(1) >= 1).all()
 
 
+def _occurrences(hay: bytes, needle: np.ndarray) -> list[int]:
+    """Token positions where `needle` occurs in the corpus (`hay` = uint32 bytes of all tokens)."""
+    pat, out, i = needle.astype("<u4").tobytes(), [], hay.find(needle.astype("<u4").tobytes())
+    while i >= 0:
+        if i % 4 == 0:
+            out.append(i // 4)
+        i = hay.find(pat, i + 1)
+    return out
+
+
 def test_nsp_pairs_half_true_next_half_other_document(shards):
+    """A ends and B starts at a sentence boundary inside a document; true B continues A, a random B
+    comes from another document; A + B fit max_seq_len - 3."""
     ds = PretrainingDataset(shards, max_seq_len=32)
-    docs = [np.concatenate(d) for d in list(iter_documents_ids(shards))]
-    flat = np.concatenate(docs)
-    doc_of_token = np.repeat(np.arange(len(docs)), [len(d) for d in docs])
-    mlm = ds.batch(range(ds.num_samples), 0, "mlm")
-    windows = [
-        row[1 : int(a.sum()) - 1]
-        for row, a in zip(
-            torch.where(mlm["labels"] >= 0, mlm["labels"], mlm["input_ids"]).numpy(),
-            mlm["attention_mask"].numpy(),
-        )
-    ]
+    docs = list(iter_documents_ids(shards))
+    flat = np.concatenate([np.concatenate(d) for d in docs]).astype(np.int64)
+    hay = flat.astype("<u4").tobytes()
+    sent_len = [len(s) for d in docs for s in d]
+    sent_end = set(np.cumsum(sent_len).tolist())
+    doc_end = np.cumsum([sum(map(len, d)) for d in docs])
+    internal = sent_end - set(doc_end.tolist())  # sentence boundaries strictly inside a document
+    doc_of = lambda pos: int(np.searchsorted(doc_end, pos, side="right"))  # noqa: E731
+
     b = ds.batch(range(ds.num_samples), 0, "nsp")
     lab = b["next_sentence_label"].numpy()
     assert abs(lab.mean() - 0.5) < 0.08
-    starts = np.cumsum([0] + [len(w) for w in windows])
     for i in range(ds.num_samples):
-        row, tt, n = (
-            b["input_ids"][i].numpy(),
-            b["token_type_ids"][i].numpy(),
-            int(b["attention_mask"][i].sum()),
-        )
+        row, tt = b["input_ids"][i].numpy(), b["token_type_ids"][i].numpy()
+        n = int(b["attention_mask"][i].sum())
         seps = np.flatnonzero(row[:n] == ds.sep_id)
         assert len(seps) == 2 and seps[1] == n - 1
         a_, b_ = row[1 : seps[0]], row[seps[0] + 1 : n - 1]
         assert len(a_) >= 1 and len(b_) >= 1 and n <= 32
         assert (tt[: seps[0] + 1] == 0).all() and (tt[seps[0] + 1 : n] == 1).all()
-        assert np.array_equal(a_, windows[i][: len(a_)])  # A is a prefix of window i
-        if lab[i] == 0:
-            assert np.array_equal(np.concatenate([a_, b_]), windows[i])
-        else:  # B: the start of a window of another document
-            k = [
-                w
-                for w in range(ds.num_samples)
-                if len(windows[w]) >= len(b_) and np.array_equal(windows[w][: len(b_)], b_)
-            ]
-            assert k, f"sample {i}: B is not the start of any window"
-            doc_i = doc_of_token[starts[i]]
-            assert any(doc_of_token[starts[w]] != doc_i for w in k)
-    assert flat.size == starts[-1]
+        # A: text of one document ending at a sentence boundary inside it
+        a_docs = {
+            doc_of(x)
+            for x in _occurrences(hay, a_)
+            if x + len(a_) in internal and doc_of(x) == doc_of(x + len(a_))
+        }
+        assert a_docs, f"sample {i}: A does not end at a sentence boundary inside a document"
+        # B: starts at a sentence boundary inside a document, stays in that document
+        b_at = [x for x in _occurrences(hay, b_) if x in internal and doc_of(x) == doc_of(x + len(b_) - 1)]
+        assert b_at, f"sample {i}: B does not start at a sentence boundary inside a document"
+        if lab[i] == 0:  # B continues A in the same document
+            assert any(
+                x - len(a_) >= 0
+                and np.array_equal(flat[x - len(a_) : x], a_)
+                and doc_of(x - len(a_)) == doc_of(x)
+                for x in b_at
+            ), i
+        else:
+            assert {doc_of(x) for x in b_at} != a_docs or len(a_docs) > 1, i
     assert ds.batch(range(ds.num_samples), 1, "nsp")["next_sentence_label"].tolist() != lab.tolist()
+
+
+def test_nsp_needs_documents_of_two_sentences(tmp_path):
+    (tmp_path / "c.txt").write_text("一句话的文档。\n另一句话的文档。\n第三个文档。\n", encoding="utf-8")
+    build(BuildConfig(inputs=[str(tmp_path / "c.txt")], out=str(tmp_path / "o"), progress=False))
+    ds = PretrainingDataset(tmp_path / "o", max_seq_len=32)
+    ds.batch([0, 1], 0, "mlm")  # MLM is fine
+    with pytest.raises(ValueError, match="NSP needs at least 2 documents of 2 or more sentences"):
+        ds.batch([0, 1], 0, "nsp")
 
 
 def test_whole_word_masking_masks_whole_words(tmp_path):

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 import torch
 from skillnet.training import Batch, BatchSource, TrainConfig, Trainer
+from skillnet.training import checkpoint as ckpt_mod
 from torch import nn
 
 SKILLS = {"a": [0, 1], "b": [1, 2]}
@@ -172,3 +173,134 @@ def test_request_stop_from_the_evaluator(tmp_path: Path) -> None:
     res = tr.train()
     assert (res.step, res.stop_reason, res.stopped_by_signal) == (4, "requested", False)
     assert (tmp_path / "checkpoints" / "latest").read_text().strip() == "step_00000004"
+
+
+class CrashingSource(ToySource):
+    """Dies like a killed process (no checkpoint, no cleanup) when it reaches micro-batch `crash_at`."""
+
+    def __init__(self, micro_batch_size: int, grad_accum: int, crash_at: int) -> None:
+        super().__init__(micro_batch_size, grad_accum)
+        self.crash_at = crash_at
+
+    def __next__(self) -> Batch:
+        if self.micro == self.crash_at:
+            raise KeyboardInterrupt("killed")
+        return super().__next__()
+
+
+def _log(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(x) for x in (path / "log.jsonl").read_text().splitlines()]
+
+
+def test_log_after_kill_and_resume_holds_each_step_once(tmp_path: Path) -> None:
+    """Killed at step 7, last checkpoint at step 4: steps 5-6 were logged, then replayed after the resume.
+    The resumed run drops the lines past its checkpoint, so log.jsonl equals an uninterrupted run's."""
+    Trainer(
+        ToyModel(),
+        ToySource(8, 1),
+        _cfg(tmp_path / "s", max_steps=12, log_every=1, eval_every=3),
+        evaluator=lambda m, s: {"probe": float(s)},
+    ).train()
+    run = tmp_path / "r"
+    kw = dict(max_steps=12, log_every=1, eval_every=3, save_every=4, tensorboard=False)
+    with pytest.raises(KeyboardInterrupt):
+        Trainer(
+            ToyModel(),
+            CrashingSource(8, 1, crash_at=6),
+            _cfg(run, **kw),
+            evaluator=lambda m, s: {"probe": float(s)},
+        ).train()
+    assert [r["step"] for r in _log(run) if r["split"] == "train"] == [1, 2, 3, 4, 5, 6]
+    with open(run / "log.jsonl", "a") as f:
+        f.write('{"step": 7, "loss": 0.6')  # a line cut short by the kill
+    Trainer(
+        ToyModel(),
+        ToySource(8, 1),
+        _cfg(run, resume="auto", **kw),
+        evaluator=lambda m, s: {"probe": float(s)},
+    ).train()
+    straight, resumed = _log(tmp_path / "s"), _log(run)
+    key = lambda r: (r["split"], r["step"])  # noqa: E731
+    assert [key(r) for r in resumed] == [key(r) for r in straight]
+    assert [r["loss"] for r in resumed if "loss" in r] == [r["loss"] for r in straight if "loss" in r]
+
+
+def test_resume_auto_ignores_an_incomplete_checkpoint(tmp_path: Path) -> None:
+    """A save cut short (no 'complete' marker) is never loaded: --resume auto takes the previous complete
+    checkpoint, even when 'latest' names the incomplete one (its files half rewritten by another run)."""
+    Trainer(ToyModel(), ToySource(8, 1), _cfg(tmp_path / "s", max_steps=16, log_every=1)).train()
+    run = tmp_path / "r"
+    kw = dict(max_steps=16, log_every=1, save_every=4, keep_last=3, tensorboard=False)
+    Trainer(ToyModel(), ToySource(8, 1), _cfg(run, sigterm_at_step=12, **kw)).train()
+    root = run / "checkpoints"
+    assert (root / "latest").read_text().strip() == "step_00000012"
+    half = root / "step_00000012"
+    marker = half / getattr(ckpt_mod, "COMPLETE_MARKER", "complete")
+    marker.unlink(missing_ok=True)
+    plain = half / "plain.pt"
+    plain.write_bytes(plain.read_bytes()[: plain.stat().st_size // 2])  # being written when the run stopped
+    probe = Trainer(ToyModel(), ToySource(8, 1), _cfg(run, **kw))
+    assert probe.maybe_resume("auto") and probe.global_step == 8
+    tr = Trainer(ToyModel(), ToySource(8, 1), _cfg(run, resume="auto", **kw))
+    assert tr.train().step == 16
+    straight = [r["loss"] for r in _log(tmp_path / "s")]
+    assert [r["loss"] for r in _log(run)] == straight  # continued from step 8, exactly
+    assert (root / "step_00000012" / "complete").is_file()  # saved again, completely, at step 12
+    with pytest.raises(FileNotFoundError, match="incomplete checkpoint"):
+        (root / "step_00000012" / "complete").unlink()
+        tr.maybe_resume(str(root / "step_00000012"))
+
+
+def test_rotation_counts_complete_checkpoints_only(tmp_path: Path) -> None:
+    root = tmp_path / "checkpoints"
+    for step in (4, 8, 12, 16, 20):
+        (root / f"step_{step:08d}").mkdir(parents=True)
+        if step != 12 and step != 20:
+            ckpt_mod.mark_complete(root / f"step_{step:08d}", step)
+    ckpt_mod.rotate(root, keep_last=2)
+    # 12 was cut short (older than the newest complete: removed); 20 may still be being written: kept
+    assert sorted(p.name for p in root.glob("step_*")) == ["step_00000008", "step_00000016", "step_00000020"]
+
+
+def test_a_run_waits_for_the_ranks_of_the_previous_run(tmp_path: Path) -> None:
+    """A requeued run must not resume while the stopped run's ranks still write their checkpoint: it
+    waits for them (run lock), then resumes from the checkpoint they finished."""
+    import subprocess
+    import sys
+    import time
+
+    run, other = tmp_path / "r", tmp_path / "other"
+    kw = dict(max_steps=8, log_every=1, save_every=4, tensorboard=False)
+    Trainer(ToyModel(), ToySource(8, 1), _cfg(run, sigterm_at_step=4, **kw)).train()
+    Trainer(ToyModel(), ToySource(8, 1), _cfg(other, **kw)).train()  # the checkpoint the old ranks finish
+    root = run / "checkpoints"
+    ready = tmp_path / "ready"
+    # Stand-in for a rank of the stopped run: holds the run lock, then finishes a checkpoint of step 8.
+    child = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import fcntl, shutil, sys, time\n"
+            "from pathlib import Path\n"
+            "from skillnet.training.checkpoint import mark_complete\n"
+            "root, done, ready = Path(sys.argv[1]), Path(sys.argv[2]), Path(sys.argv[3])\n"
+            "f = open(root / '.run.lock', 'a+'); fcntl.flock(f, fcntl.LOCK_SH)\n"
+            "ready.touch(); time.sleep(1.0)\n"
+            "shutil.copytree(done, root / done.name)\n"
+            "(root / done.name / 'complete').unlink(); mark_complete(root / done.name, 8)\n",
+            str(root),
+            str(other / "checkpoints" / "step_00000008"),
+            str(ready),
+        ]
+    )
+    try:
+        while not ready.exists():
+            assert child.poll() is None, "helper process died"
+            time.sleep(0.01)
+        tr = Trainer(ToyModel(), ToySource(8, 1), _cfg(run, resume="auto", **kw))
+        res = tr.train()
+    finally:
+        child.wait(timeout=60)
+    # Had it not waited, it would have resumed from step 4 and trained 4 steps.
+    assert res.step == 8 and tr.global_step == 8
+    assert [r["step"] for r in _log(run)] == [1, 2, 3, 4]  # nothing trained after the resume at 8

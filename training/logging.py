@@ -10,7 +10,9 @@ from typing import Any
 
 from tqdm import tqdm
 
-__all__ = ["MetricsLogger", "accuracy_metrics"]
+from .checkpoint import atomic_write_text
+
+__all__ = ["MetricsLogger", "accuracy_metrics", "truncate_log"]
 
 
 class MetricsLogger:
@@ -38,11 +40,18 @@ class MetricsLogger:
             return
         out = Path(output_dir)
         out.mkdir(parents=True, exist_ok=True)
+        dropped = truncate_log(out / "log.jsonl", initial_step)
+        if dropped:
+            self.message(
+                f"[trainer] log.jsonl: dropped {dropped} line(s) past step {initial_step}, where this run "
+                f"continues (they are logged again as the steps are replayed)"
+            )
         self.jsonl = open(out / "log.jsonl", "a", buffering=1)  # noqa: SIM115 (lives as long as the logger)
         if tensorboard:
             from torch.utils.tensorboard import SummaryWriter  # noqa: PLC0415
 
-            self.tb = SummaryWriter(log_dir=str(out / "tensorboard"))
+            # Same rule for TensorBoard: events after initial_step are purged.
+            self.tb = SummaryWriter(log_dir=str(out / "tensorboard"), purge_step=initial_step + 1)
         if progress:
             self.bar = tqdm(
                 total=total_steps,
@@ -58,8 +67,10 @@ class MetricsLogger:
         if not self.enabled:
             return
         step = int(record["step"])
+        # 6 significant digits, not decimals: a warmup learning rate of 3e-9 must not log as 0.0.
         clean = {
-            k: (round(v, 6) if isinstance(v, float) and math.isfinite(v) else v) for k, v in record.items()
+            k: (float(f"{v:.6g}") if isinstance(v, float) and math.isfinite(v) else v)
+            for k, v in record.items()
         }
         clean["split"] = prefix
         line = json.dumps(clean, sort_keys=False)
@@ -97,6 +108,31 @@ class MetricsLogger:
         if self.jsonl is not None:
             self.jsonl.close()
         self.bar = self.tb = self.jsonl = None
+
+
+def truncate_log(path: Path, step: int) -> int:
+    """Keep only the lines of ``path`` logged at or before ``step``; returns how many were dropped.
+
+    A run that resumes from the checkpoint of step S replays steps S+1... . Lines a killed run had
+    logged past S (and a last line cut short by the kill) are dropped, atomically, so every reader of
+    log.jsonl sees each step once, as in an uninterrupted run. A run from scratch (S = 0) starts an
+    empty log.
+    """
+    if not path.is_file():
+        return 0
+    kept, dropped = [], 0
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            keep = int(json.loads(line)["step"]) <= step
+        except (ValueError, KeyError, TypeError):
+            keep = False
+        if keep:
+            kept.append(line + "\n")
+        else:
+            dropped += 1
+    if dropped:
+        atomic_write_text(path, "".join(kept))
+    return dropped
 
 
 def accuracy_metrics(batch: Any, output: Any) -> dict[str, tuple[float, float]]:

@@ -29,11 +29,17 @@ from .checkpoint import (
     atomic_torch_save,
     atomic_write_text,
     checkpoint_root,
+    complete_tags,
+    hold_run_lock,
+    is_complete,
+    latest_complete,
+    mark_complete,
     read_latest,
     rng_state,
     rotate,
     set_rng_state,
     tag_for_step,
+    unmark_complete,
 )
 from .config import TrainConfig, load_ds_config, resolve_ds_config
 from .logging import MetricsLogger, accuracy_metrics
@@ -187,6 +193,15 @@ class Trainer:
 
     def train(self) -> TrainResult:
         cfg = self.cfg
+        # Wait for the ranks of an earlier run in this directory that may still be saving (see checkpoint.py).
+        run_lock = hold_run_lock(checkpoint_root(cfg.output_dir), self.rank, D.barrier)
+        try:
+            return self._train()
+        finally:
+            run_lock.close()
+
+    def _train(self) -> TrainResult:
+        cfg = self.cfg
         if cfg.resume:
             self.maybe_resume(cfg.resume)
         self.logger = MetricsLogger(
@@ -251,6 +266,11 @@ class Trainer:
             and (step % cfg.log_every == 0 or step == cfg.max_steps)
         )
         skill_norms: dict[str, float] = {}
+        if self.zero_stage == 3:
+            # DeepSpeed's ZeRO-3 keeps every parameter's reduced gradient in one flat buffer and overwrites
+            # only the entries of parameters that get a gradient: without this, a skill this step does not
+            # use would be stepped again with the gradient of its last step (MaskedAdamW skips exact zeros).
+            self.engine.optimizer.grad_partitions_flat_buffer.zero_()
         for k in range(cfg.grad_accum):
             batch = next(self.source)
             loss, metrics = self.forward_backward(batch)
@@ -352,6 +372,8 @@ class Trainer:
         root = checkpoint_root(self.cfg.output_dir)
         tag = tag_for_step(self.global_step)
         (root / tag).mkdir(parents=True, exist_ok=True)
+        if self.is_main:  # files of this tag are about to be rewritten: not complete until marked again
+            unmark_complete(root / tag)
         D.barrier()
         state = {
             "step": self.global_step,
@@ -380,7 +402,8 @@ class Trainer:
             if cfg_obj is not None and hasattr(cfg_obj, "to_json_string"):
                 atomic_write_text(root / tag / "model_config.json", cfg_obj.to_json_string())
         D.barrier()
-        if self.is_main:
+        if self.is_main:  # every rank has finished writing: the marker goes last
+            mark_complete(root / tag, self.global_step)
             atomic_write_text(root / "latest", tag + "\n")
             rotate(root, self.cfg.keep_last)
         D.barrier()
@@ -388,23 +411,31 @@ class Trainer:
         return str(root / tag)
 
     def maybe_resume(self, resume: str) -> bool:
-        """``"auto"``: resume from ``<output_dir>/checkpoints/latest`` if it exists; else a checkpoint dir."""
+        """``"auto"``: resume from the newest complete checkpoint in ``<output_dir>/checkpoints`` if any;
+        else a checkpoints directory (its newest complete one) or one ``step_*`` directory."""
         if resume == "auto":
             root = checkpoint_root(self.cfg.output_dir)
-            tag = read_latest(root)
+            tag = latest_complete(root)
             if tag is None:
                 return False
         else:
             p = Path(resume)
-            if (p / "latest").is_file():
-                root, tag = p, read_latest(p)
+            if (p / "latest").is_file() or complete_tags(p):
+                root, tag = p, latest_complete(p)
             elif p.is_dir() and p.name.startswith("step_"):
                 root, tag = p.parent, p.name
+                # Without its marker the save was cut short (unless it predates markers: named by latest).
+                if not is_complete(p) and read_latest(root) != tag:
+                    raise FileNotFoundError(
+                        f"--resume {resume}: incomplete checkpoint (no '{p.name}/complete' marker: its save "
+                        f"was interrupted); resume from an earlier one or use --resume auto"
+                    )
             else:
                 raise FileNotFoundError(
                     f"--resume {resume}: not a checkpoint directory (no 'latest', not step_*)"
                 )
-            assert tag is not None
+            if tag is None:
+                raise FileNotFoundError(f"--resume {resume}: no complete checkpoint in it")
         tdir = root / tag
         tfile = tdir / f"trainer_rank{self.rank}.pt"
         if not tfile.is_file():
