@@ -49,6 +49,8 @@ TASK_TYPES: dict[str, dict[str, Any]] = {
     "ner": {"head": "token_crf", "kinds": ("tagging",), "metric": "f1"},
     "span": {"head": "span", "kinds": ("span",), "metric": "f1"},
     "matching": {"head": "matching", "kinds": ("choice",), "metric": "top1_accuracy"},
+    # seq2seq on SkillNet-BART: no head of its own (the LM head is shared), decoded with beam search
+    "generation": {"head": None, "kinds": ("generation",), "metric": "rouge_l"},
 }
 METRICS_OF_TYPE: dict[str, tuple[str, ...]] = {
     "classification": ("accuracy", "macro_f1", "f1"),
@@ -56,7 +58,9 @@ METRICS_OF_TYPE: dict[str, tuple[str, ...]] = {
     "ner": ("f1", "precision", "recall", "f1_strict", "precision_strict", "recall_strict"),
     "span": ("f1", "em", "char_bag_f1", "char_bag_em"),
     "matching": ("top1_accuracy",),
+    "generation": ("rouge_l", "bleu_2", "bleu_4", "f0.5"),
 }
+GEN_LANGS = ("zh", "en")
 # Extra head settings a task may give under "head", per task type, with their check.
 HEAD_OPTIONS: dict[str, dict[str, tuple[str, Any]]] = {
     "classification": {"dropout": ("a number in [0, 1)", lambda v: _num(v) and 0 <= v < 1)},
@@ -65,6 +69,7 @@ HEAD_OPTIONS: dict[str, dict[str, tuple[str, Any]]] = {
     "span": {"max_answer_len": ("an integer >= 1", lambda v: _int(v) and v >= 1)},
     "matching": {"dropout": ("a number in [0, 1)", lambda v: _num(v) and 0 <= v < 1),
                  "max_candidates": ("an integer >= 0 (0 = all)", lambda v: _int(v) and v >= 0)},
+    "generation": {},
 }
 
 
@@ -111,6 +116,11 @@ class TaskConfig:
     max_train_examples: int | None = None  # cap for CPU demos
     max_eval_examples: int | None = None
     num_negatives: int = 3  # matching: negatives per positive pair seen in training
+    # generation: max_seq_len bounds the source (prefix included), max_target_len the target and decoding
+    max_target_len: int = 64
+    prefix: str | None = None  # prepended to every source; default "<task name>: " (SkillNet-NLG's prefix)
+    num_beams: int = 4  # beam search in evaluation and prediction (Appendix C.1: 4)
+    lang: str = "zh"  # metric tokenisation: "zh" = per character (Latin runs as words), "en" = words
 
     def __post_init__(self) -> None:
         if self.type not in TASK_TYPES:
@@ -137,6 +147,14 @@ class TaskConfig:
                 raise ValueError(f"{key} must be an integer >= 1 (or null for all), got {v!r}")
         if not _int(self.num_negatives) or self.num_negatives < 1:
             raise ValueError(f"num_negatives must be an integer >= 1, got {self.num_negatives!r}")
+        for key in ("max_target_len", "num_beams"):
+            v = getattr(self, key)
+            if not _int(v) or v < 1:
+                raise ValueError(f"{key} must be an integer >= 1, got {v!r}")
+        if self.lang not in GEN_LANGS:
+            raise ValueError(f"lang must be one of {GEN_LANGS}, got {self.lang!r}")
+        if self.prefix is not None and not isinstance(self.prefix, str):
+            raise ValueError(f"prefix must be a string, got {self.prefix!r}")
         self._check_head()
         self._check_positive_label()
 
@@ -169,13 +187,19 @@ class TaskConfig:
                                  "not a label")
 
     @property
-    def head_type(self) -> str:
+    def head_type(self) -> str | None:
         return TASK_TYPES[self.type]["head"]
+
+    @property
+    def source_prefix(self) -> str:
+        return f"{self.name}: " if self.prefix is None else self.prefix
 
 
 @dataclass
 class ModelConfig:
     init: str | None = None  # a SkillNet checkpoint / export dir (from_pretrained); None = random init
+    # "bert" | "bart" for a preset (init gives its own); default: "bart" when the tasks are generation tasks
+    arch: str | None = None
     preset: str = "tiny"  # model.config preset when init is None
     overrides: dict[str, Any] = field(default_factory=dict)  # config fields when init is None
     vocab: str | None = None  # WordPiece vocab.txt; None = the default bert-base-chinese vocab
@@ -184,7 +208,9 @@ class ModelConfig:
 @dataclass
 class NewSkill:
     name: str
-    init_from: str | None = "s7"  # None = fresh random init
+    # a skill of the model to copy; "generic" = its generic skill (s7 in SkillNet-NLU, general in NLG);
+    # None = fresh random init
+    init_from: str | None = "generic"
     description: str = ""
     tasks: list[str] = field(default_factory=list)  # tasks that activate it; empty = every task
 
@@ -211,6 +237,7 @@ class TrainConfig:
     # method "task_specific": "share" = each task gets the steps it would get in the joint run (the
     # sampler's share of max_steps, so the total equals one joint run); "full" = max_steps each.
     task_specific_budget: str = "share"
+    label_smoothing: float = 0.0  # generation: cross-entropy label smoothing (0 = plain CE)
     save_every: int = 0  # resumable trainer checkpoints every N steps (0 = only at the end / on SIGTERM)
     keep_last: int = 2
 
@@ -228,6 +255,8 @@ class TrainConfig:
             v = getattr(self, key)
             if not _num(v) or v < 0:
                 raise ValueError(f"{key} must be a number >= 0, got {v!r}")
+        if not _num(self.label_smoothing) or not 0 <= self.label_smoothing < 1:
+            raise ValueError(f"label_smoothing must be in [0, 1), got {self.label_smoothing!r}")
         if not _num(self.warmup_ratio) or not 0 <= self.warmup_ratio <= 1:
             raise ValueError(f"warmup_ratio must be in [0, 1], got {self.warmup_ratio!r}")
         if (not isinstance(self.betas, list) or len(self.betas) != 2
@@ -236,12 +265,15 @@ class TrainConfig:
 
 
 SELECTIONS = ("mean", "per_task")
+ARCH_NAMES = ("bert", "bart")
 
 
-def _presets() -> list[str]:
-    from skillnet.model.config import PRESETS
+def _presets(arch: str = "bert") -> list[str]:
+    from .archs import ARCHS
 
-    return list(PRESETS)
+    return list(ARCHS[arch].presets())
+
+
 TASK_SPECIFIC_BUDGETS = ("share", "full")
 
 
@@ -304,6 +336,24 @@ class FinetuneConfig:
         if self.freeze_old_skills and not self.new_skills:
             raise ValueError("freeze_old_skills needs at least one new skill (nothing else would train "
                              "but the heads); add one with --new-skill s8")
+        gen = [t.name for t in self.tasks if t.type == "generation"]
+        if gen and len(gen) != len(self.tasks):
+            raise ValueError(f"tasks: generation tasks {gen} run on the encoder-decoder (SkillNet-BART), the others "
+                             "on SkillNet-BERT: put them in separate configs")
+        if self.model.arch not in (None, *ARCH_NAMES):
+            raise ValueError(f"model.arch: unknown architecture {self.model.arch!r}; valid: {', '.join(ARCH_NAMES)}")
+        if self.model.arch is not None and (self.model.arch == "bart") != bool(gen):
+            raise ValueError(f"model.arch: {self.model.arch!r} does not fit the tasks: generation tasks need 'bart', "
+                             "NLU tasks 'bert'")
+        if self.arch not in METHODS[self.method].archs:
+            raise ValueError(f"method: {self.method!r} is not available for {self.arch.upper()} models "
+                             f"(it supports {', '.join(METHODS[self.method].archs)})")
+
+    @property
+    def arch(self) -> str:
+        """The architecture the tasks need: "bart" for generation tasks, else "bert" (an init folder of the
+        other kind is an error, found by check_model)."""
+        return "bart" if any(t.type == "generation" for t in self.tasks) else "bert"
 
     # --- derived -------------------------------------------------------------------------------
     def task(self, name: str) -> TaskConfig:
@@ -333,7 +383,7 @@ class FinetuneConfig:
             if ns.name in known:
                 raise ConfigError(f"{where}: new_skills[{i}].name: skill {ns.name!r} already exists in the model "
                                   f"(skills: {', '.join(known)})")
-            if ns.init_from is not None and ns.init_from not in known:
+            if ns.init_from not in (None, "generic") and ns.init_from not in known:
                 raise ConfigError(f"{where}: new_skills[{i}].init_from: unknown skill {ns.init_from!r}; the model's "
                                   f"skills: {', '.join(known)} (or null for a random init)")
             known.append(ns.name)
@@ -356,18 +406,20 @@ class FinetuneConfig:
             raise ConfigError(f"{where}: model.vocab: {self.resolve(self.model.vocab)} not found")
 
     def _model_config(self, where: str) -> Any:
-        """The encoder config the run starts from (``model.init``'s config.json, or the preset)."""
-        from skillnet.model.config import SkillNetBertConfig
+        """The model config the run starts from (``model.init``'s config.json, or the preset)."""
+        from .archs import ARCHS, arch_of_model_type
 
+        arch = ARCHS[self.arch]
+        config_cls = arch.config_cls()
         if not self.model.init:
-            if self.model.preset not in _presets():
-                raise ConfigError(f"{where}: model.preset: unknown preset {self.model.preset!r}; valid: "
-                                  f"{', '.join(_presets())}")
-            unknown = sorted(set(self.model.overrides) - set(SkillNetBertConfig().to_dict()))
+            if self.model.preset not in _presets(arch.name):
+                raise ConfigError(f"{where}: model.preset: unknown preset {self.model.preset!r} for "
+                                  f"{arch.name.upper()}; valid: {', '.join(_presets(arch.name))}")
+            unknown = sorted(set(self.model.overrides) - set(config_cls().to_dict()))
             if unknown:
                 raise ConfigError(f"{where}: model.overrides: unknown model config field(s) {unknown}")
             try:
-                return SkillNetBertConfig.preset(self.model.preset, **self.model.overrides)
+                return config_cls.preset(self.model.preset, **self.model.overrides)
             except Exception as e:  # the config's own validation (huggingface_hub's strict dataclass errors too)
                 raise ConfigError(f"{where}: model.overrides: {' '.join(str(e).split())}") from None
         init = Path(self.resolve(self.model.init) or "")
@@ -383,18 +435,23 @@ class FinetuneConfig:
         except (json.JSONDecodeError, UnicodeDecodeError) as e:
             raise ConfigError(f"{where}: model.init: {cfg_file}: invalid JSON ({e})") from None
         model_type = d.get("model_type") if isinstance(d, dict) else None
-        if model_type == "bert":  # a dense BERT: every skill becomes a copy of its FFN, default skill set
-            return SkillNetBertConfig(max_position_embeddings=int(d.get("max_position_embeddings", 512)))
-        if model_type != "skillnet-bert":
-            raise ConfigError(f"{where}: model.init: {init}: model_type {model_type!r} is neither a SkillNet-BERT "
-                              "export ('skillnet-bert') nor a dense HF BERT ('bert')")
+        found = arch_of_model_type(model_type)
+        if found is None:
+            raise ConfigError(f"{where}: model.init: {init}: model_type {model_type!r} is not a SkillNet export "
+                              f"or a dense checkpoint of a known kind ({', '.join(a.skillnet_type + ', ' + a.dense_type for a in ARCHS.values())})")
+        if found.name != arch.name:
+            raise ConfigError(f"{where}: model.init: {init} is a {model_type!r} model, but the tasks need "
+                              f"{arch.name.upper()} ({'generation' if arch.name == 'bart' else 'NLU'} tasks)")
+        if model_type == arch.dense_type:  # dense: every skill becomes a copy of its FFN, default skill set
+            keep = {k: d[k] for k in ("max_position_embeddings", "vocab_size") if k in d}
+            return config_cls(**keep)
         try:
-            mc = SkillNetBertConfig.from_json_file(str(cfg_file))
+            mc = config_cls.from_json_file(str(cfg_file))
         except Exception as e:  # the config's own validation (huggingface_hub's strict dataclass errors too)
             raise ConfigError(f"{where}: model.init: {cfg_file}: {' '.join(str(e).split())}") from None
-        if mc.router != "task":
+        if getattr(mc, "router", "task") != "task":
             raise ConfigError(f"{where}: model.init: {init} is a {mc.router!r}-router model; every method starts "
-                              "from a SkillNet (router 'task') export or a dense BERT")
+                              "from a SkillNet (router 'task') export or a dense checkpoint")
         return mc
 
     def resolve(self, p: str | None) -> str | None:

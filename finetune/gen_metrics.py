@@ -351,16 +351,21 @@ def correction_prf(sources: Sequence[str], hypotheses: Sequence[str], references
 
 
 def score_generation(metric_names: Sequence[str], sources: Sequence[str] | None, hypotheses: Sequence[str],
-                     references: References, lang: str = "zh") -> dict[str, float]:
+                     references: References, lang: str = "zh", lowercase: bool = False) -> dict[str, float]:
     """{name: value in percent} for each requested name of GEN_METRICS.
 
     `references` is one string per hypothesis or a list of references per hypothesis. `sources` is needed
-    only by the correction metrics (f0.5, edit_p, edit_r).
+    only by the correction metrics (f0.5, edit_p, edit_r). `lowercase`: compare BLEU/ROUGE-L
+    case-insensitively (a lower-casing vocab, as bert-base-chinese's, cannot produce upper case).
     """
     unknown = [m for m in metric_names if m not in GEN_METRICS]
     if unknown:
         raise ValueError(f"unknown generation metric(s) {unknown}; valid: {', '.join(GEN_METRICS)}")
     _check_lang(lang)
+    if lowercase:  # every metric, the correction edits included (an upper-case letter kept is no edit)
+        hypotheses = [h.lower() for h in hypotheses]
+        references = [r.lower() if isinstance(r, str) else [x.lower() for x in r] for r in references]
+        sources = None if sources is None else [x.lower() for x in sources]
     out: dict[str, float] = {}
     if any(m in ("f0.5", "edit_p", "edit_r") for m in metric_names):
         if sources is None:

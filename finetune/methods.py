@@ -48,6 +48,8 @@ class Method:
     per_task: bool = False
     # parameters (name fragment) that train with train.skill_map_lr in a group of their own.
     own_lr_fragment: str | None = None
+    # architectures it is defined for (finetune/archs.py): the learned map and PALs are BERT-only here
+    archs: tuple[str, ...] = ("bert", "bart")
 
 
 def _generic_index(cfg: Any) -> int:
@@ -62,19 +64,18 @@ _DENSE_SKILL = [{"name": "shared", "description": "one FFN shared by all tasks"}
 
 def derive_model(ref: Any, changes: dict[str, Any], *, skill_source: list[int] | None = None,
                  new_ok: tuple[str, ...] = ()) -> Any:
-    """A SkillNetBertForMultiTask with ``ref``'s config plus ``changes``, whose weights are ref's.
+    """A model of ``ref``'s class with ``ref``'s config plus ``changes``, whose weights are ref's.
 
     skill_source[k]: which skill of ``ref`` the new skill k copies (None: the same skills).
     new_ok: name fragments of parameters that are new
     in the derived model (a gate, a map, PALs) and keep their fresh initialisation.
     """
-    from skillnet.model.heads import SkillNetBertForMultiTask
-
     cfg = copy.deepcopy(ref.config)
     for k, v in changes.items():
         setattr(cfg, k, copy.deepcopy(v))
-    cfg.validate_skills()
-    model = SkillNetBertForMultiTask(cfg)
+    # BERT's config checks heads and methods too; BART's checks its skill layout
+    (cfg.validate_skills if hasattr(cfg, "validate_skills") else cfg.validate_skill_layout)()
+    model = type(ref)(cfg)
     state: dict[str, torch.Tensor] = {}
     for key, value in ref.state_dict().items():
         if ".skill_ffn.skills." in key and skill_source is not None:
@@ -100,8 +101,7 @@ def _skillnet(ref: Any) -> Any:
 def _dense_joint(ref: Any, new_ok: tuple[str, ...] = (), **extra: Any) -> Any:
     cfg = ref.config
     tasks = {t: ["shared"] for t in cfg.tasks}
-    return derive_model(ref, {"skills": copy.deepcopy(_DENSE_SKILL), "tasks": tasks, "generic_skill": None,
-                              "router": "task", **extra},
+    return derive_model(ref, {"skills": copy.deepcopy(_DENSE_SKILL), "tasks": tasks, "generic_skill": None, **extra},
                         skill_source=[_generic_index(cfg)], new_ok=new_ok)
 
 
@@ -134,10 +134,10 @@ METHODS: dict[str, Method] = {m.name: m for m in (
     Method("task_specific", "one dense model per task, each trained alone", _dense_joint, per_task=True),
     Method("moe", "top-2 token gate over as many FFNs as skills, load balancing, capacity", _moe),
     Method("learnable", "skills of SkillNet, task-skill map learned (sigmoid similarity, threshold; "
-           "straight-through estimator)", _learnable, own_lr_fragment="skill_map."),
+           "straight-through estimator)", _learnable, own_lr_fragment="skill_map.", archs=("bert",)),
     Method("learnable_eq6", "learnable with Eq. 6 as written (sharpness 1e9: no gradient reaches the map)",
-           _learnable_eq6, own_lr_fragment="skill_map."),
-    Method("pals", "dense encoder + a projected attention layer per task in every layer", _pals),
+           _learnable_eq6, own_lr_fragment="skill_map.", archs=("bert",)),
+    Method("pals", "dense encoder + a projected attention layer per task in every layer", _pals, archs=("bert",)),
 )}
 
 

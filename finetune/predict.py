@@ -10,7 +10,8 @@ same order with a ``"prediction"`` field:
 * classification: the label; regression: a number;
 * ner: ``{"tags": [...], "entities": [{"type", "start", "end", "text"}]}`` (word offsets, end exclusive);
 * span: the answer text;
-* matching: ``{"best": index, "scores": [...]}`` over the record's candidates.
+* matching: ``{"best": index, "scores": [...]}`` over the record's candidates;
+* generation: the generated text (beam search with the task's ``num_beams`` and ``max_target_len``).
 
 A bad record stops with ``file:line: reason`` (or is counted and skipped with ``--skip-bad``).
 """
@@ -41,7 +42,7 @@ class Predictor:
     def __init__(self, model_dir: str | os.PathLike[str], device: str = "cpu") -> None:
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
         from skillnet.data_prep.tokenizer import load_tokenizer
-        from skillnet.model.heads import SkillNetBertForMultiTask
+        from skillnet.finetune.archs import arch_of_model_type
         from transformers.utils import logging as hf_logging
 
         hf_logging.disable_progress_bar()
@@ -54,7 +55,11 @@ class Predictor:
         meta = json.loads(meta_path.read_text(encoding="utf-8"))
         vocab = d / meta.get("vocab", "vocab.txt")
         self.tok = load_tokenizer(vocab if vocab.is_file() else None, lowercase=meta.get("lowercase", True))
-        self.model = SkillNetBertForMultiTask.from_pretrained(str(d)).to(device).eval()
+        model_type = json.loads((d / "config.json").read_text(encoding="utf-8")).get("model_type")
+        arch = arch_of_model_type(model_type)
+        if arch is None or model_type != arch.skillnet_type:
+            raise FileNotFoundError(f"{d}: model_type {model_type!r} is not a fine-tuned SkillNet export")
+        self.model = arch.model_cls().from_pretrained(str(d)).to(device).eval()
         self.tasks = {n: TaskData.for_inference(n, m, self.tok) for n, m in meta["tasks"].items()}
 
     def check(self, obj: Any, task: str) -> dict[str, Any]:

@@ -139,7 +139,7 @@ def apply_overrides(cfg: FinetuneConfig, a: argparse.Namespace) -> FinetuneConfi
 
 
 # ----------------------------------------------------------------------------------------- model
-def _init_kind(path: str) -> str:
+def _init_kind(path: str, arch: Any) -> str:
     """'skillnet' or 'dense' from the folder's config.json (cheap: no weights are read)."""
     cfg_file = Path(path) / "config.json"
     if not cfg_file.is_file():
@@ -148,52 +148,56 @@ def _init_kind(path: str) -> str:
         model_type = json.loads(cfg_file.read_text(encoding="utf-8")).get("model_type")
     except json.JSONDecodeError as e:
         raise ConfigError(f"{cfg_file}: invalid JSON ({e.msg})") from None
-    if model_type == "skillnet-bert":
+    if model_type == arch.skillnet_type:
         return "skillnet"
-    if model_type == "bert":
+    if model_type == arch.dense_type:
         return "dense"
-    raise ConfigError(f"model.init {path}: model_type {model_type!r} is neither a SkillNet-BERT export "
-                      "('skillnet-bert') nor a dense HF BERT ('bert')")
+    raise ConfigError(f"model.init {path}: model_type {model_type!r} is neither a SkillNet export "
+                      f"({arch.skillnet_type!r}) nor a dense HF checkpoint ({arch.dense_type!r})")
 
 
 def build_reference(cfg: FinetuneConfig, data: dict[str, TaskData]) -> tuple[torch.nn.Module, list[str]]:
-    """The SkillNet model every method starts from, with every config task registered (skills + head).
+    """The SkillNet model every method starts from, with every config task registered (skills, and a head
+    per task for BERT; BART's tasks share its LM head).
 
-    From ``model.init``: a SkillNet export as it is, or a dense HF BERT with every skill a copy of its FFN
-    (the "w/o sparse pre-training" row of Table 3); without it, a preset with weights drawn from the
-    seed. Heads are drawn from (seed, task name), so a task's head starts the same whatever the other
-    tasks are (``task_specific`` trains each task alone from the same weights as the joint methods)."""
-    from skillnet.model.config import SkillNetBertConfig
-    from skillnet.model.heads import SkillNetBertForMultiTask
-    from skillnet.model.surgery import add_skill, skillnet_from_dense
+    From ``model.init``: a SkillNet export as it is, or a dense HF checkpoint with every skill a copy of its
+    FFN (the "w/o sparse pre-training" row of Table 3; SkillNet-NLG's initialisation); without it, a preset
+    with weights drawn from the seed. Heads are drawn from (seed, task name), so a task's head starts the
+    same whatever the other tasks are (``task_specific`` trains each task alone from the same weights as
+    the joint methods)."""
+    from skillnet.finetune.archs import ARCHS
+    from skillnet.model.surgery import add_skill
 
+    arch = ARCHS[cfg.arch]
+    model_cls = arch.model_cls()
     torch.manual_seed(cfg.train.seed)
     if cfg.model.init:
         init = cfg.resolve(cfg.model.init)
         if not Path(init).exists():
             raise ConfigError(f"model.init {init} does not exist (a folder written by save_pretrained / export)")
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
-        if _init_kind(init) == "dense":
-            enc = skillnet_from_dense(init)
-            model = SkillNetBertForMultiTask(enc.config)
-            model.bert.load_state_dict(enc.state_dict())
+        if _init_kind(init, arch) == "dense":
+            model = arch.from_dense()(init)
         else:
-            model = SkillNetBertForMultiTask.from_pretrained(init)
-        if model.config.router != "task":
+            model = model_cls.from_pretrained(init)
+        if getattr(model.config, "router", "task") != "task":
             raise ConfigError(f"model.init {init} is a {model.config.router!r}-router model; every method starts "
-                              "from a SkillNet (router 'task') export or a dense BERT")
+                              "from a SkillNet (router 'task') export or a dense checkpoint")
     else:
-        mc = SkillNetBertConfig.preset(cfg.model.preset, **cfg.model.overrides)
-        model = SkillNetBertForMultiTask(mc)
+        model = model_cls(arch.config_cls().preset(cfg.model.preset, **cfg.model.overrides))
     mc = model.config
     new_names = []
     for ns in cfg.new_skills:
         if ns.name in mc.skill_names:
             raise ConfigError(f"new skill {ns.name!r} already exists in the model (skills: {mc.skill_names})")
-        add_skill(model, ns.name, init_from=ns.init_from, description=ns.description or "new task skill (§3.4)")
+        src = mc.generic_skill if ns.init_from == "generic" else ns.init_from
+        add_skill(model, ns.name, init_from=src, description=ns.description or "new task skill (§3.4)")
         new_names.append(ns.name)
     for t in cfg.tasks:
         skills = cfg.effective_skills(t)
+        if not arch.has_heads:
+            mc.set_task(t.name, skills)
+            continue
         head = data[t.name].head_spec()
         old = (mc.task_heads or {}).get(t.name)
         same = (t.name in model.heads and old is not None
@@ -237,7 +241,8 @@ def freeze_all_but(model: torch.nn.Module, skills: Sequence[str], heads: Sequenc
     from skillnet.model.surgery import skill_parameters
 
     keep = {id(p) for s in skills for p in skill_parameters(model)[s]}
-    keep |= {id(p) for h in heads for p in model.heads[h].parameters()}
+    if hasattr(model, "heads"):  # BART's tasks have no heads of their own
+        keep |= {id(p) for h in heads for p in model.heads[h].parameters()}
     for p in model.parameters():
         p.requires_grad_(id(p) in keep)
 
@@ -264,7 +269,7 @@ def save_model_dir(model: torch.nn.Module, path: Path, data: dict[str, TaskData]
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()
-    if getattr(model.bert, "skill_map", None) is not None:
+    if _learned(model):
         model.bert.sync_learned_map()  # the saved config names exactly the skills the map selects now
     path = Path(path)
     tmp = path.with_name(f".{path.name}.tmp")
@@ -292,6 +297,10 @@ def load_weights(model: torch.nn.Module, path: Path) -> None:
     for f in files:
         state.update(load_file(str(f)))
     missing, unexpected = model.load_state_dict(state, strict=False)
+    # Tied weights (BART's embeddings and LM head) are saved once: missing names of a loaded tensor are fine.
+    params = dict(model.named_parameters(remove_duplicate=False))
+    loaded = {id(params[k]) for k in state if k in params}
+    missing = [k for k in missing if k not in params or id(params[k]) not in loaded]
     if missing or unexpected:
         raise RuntimeError(f"{path}: weights do not fit the model (missing {missing[:4]}, unexpected {unexpected[:4]})")
 
@@ -356,7 +365,7 @@ class DevEvaluator:
                     save_model_dir(model, self.out / "best", self.data, self.vocab, self.inherited)
             else:
                 self.bad_evals += 1
-        if getattr(model.bert, "skill_map", None) is not None:
+        if _learned(model):
             res.update(skill_map.scalars(skill_map.snapshot(model, list(self.data))))
         target, real = self.source.target_mix(), self.source.realised_mix()
         for t in target:
@@ -518,11 +527,27 @@ def setup(cfg: FinetuneConfig, *, ds_config: str | None = None, resume: str | No
     evaluator = DevEvaluator(cfg, data, source, out, tok.vocab_path, rank == 0, inherited)
     frag = METHODS[cfg.method].own_lr_fragment
     groups = build_param_groups(model, tc.weight_decay, {frag: tc.skill_map_lr} if frag else None)
+    loss_fn = label_smoothed_loss(tc.label_smoothing) if tc.label_smoothing > 0 else None
     trainer = Trainer(model, source, tcfg, evaluator=evaluator, skill_params=skill_parameters(model),
-                      param_groups=groups,
+                      param_groups=groups, loss_fn=loss_fn,
                       extra_state={"evaluator": evaluator})
     evaluator.trainer = trainer
     return Setup(cfg, out, data, source, model, trainer, evaluator, params, tok.vocab_path, rank, world)
+
+
+def label_smoothed_loss(eps: float) -> Any:
+    """Cross-entropy with label smoothing `eps` over the target tokens (padding -100 excluded), plus the
+    model's auxiliary loss when it has one (MoE balancing), in place of the model's plain CE."""
+    import torch.nn.functional as F
+
+    def loss(batch: Any, out: Any) -> torch.Tensor:
+        labels = batch.tensors["labels"]
+        ce = F.cross_entropy(out.logits.flatten(0, -2).float(), labels.reshape(-1), ignore_index=-100,
+                             label_smoothing=eps)
+        aux = getattr(out, "aux_loss", None)
+        return ce if aux is None else ce + aux
+
+    return loss
 
 
 def load_task_data(cfg: FinetuneConfig, tok: Any) -> dict[str, TaskData]:
@@ -576,7 +601,7 @@ def _run_joint(cfg: FinetuneConfig, *, ds_config: str | None, resume: str | None
 
 
 def _learned(model: torch.nn.Module) -> bool:
-    return getattr(model.bert, "skill_map", None) is not None
+    return getattr(getattr(model, "bert", None), "skill_map", None) is not None
 
 
 def _write_results(out: Path, summary: dict[str, Any]) -> None:

@@ -39,7 +39,7 @@ from skillnet.data_prep.tasks.schema import (
 )
 
 from . import metrics as M
-from .config import FinetuneConfig, TaskConfig
+from .config import METRICS_OF_TYPE, TASK_TYPES, FinetuneConfig, TaskConfig
 
 log = logging.getLogger("finetune")
 
@@ -112,8 +112,7 @@ class TaskData:
                 self.kind_note = (f" (kind 'pair' inferred from {self.files['train']}:{line}, the first record "
                                   "with a 'text_pair'; set 'kind' in the config to choose)")
             return kind
-        return {"classification": "single", "regression": "single", "ner": "tagging",
-                "span": "span", "matching": "choice"}[t]
+        return TASK_TYPES[t]["kinds"][0]
 
     def _positive_label(self) -> str | None:
         """The class whose F1 is the ``f1`` metric of a binary classification task (None otherwise)."""
@@ -137,15 +136,20 @@ class TaskData:
     @classmethod
     def for_inference(cls, name: str, meta: dict[str, Any], tokenizer: Any) -> TaskData:
         """A data-less TaskData from the metadata an export carries (``finetune_tasks.json``)."""
+        gen = {k: meta[k] for k in ("max_target_len", "prefix", "num_beams", "lang") if k in meta}
         cfg = TaskConfig(name=name, type=meta["type"], skills=list(meta.get("skills") or ["s7"]),
                          train="(not needed for prediction)", kind=meta["kind"], labels=meta.get("labels"),
-                         head=dict(meta.get("head") or {}), max_seq_len=int(meta["max_seq_len"]))
+                         head=dict(meta.get("head") or {}), max_seq_len=int(meta["max_seq_len"]), **gen)
         return cls(cfg, None, tokenizer, load_splits=())
 
     def meta(self) -> dict[str, Any]:
         """What prediction needs to encode inputs and decode outputs of this task."""
-        return {"type": self.cfg.type, "kind": self.kind, "labels": self.label_list, "skills": self.cfg.skills,
+        meta = {"type": self.cfg.type, "kind": self.kind, "labels": self.label_list, "skills": self.cfg.skills,
                 "max_seq_len": self.max_len, "head": self.cfg.head, "metric": self.cfg.metric}
+        if self.cfg.type == "generation":
+            meta.update(max_target_len=self.cfg.max_target_len, prefix=self.cfg.source_prefix,
+                        num_beams=self.cfg.num_beams, lang=self.cfg.lang)
+        return meta
 
     # ------------------------------------------------------------------------------------ loading
     def _load(self, split: str, skip_bad: bool) -> None:
@@ -233,6 +237,9 @@ class TaskData:
             truncated = sum(f.extra["n_words"] < f.extra["n_total"] for f in feats)
         elif t == "span":
             feats, truncated = self._encode_span(recs, train=(split == "train"))
+        elif t == "generation":
+            feats = self._encode_generation(recs)
+            truncated = sum(f.extra["truncated"] for f in feats)
         else:
             feats = []  # matching: per batch
             truncated = self._count_truncated_groups(recs, split)
@@ -327,6 +334,25 @@ class TaskData:
                         self.name, self.skipped_windows, self.max_len)
         return feats, cut_questions
 
+    def _encode_generation(self, recs: list[dict[str, Any]]) -> list[Encoded]:
+        """Source: [CLS] prefix + source [SEP] (max_seq_len); labels: [CLS] target [SEP] (max_target_len), as
+        the public SkillNet-NLG code; the decoder starts from [SEP] (the model config's
+        decoder_start_token_id), so the labels' [CLS] is the first token it generates."""
+        cls, sep = self.tok.cls_id, self.tok.sep_id
+        srcs = [ids for ids, _ in self._pieces([self.cfg.source_prefix + r["source"] for r in recs])]
+        tgts = ([ids for ids, _ in self._pieces([r["target"] for r in recs])] if all("target" in r for r in recs)
+                else [None] * len(recs))
+        feats = []
+        for s_ids, t_ids in zip(srcs, tgts):
+            cut = len(s_ids) > self.max_len - 2
+            e = Encoded([cls] + s_ids[: self.max_len - 2] + [sep], [0] * (min(len(s_ids), self.max_len - 2) + 2))
+            if t_ids is not None:
+                cut = cut or len(t_ids) > self.cfg.max_target_len - 2
+                e.extra["labels"] = [cls] + t_ids[: self.cfg.max_target_len - 2] + [sep]
+            e.extra["truncated"] = cut
+            feats.append(e)
+        return feats
+
     # ------------------------------------------------------------------------------------ batches
     def num_train_rows(self) -> int:
         return len(self.records["train"]) if self.cfg.type == "matching" else len(self.features("train"))
@@ -364,6 +390,11 @@ class TaskData:
 
     def _collate(self, feats: list[Encoded], with_labels: bool) -> dict[str, torch.Tensor]:
         ids = self._pad([f.input_ids for f in feats], self.tok.pad_id)
+        if self.cfg.type == "generation":  # BART takes no token types
+            batch = {"input_ids": ids, "attention_mask": self._pad([[1] * len(f.input_ids) for f in feats], 0)}
+            if with_labels:
+                batch["labels"] = self._pad([f.extra["labels"] for f in feats], -100)
+            return batch
         batch = {
             "input_ids": ids,
             "token_type_ids": self._pad([f.token_type_ids for f in feats], 0),
@@ -490,6 +521,13 @@ class TaskData:
         else:
             feats = self._encode_records(recs)
         preds: list[Any] = []
+        if t == "generation":
+            for chunk in self._iter_chunks(len(feats), bs, progress, self.name):
+                batch = to(self._collate([feats[i] for i in chunk], with_labels=False))
+                out = model.generate(**batch, task=self.name, num_beams=self.cfg.num_beams,
+                                     max_new_tokens=self.cfg.max_target_len)
+                preds += [self.decode_text(row) for row in out.tolist()]
+            return preds
         if t == "span":
             best: dict[int, tuple[float, str]] = {}
             for chunk in self._iter_chunks(len(feats), bs, progress, self.name):
@@ -544,6 +582,23 @@ class TaskData:
             self._features.pop(key, None)
             self._truncated.pop(key, None)
 
+    def decode_text(self, ids: Sequence[int]) -> str:
+        """Generated ids -> text: special tokens dropped, word pieces joined, CJK characters without spaces
+        (the vocab's lower-casing stays: metrics compare case-insensitively)."""
+        special = {self.tok.pad_id, self.tok.cls_id, self.tok.sep_id, self.tok.mask_id}
+        out: list[str] = []
+        for i in ids:
+            if i in special:
+                continue
+            piece = self.tok.vocab[i]
+            if piece.startswith("##"):
+                out.append(piece[2:])
+            elif out and out[-1][-1:].isascii() and out[-1][-1:].isalnum() and piece[:1].isascii() and piece[:1].isalnum():
+                out.append(" " + piece)  # two Latin words / numbers in a row
+            else:
+                out.append(piece)
+        return "".join(out)
+
     def score(self, split: str, preds: list[Any]) -> dict[str, float]:
         return self.score_records(self.records[split], preds)
 
@@ -566,6 +621,12 @@ class TaskData:
             golds = [[a["text"] for a in r["answers"]] for r in recs]
             bag = M.span_char_bag_em_f1(golds, preds)
             return {**M.cmrc2018_em_f1(golds, preds), "char_bag_em": bag["em"], "char_bag_f1": bag["f1"]}
+        if t == "generation":
+            from . import gen_metrics
+
+            return gen_metrics.score_generation(list(METRICS_OF_TYPE["generation"]), [r["source"] for r in recs],
+                                                preds, [r["target"] for r in recs], lang=self.cfg.lang,
+                                                lowercase=True)
         gids, scores, labels = [], [], []
         for gi, (r, p) in enumerate(zip(recs, preds)):
             pos = set(r["positives"])
@@ -593,6 +654,8 @@ class TaskData:
             return self.score_records(recs, [["O"] * len(r["tokens"]) for r in recs])
         if t == "span":
             return self.score_records(recs, [r["context"][:1] for r in recs])
+        if t == "generation":  # copy the source: F0.5 = 0 (no edit), a real floor for overlap metrics
+            return self.score_records(recs, [r["source"] for r in recs])
         # constant scores: the tie rule of group_top1_accuracy gives the random-choice expectation
         return self.score_records(recs, [{"candidates": self.eval_candidates(r),
                                           "scores": [0.0] * len(self.eval_candidates(r))} for r in recs])

@@ -297,3 +297,15 @@ def test_score_generation(demo) -> None:
         score_generation(["f0.5"], None, ["a"], ["a"])
     with pytest.raises(ValueError, match="differ in length"):
         score_generation(["f0.5"], ["a", "b"], ["a"], ["a"])
+
+
+def test_score_generation_lowercase_compares_every_metric_case_insensitively():
+    from skillnet.finetune.gen_metrics import score_generation
+
+    names = ["rouge_l", "bleu_2", "f0.5"]
+    src, hyp, ref = ["我用Medicare保险"], ["我用medicare保验"], ["我用Medicare保验"]
+    low = score_generation(names, [s.lower() for s in src], hyp, [r.lower() for r in ref])
+    assert score_generation(names, src, hyp, ref, lowercase=True) == low
+    # without it, the lower-cased hypothesis loses the word and counts a spurious edit
+    raw = score_generation(names, src, hyp, ref)
+    assert raw["rouge_l"] < low["rouge_l"] and raw["f0.5"] < low["f0.5"]

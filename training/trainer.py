@@ -131,6 +131,8 @@ class Trainer:
         extra_state: objects with state_dict/load_state_dict saved in (and restored from) checkpoints.
         param_groups: optimizer groups (default ``build_param_groups(model, weight_decay)``); a group's
             own ``lr`` is its peak learning rate under the shared schedule.
+        loss_fn: ``loss_fn(batch, output) -> loss`` in place of ``output.loss`` (e.g. label smoothing from
+            the logits); the model's own loss is used when None.
     """
 
     def __init__(
@@ -144,12 +146,14 @@ class Trainer:
         skill_params: dict[str, list[nn.Parameter]] | None = None,
         extra_state: dict[str, Any] | None = None,
         param_groups: list[dict[str, Any]] | None = None,
+        loss_fn: Callable[[Batch, Any], torch.Tensor] | None = None,
     ) -> None:
         self.cfg, self.ds_config = prepare(config)
         self.rank, self.world_size = D.rank(), D.world_size()
         self.source = source
         self.evaluator = evaluator
         self.metrics_fn = metrics_fn
+        self.loss_fn = loss_fn
         self.skill_params = skill_params or {}
         self.extra_state = extra_state or {}
         self.global_step = 0
@@ -331,11 +335,11 @@ class Trainer:
         batch = batch.to(self.device)
         if self.engine is not None:
             out = self.engine(task=batch.task, **batch.tensors)
-            loss = out.loss
+            loss = out.loss if self.loss_fn is None else self.loss_fn(batch, out)
             self.engine.backward(loss)
         else:
             out = self.module(task=batch.task, **batch.tensors)
-            loss = out.loss
+            loss = out.loss if self.loss_fn is None else self.loss_fn(batch, out)
             assert self.cfg.grad_accum is not None
             (loss / self.cfg.grad_accum).backward()
         metrics = self.metrics_fn(batch, out) if self.metrics_fn is not None else {}
