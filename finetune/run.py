@@ -529,7 +529,7 @@ def setup(cfg: FinetuneConfig, *, ds_config: str | None = None, resume: str | No
     groups = build_param_groups(model, tc.weight_decay, {frag: tc.skill_map_lr} if frag else None)
     loss_fn = label_smoothed_loss(tc.label_smoothing) if tc.label_smoothing > 0 else None
     trainer = Trainer(model, source, tcfg, evaluator=evaluator, skill_params=skill_parameters(model),
-                      param_groups=groups, loss_fn=loss_fn,
+                      param_groups=groups, loss_fn=loss_fn, config_text=cfg.to_json(),
                       extra_state={"evaluator": evaluator})
     evaluator.trainer = trainer
     return Setup(cfg, out, data, source, model, trainer, evaluator, params, tok.vocab_path, rank, world)
@@ -596,8 +596,35 @@ def _run_joint(cfg: FinetuneConfig, *, ds_config: str | None, resume: str | None
         if write:
             _write_results(out, summary)
             print(_mix_table(mix_t, mix_r), file=sys.stderr)
+        if tensorboard:
+            write_hparams(out, cfg, summary)
     D.barrier()
     return summary
+
+
+def write_hparams(out: Path, cfg: FinetuneConfig, summary: dict[str, Any]) -> None:
+    """TensorBoard's HPARAMS tab: the run's settings against its final dev/test scores (of the reported
+    checkpoint), one row per run, so runs of a sweep or a comparison sit side by side."""
+    from torch.utils.tensorboard import SummaryWriter
+
+    hp = {"method": cfg.method, "lr": cfg.train.lr, "batch_size": cfg.train.batch_size,
+          "max_steps": cfg.train.max_steps, "seed": cfg.train.seed, "sampler": cfg.sampler.kind,
+          "alpha": cfg.sampler.alpha, "temperature": cfg.sampler.temperature, "selection": cfg.train.selection,
+          "init": str(cfg.model.init or cfg.model.preset), "new_skills": ",".join(n.name for n in cfg.new_skills),
+          "drop_skills": ",".join(cfg.drop_skills), "freeze_old_skills": cfg.freeze_old_skills}
+    metrics: dict[str, float] = {}
+    for name, r in summary["tasks"].items():
+        for split in ("dev", "test"):
+            v = (r.get(split) or {}).get(r["metric"])
+            if v is not None and v == v:
+                metrics[f"hparam/{split}/{name}"] = float(v)
+    for split in ("dev", "test"):
+        vals = [v for k, v in metrics.items() if k.startswith(f"hparam/{split}/")]
+        if vals:
+            metrics[f"hparam/{split}/mean"] = sum(vals) / len(vals)
+    # run_name "." keeps everything in tensorboard/hparams (no empty event file in the run's own folder)
+    with SummaryWriter(log_dir=str(out / "tensorboard" / "hparams")) as w:
+        w.add_hparams(hp, metrics, run_name=".")
 
 
 def _learned(model: torch.nn.Module) -> bool:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 from skillnet.finetune import report
 from skillnet.finetune import run as run_cli
 from skillnet.finetune.config import FinetuneConfig
@@ -51,3 +52,23 @@ def test_report_of_an_empty_directory_is_one_error_line(tmp_path, capsys):
     assert report.main([str(tmp_path)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("error:")
+
+
+def test_finetune_writes_hparams_with_the_final_scores_and_the_config(tmp_path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    out = tmp_path / "tb"
+    d = tiny_config(out)
+    d["train"].update(max_steps=4, eval_every=2, log_every=2)
+    run_cli.run(FinetuneConfig.from_dict(d), tensorboard=True, progress=False)
+    results = json.loads((out / "results.json").read_text())
+    ev = EventAccumulator(str(next((out / "tensorboard" / "hparams").glob("events.out.tfevents.*"))))
+    ev.Reload()
+    for name, r in results["tasks"].items():
+        got = ev.Scalars(f"hparam/dev/{name}")[-1].value
+        assert got == pytest.approx(r["dev"][r["metric"]], abs=1e-4)
+    mains = list((out / "tensorboard").glob("events.out.tfevents.*"))
+    assert len(mains) == 1
+    main = EventAccumulator(str(mains[0]))
+    main.Reload()
+    assert "config/text_summary" in main.Tags()["tensors"]

@@ -110,15 +110,57 @@ def test_trainer_learns_logs_and_checkpoints(tmp_path: Path) -> None:
     assert sorted(p.name for p in root.glob("step_*")) == ["step_00000020", "step_00000030"]  # keep_last=2
 
 
-def test_skill_grad_norms_are_zero_for_inactive_skills(tmp_path: Path) -> None:
+def test_skill_statistics_cover_only_the_steps_that_used_the_skill(tmp_path: Path) -> None:
+    """Per-skill gradient norms: absent (not 0.0) for a skill no step of the window used, and the mean over
+    the window's steps that used it, not the last micro-step's value (TensorBoard issue)."""
+    def run(out: Path, log_every: int) -> list[dict[str, Any]]:
+        model = ToyModel()
+        skill_params = {f"s{i}": list(model.skills[i].parameters()) for i in range(3)}
+        Trainer(model, ToySource(8, 1), _cfg(out, max_steps=6, log_every=log_every, tensorboard=False),
+                skill_params=skill_params).train()
+        return [json.loads(x) for x in (out / "log.jsonl").read_text().splitlines() if '"train"' in x]
+
+    every = run(tmp_path / "every", 1)
+    # step 1 trains task "b" (skills 1, 2): skill 0 has no statistic at all
+    assert "skill_grad_norm/s0" not in every[0] and every[0]["skill_grad_norm/s2"] > 0
+    assert "skill_grad_norm/s2" not in every[1] and every[1]["skill_grad_norm/s0"] > 0
+    windows = run(tmp_path / "windows", 3)
+    for w, steps in zip(windows, (every[0:3], every[3:6])):
+        for s in ("s0", "s1", "s2"):
+            vals = [r[f"skill_grad_norm/{s}"] for r in steps if f"skill_grad_norm/{s}" in r]
+            assert w[f"skill_grad_norm/{s}"] == pytest.approx(sum(vals) / len(vals), rel=1e-5), (s, w["step"])
+    # the realised task mix since the start, and the drift of each skill from the first weights
+    assert windows[-1]["mix/a"] == pytest.approx(4 / 6) and windows[-1]["mix/b"] == pytest.approx(2 / 6)
+    assert all(windows[-1][f"skill_drift/s{i}"] > 0 for i in range(3))
+
+
+def test_skill_drift_is_measured_from_the_first_weights_across_a_resume(tmp_path: Path) -> None:
+    def run(out: Path, **kw: Any) -> dict[str, Any]:
+        model = ToyModel()
+        skill_params = {f"s{i}": list(model.skills[i].parameters()) for i in range(3)}
+        Trainer(model, ToySource(8, 1), _cfg(out, max_steps=6, log_every=2, tensorboard=False, resume="auto", **kw),
+                skill_params=skill_params).train()
+        return [json.loads(x) for x in (out / "log.jsonl").read_text().splitlines() if '"train"' in x][-1]
+
+    full = run(tmp_path / "full")
+    run(tmp_path / "cut", sigterm_at_step=4)  # stops and checkpoints at step 4
+    cut = run(tmp_path / "cut")  # resumes at step 4
+    assert cut["step"] == full["step"] == 6
+    for i in range(3):
+        assert cut[f"skill_drift/s{i}"] == pytest.approx(full[f"skill_drift/s{i}"], rel=1e-6)
+    assert cut["mix/a"] == full["mix/a"]
+
+
+def test_tensorboard_gets_per_task_losses_not_the_mixed_one_and_the_config(tmp_path: Path) -> None:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
     model = ToyModel()
-    skill_params = {f"s{i}": list(model.skills[i].parameters()) for i in range(3)}
-    tr = Trainer(model, ToySource(8, 1), _cfg(tmp_path, max_steps=3, log_every=1), skill_params=skill_params)
-    tr.train()
-    recs = [json.loads(x) for x in (tmp_path / "log.jsonl").read_text().splitlines()]
-    step_b = recs[0]  # step 1 (index 0) trains task "b": skills 1, 2
-    assert step_b["skill_grad_norm/s0"] == 0.0 and step_b["skill_grad_norm/s2"] > 0
-    assert recs[1]["skill_grad_norm/s2"] == 0.0 and recs[1]["skill_grad_norm/s0"] > 0
+    Trainer(model, ToySource(8, 1), _cfg(tmp_path, max_steps=4, log_every=2), config_text='{"lr": 0.01}').train()
+    ea = EventAccumulator(str(next((tmp_path / "tensorboard").glob("events.out.tfevents.*"))))
+    ea.Reload()
+    scalars = set(ea.Tags()["scalars"])
+    assert {"train/a/loss", "train/b/loss", "train/mix/a"} <= scalars and "train/loss" not in scalars
+    assert "config/text_summary" in ea.Tags()["tensors"]
 
 
 def test_gradient_accumulation_equals_the_larger_batch(tmp_path: Path) -> None:

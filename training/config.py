@@ -49,6 +49,9 @@ class TrainConfig:
     ds_config: str | None = None
     tensorboard: bool = True
     progress: bool = True
+    # log each skill's weight drift from the run's first weights (keeps a CPU copy of the skills on rank 0
+    # and <output_dir>/skill_init.safetensors); not under ZeRO-3
+    skill_drift: bool = True
     # Testing hook: raise SIGTERM in every rank after this step (exercises the real signal path).
     sigterm_at_step: int | None = None
     # ... and with sigterm_group, rank 0 signals its whole process group instead (launcher included),

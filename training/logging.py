@@ -19,8 +19,10 @@ class MetricsLogger:
     """Writes only when ``enabled`` (rank 0). JSON lines go to stdout and ``<output_dir>/log.jsonl``.
 
     TensorBoard tags: ``train/<name>`` for every key of a training record (``train/mlm/loss``,
-    ``train/lr``, ``train/grad_norm``, ``train/tokens_per_s``, ``train/skill_grad_norm/s7`` ...),
-    ``eval/<name>`` for evaluator results.
+    ``train/lr``, ``train/grad_norm``, ``train/tokens_per_s``, ``train/mix/mlm`` (the realised task or
+    objective mix since the start), ``train/skill_grad_norm/s7`` (averaged over the window's steps that
+    used the skill), ``train/skill_drift/s7`` (||W - W0|| / ||W0||) ...) except the mixed ``loss``,
+    ``eval/<name>`` for evaluator results, and the run's config as text.
     """
 
     def __init__(
@@ -82,8 +84,16 @@ class MetricsLogger:
         self.jsonl.write(line + "\n")
         if self.tb is not None:
             for k, v in record.items():
-                if k != "step" and isinstance(v, (int, float)) and not isinstance(v, bool):
-                    self.tb.add_scalar(f"{prefix}/{k}", v, step)
+                # "loss" averages whichever tasks (objectives) the window drew, e.g. MLM's ~10 with NSP's ~0.7:
+                # a meaningless curve. TensorBoard gets each task's own <task>/loss; the JSON line keeps it.
+                if k in ("step", "loss") or not isinstance(v, (int, float)) or isinstance(v, bool):
+                    continue
+                self.tb.add_scalar(f"{prefix}/{k}", v, step)
+
+    def text(self, tag: str, text: str, step: int = 0) -> None:
+        """A text panel in TensorBoard (e.g. the run's config), as a code block."""
+        if self.tb is not None:
+            self.tb.add_text(tag, "```\n" + text + "\n```", step)
 
     def advance(self, n: int = 1, postfix: dict[str, Any] | None = None) -> None:
         if self.bar is not None:

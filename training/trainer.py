@@ -133,6 +133,7 @@ class Trainer:
             own ``lr`` is its peak learning rate under the shared schedule.
         loss_fn: ``loss_fn(batch, output) -> loss`` in place of ``output.loss`` (e.g. label smoothing from
             the logits); the model's own loss is used when None.
+        config_text: the run's configuration, written to TensorBoard as text at the start.
     """
 
     def __init__(
@@ -147,6 +148,7 @@ class Trainer:
         extra_state: dict[str, Any] | None = None,
         param_groups: list[dict[str, Any]] | None = None,
         loss_fn: Callable[[Batch, Any], torch.Tensor] | None = None,
+        config_text: str | None = None,
     ) -> None:
         self.cfg, self.ds_config = prepare(config)
         self.rank, self.world_size = D.rank(), D.world_size()
@@ -154,6 +156,7 @@ class Trainer:
         self.evaluator = evaluator
         self.metrics_fn = metrics_fn
         self.loss_fn = loss_fn
+        self.config_text = config_text
         self.skill_params = skill_params or {}
         self.extra_state = extra_state or {}
         self.global_step = 0
@@ -189,6 +192,8 @@ class Trainer:
         self._window_tokens = 0.0
         self._window_time = 0.0
         self._last_saved_step = -1
+        self._task_steps: dict[str, int] = {}  # micro-batches per task (objective) since the start: the mix
+        self._skill_init: dict[str, torch.Tensor] | None = None
 
     # ------------------------------------------------------------------ public API
     @property
@@ -211,6 +216,9 @@ class Trainer:
         self.logger = MetricsLogger(
             cfg.output_dir, self.is_main, cfg.max_steps, self.global_step, cfg.tensorboard, cfg.progress
         )
+        if self.config_text:
+            self.logger.text("config", self.config_text, self.global_step)
+        self._load_skill_init()
         if self.is_main:
             Path(cfg.output_dir).mkdir(parents=True, exist_ok=True)
             atomic_write_text(Path(cfg.output_dir) / "train_config.json", cfg.to_json())
@@ -264,11 +272,9 @@ class Trainer:
         sums: dict[str, list[float]] = {}
         tokens = 0.0
         step = self.global_step + 1
-        want_skill_norms = (
-            bool(self.skill_params)
-            and cfg.log_every > 0
-            and (step % cfg.log_every == 0 or step == cfg.max_steps)
-        )
+        # Every step, averaged over the logging window per skill and only over the steps that used it: a
+        # skill a step skipped has no gradient (or an all-zero ZeRO fragment) and is not a zero sample.
+        want_skill_norms = bool(self.skill_params) and cfg.log_every > 0
         skill_norms: dict[str, float] = {}
         if self.zero_stage == 3:
             # DeepSpeed's ZeRO-3 keeps every parameter's reduced gradient in one flat buffer and overwrites
@@ -280,6 +286,7 @@ class Trainer:
             loss, metrics = self.forward_backward(batch)
             _add(sums, f"{batch.task}/loss", loss, 1.0)
             _add(sums, "loss", loss, 1.0)
+            self._task_steps[batch.task] = self._task_steps.get(batch.task, 0) + 1
             for name, (num, den) in metrics.items():
                 _add(sums, f"{batch.task}/{name}", num, den)
             tokens += batch.num_tokens()
@@ -386,6 +393,7 @@ class Trainer:
             "rng": rng_state(),
             "extra": {k: v.state_dict() for k, v in self.extra_state.items()},
             "train_config": self.cfg.to_json(),
+            "task_steps": dict(self._task_steps),
         }
         atomic_torch_save(state, root / tag / f"trainer_rank{self.rank}.pt")
         if self.engine is not None:
@@ -468,6 +476,7 @@ class Trainer:
         for k, v in state.get("extra", {}).items():
             if k in self.extra_state:
                 self.extra_state[k].load_state_dict(v)
+        self._task_steps = {k: int(v) for k, v in state.get("task_steps", {}).items()}
         set_rng_state(state["rng"])
         self.global_step = int(state["step"])
         self._last_saved_step = self.global_step
@@ -532,13 +541,17 @@ class Trainer:
         scale = 1.0
         if self.engine is not None and self.engine.fp16_enabled():
             scale = float(getattr(self.engine.optimizer, "loss_scale", 1.0) or 1.0)
-        return {f"skill_grad_norm/{n}": math.sqrt(full[i] + frag[i]) / scale for i, n in enumerate(names)}
+        # Only skills this step used: an unused skill has no gradient at all (plain) or exact zeros (ZeRO).
+        return {f"skill_grad_norm/{n}": math.sqrt(full[i] + frag[i]) / scale for i, n in enumerate(names)
+                if full[i] + frag[i] > 0}
 
     def _accumulate_window(self, out: StepOutput) -> None:
         for k, (num, den) in out.sums.items():
             acc = self._window.setdefault(k, [0.0, 0.0])
             acc[0] += num
             acc[1] += den
+        for k, v in out.skill_grad_norms.items():
+            _add(self._window, k, v, 1.0)
         self._window_tokens += out.tokens
         self._window_time += out.seconds
         self._last_out = out
@@ -552,9 +565,52 @@ class Trainer:
         if out.grad_norm is not None:
             rec["grad_norm"] = out.grad_norm
         rec["tokens_per_s"] = self._window_tokens / self._window_time if self._window_time > 0 else 0.0
-        rec.update(out.skill_grad_norms)
+        total = sum(self._task_steps.values())
+        if len(self._task_steps) > 1:  # the realised task (objective) mix since the start
+            rec.update({f"mix/{t}": n / total for t, n in sorted(self._task_steps.items())})
+        rec.update(self._skill_drift())
         self._window, self._window_tokens, self._window_time = {}, 0.0, 0.0
         return rec
+
+    # Per-skill weight drift from the run's initial weights: ||W - W0|| / ||W0|| over the skill's tensors.
+    # W0 is kept on the CPU (rank 0) and in <output_dir>/skill_init.safetensors, so a resumed run measures
+    # from the same start. Not under ZeRO-3, where no rank holds the full weights.
+    def _skill_init_path(self) -> Path:
+        return Path(self.cfg.output_dir) / "skill_init.safetensors"
+
+    def _skill_tensors(self) -> dict[str, torch.Tensor]:
+        return {f"{s}/{i}": p.detach().float().cpu() for s in sorted(self.skill_params)
+                for i, p in enumerate(self.skill_params[s])}
+
+    def _load_skill_init(self) -> None:
+        if not (self.is_main and self.skill_params and self.cfg.skill_drift and self.zero_stage != 3):
+            return
+        from safetensors.torch import load_file, save_file
+
+        path = self._skill_init_path()
+        current = self._skill_tensors()
+        if path.is_file():
+            saved = load_file(str(path))
+            if set(saved) == set(current) and all(saved[k].shape == current[k].shape for k in saved):
+                self._skill_init = saved
+                return
+        if self.global_step == 0:
+            self._skill_init = {k: v.clone() for k, v in current.items()}
+            tmp = path.with_name(path.name + ".tmp")
+            save_file(self._skill_init, str(tmp))
+            os.replace(tmp, path)
+
+    def _skill_drift(self) -> dict[str, float]:
+        if self._skill_init is None:
+            return {}
+        now = self._skill_tensors()
+        out = {}
+        for s in sorted(self.skill_params):
+            keys = [k for k in now if k.split("/")[0] == s]
+            diff = math.sqrt(sum(float((now[k] - self._skill_init[k]).pow(2).sum()) for k in keys))
+            base = math.sqrt(sum(float(self._skill_init[k].pow(2).sum()) for k in keys))
+            out[f"skill_drift/{s}"] = diff / base if base > 0 else diff
+        return out
 
 
 def _add(d: dict[str, list[float]], key: str, num: float, den: float) -> None:
