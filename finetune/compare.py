@@ -58,7 +58,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"rows of the table: methods, or 'all' ({', '.join(METHODS)}); LABEL=METHOD adds a "
                         "variant under its own label (e.g. skillnet_dense=skillnet with --init-for)")
     p.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2], help="seeds; every method runs each")
-    p.add_argument("--init", help="initial weights for every method (SkillNet export or dense HF BERT folder)")
+    p.add_argument("--init", help="initial weights for every method (SkillNet export or dense HF checkpoint "
+                                  "folder); '{seed}' in the path is replaced by each run's seed")
     p.add_argument("--init-for", "--init_for", dest="init_for", action="append", default=[], metavar="LABEL=DIR",
                    help="initial weights of one row instead of --init (repeatable), e.g. the 'w/o sparse "
                         "pre-training' row from the dense BERT")
@@ -128,9 +129,22 @@ def resolve_rows(names: Sequence[str], init: str | None = None, init_for: Sequen
 
     inits, extra = per_label(init_for, "--init-for"), per_label(args_for, "--args-for")
     for lab, path in inits.items():
-        if not Path(path).exists():
+        # "{seed}" in a path: each seed starts from its own folder (e.g. that seed's multi-task model)
+        if "{seed}" not in path and not Path(path).exists():
             raise ConfigError(f"--init-for {lab}={path}: {path} does not exist")
     return [Row(lab, m, inits.get(lab, init), tuple(shlex.split(extra.get(lab, "")))) for lab, m in pairs]
+
+
+def _check_row(base: FinetuneConfig, row: Row, seed: int) -> None:
+    d = base.to_dict()
+    d["method"] = row.method
+    if row.init:
+        init = Path(row.init.replace("{seed}", str(seed)))
+        if not init.exists():
+            raise ConfigError(f"row {row.label}, seed {seed}: initial weights {init} do not exist")
+        d["model"]["init"] = str(init.resolve())
+    cfg = FinetuneConfig.from_dict(d, where=f"config (row {row.label})", base_dir=base.base_dir)
+    cfg.check_model(f"row {row.label}")
 
 
 def run_dir(out: Path, label: str, seed: int) -> Path:
@@ -141,7 +155,10 @@ def run_command(a: argparse.Namespace, config: Path, row: Row, seed: int, rdir: 
     args = ["--config", str(config), "--method", row.method, "--seed", str(seed), "--output-dir", str(rdir),
             "--resume", "auto", "--no-progress", *row.args]
     if row.init:
-        args += ["--init", str(Path(row.init).resolve())]
+        init = Path(row.init.replace("{seed}", str(seed)))
+        if not init.exists():
+            raise ConfigError(f"row {row.label}, seed {seed}: initial weights {init} do not exist")
+        args += ["--init", str(init.resolve())]
     if a.max_steps is not None:
         args += ["--max-steps", str(a.max_steps)]
     if a.threads:
@@ -367,11 +384,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         rows = resolve_rows(a.methods, a.init, a.init_for, a.args_for)
         methods = [r.label for r in rows]
         config = Path(a.config).resolve()
-        FinetuneConfig.load(config)  # fail on a bad config before the first run
-        if a.init and not Path(a.init).exists():
-            raise ConfigError(f"--init {a.init} does not exist")
+        base = FinetuneConfig.load(config)  # fail on a bad config before the first run
         if len(set(a.seeds)) != len(a.seeds):
             raise ConfigError(f"--seeds has duplicates: {a.seeds}")
+        for row in rows:  # every row against its model, before the first run starts
+            for seed in a.seeds:
+                _check_row(base, row, seed)
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

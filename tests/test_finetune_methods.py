@@ -238,3 +238,27 @@ def test_compare_rows_can_be_variants_with_their_own_init_and_options(tmp_path, 
     bad = ["--config", str(cfg), "--methods", "skillnet", "--init-for", "nope=x", "--no-plots"]
     assert compare_cli.main(bad) == 2
     assert capsys.readouterr().err.strip().startswith("error: --init-for 'nope=x': no row labelled 'nope'")
+
+
+def test_compare_init_per_seed_and_every_row_checked_before_running(tmp_path, capsys):
+    cfg = tmp_path / "cfg.json"
+    cfg.write_text(json.dumps(tiny_config(tmp_path)), encoding="utf-8")
+    for seed in (0, 1):
+        _dense_bert(tmp_path / f"mt{seed}")
+    args = ["--config", str(cfg), "--methods", "skillnet", "--seeds", "0", "1", "--init", str(tmp_path / "mt{seed}"),
+            "--output-dir", str(tmp_path / "cmp"), "--dry-run"]
+    assert compare_cli.main(args) == 0
+    err = capsys.readouterr().err
+    assert f"--init {tmp_path / 'mt0'}" in err and f"--init {tmp_path / 'mt1'}" in err
+    # seed 2 has no folder: one error line before anything runs
+    assert compare_cli.main([*args[:5], "0", "2", *args[7:]]) == 2
+    out = capsys.readouterr().err.strip().splitlines()
+    assert len(out) == 1 and "row skillnet, seed 2: initial weights" in out[0]
+    # a row whose config does not fit its model is caught before running too
+    bad = tiny_config(tmp_path)
+    bad["tasks"][0]["skills"] = ["s1", "s99"]
+    cfg.write_text(json.dumps(bad), encoding="utf-8")
+    assert compare_cli.main(["--config", str(cfg), "--methods", "skillnet", "--seeds", "0", "--no-plots",
+                             "--output-dir", str(tmp_path / "cmp2")]) == 2
+    assert "unknown skill 's99'" in capsys.readouterr().err
+    assert not (tmp_path / "cmp2" / "skillnet").exists()
