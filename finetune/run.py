@@ -45,6 +45,7 @@ from skillnet.finetune.tasks import TaskData
 
 log = logging.getLogger("finetune")
 META_FILE = "finetune_tasks.json"
+SAMPLES = 20  # generation outputs kept in samples.json per task
 
 
 # ----------------------------------------------------------------------------------------- CLI
@@ -396,6 +397,7 @@ def final_scores(model: torch.nn.Module, cfg: FinetuneConfig, data: dict[str, Ta
     Without dev sets (or evaluations), the final model."""
     final_state = {k: v.detach().clone() for k, v in model.state_dict().items()}
     results: dict[str, Any] = {}
+    samples: dict[str, list[dict[str, str]]] = {}  # generation: the first outputs of the last split scored
     bs = cfg.train.eval_batch_size
     shared_best = out / "best"
     if not evaluator.per_task and shared_best.exists():
@@ -418,11 +420,17 @@ def final_scores(model: torch.nn.Module, cfg: FinetuneConfig, data: dict[str, Ta
                              "train_examples": d.num_train}
         for split in ("dev", "test"):
             if split in d.records:
-                r[split] = d.score(split, d.predict_split(model, split, bs, progress=progress))
+                preds = d.predict_split(model, split, bs, progress=progress)
+                r[split] = d.score(split, preds)
                 r[f"trivial_{split}"] = d.trivial_baseline(split)
                 r[f"{split}_examples"] = len(d.records[split])
+                if d.cfg.type == "generation":  # what a reader wants to see of a generation model
+                    samples[name] = [{"source": x["source"], "reference": x["target"], "output": y}
+                                     for x, y in zip(d.records[split][:SAMPLES], preds[:SAMPLES])]
         results[name] = r
     model.load_state_dict(final_state)
+    if samples:
+        _write_json(out / "samples.json", samples)
     return results
 
 

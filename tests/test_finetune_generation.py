@@ -46,6 +46,9 @@ def test_generation_tasks_train_evaluate_export_and_predict(tmp_path):
     assert res["fix"]["metric"] == "f0.5" and res["qa"]["metric"] == "rouge_l"
     assert set(res["qa"]["dev"]) == {"rouge_l", "bleu_2", "bleu_4", "f0.5"}
     assert res["fix"]["trivial_dev"]["f0.5"] == 100.0  # copying the source is right on a dev set with no errors
+    samples = json.loads((out / "samples.json").read_text(encoding="utf-8"))
+    assert set(samples) == {"fix", "qa"} and samples["qa"][0]["source"] == "理赔要多久"
+    assert set(samples["qa"][0]) == {"source", "reference", "output"}
     meta = json.loads((out / "export" / "finetune_tasks.json").read_text())["tasks"]
     assert meta["qa"]["prefix"] == "qa: " and meta["fix"]["num_beams"] == 2 and meta["qa"]["max_target_len"] == 24
     cfg = json.loads((out / "export" / "config.json").read_text())
