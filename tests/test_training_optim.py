@@ -3,6 +3,11 @@
 from __future__ import annotations
 
 import copy
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -167,18 +172,24 @@ def test_state_dict_round_trip_keeps_global_step() -> None:
         MaskedAdamW(m.parameters(), betas=(1.0, 0.9))
 
 
-def test_chunked_paths_leave_zero_regions_untouched_in_a_large_flat_tensor() -> None:
-    """A flat buffer like a ZeRO partition: a dense block, a skipped block and a sparse (mixed) block."""
+@pytest.mark.parametrize("chunk_size", [4096, 64])
+def test_chunked_paths_leave_zero_regions_untouched_in_a_large_flat_tensor(chunk_size: int) -> None:
+    """A flat buffer like a ZeRO partition: a dense block, a skipped block and a sparse (mixed) block.
+
+    chunk_size 4096: one slab (64 chunks) covers the tensor, split by bisection. chunk_size 64: slabs of
+    4096 elements; whole dense and zero slabs, and slabs straddling a block boundary (20000, 40000).
+    """
     torch.manual_seed(0)
     n = 3 * 20000
     p = nn.Parameter(torch.randn(n))
-    opt = MaskedAdamW([p], lr=1e-2, weight_decay=0.1, chunk_size=4096)
+    opt = MaskedAdamW([p], lr=1e-2, weight_decay=0.1, chunk_size=chunk_size)
     p.grad = torch.randn(n)
     opt.step()  # every element has moments now
     before = p.detach().clone(), opt.state[p]["exp_avg"].clone(), opt.state[p]["exp_avg_sq"].clone()
     g = torch.randn(n)
     g[20000:40000] = 0.0  # inactive block
     g[40000:] *= (torch.rand(20000) < 0.1).float()  # sparse rows
+    g[40001] = -0.0  # a negative zero is a zero too
     p.grad = g
     opt.step()
     after = p.detach(), opt.state[p]["exp_avg"], opt.state[p]["exp_avg_sq"]
@@ -197,3 +208,180 @@ def test_chunked_paths_leave_zero_regions_untouched_in_a_large_flat_tensor() -> 
     ref.grad = g
     ref_opt.step()
     torch.testing.assert_close(after[0][~untouched], ref.detach()[~untouched], rtol=1e-5, atol=1e-6)
+
+
+def _call_pattern_run(pattern: str, steps: int = 4) -> tuple[MaskedAdamW, list[nn.Parameter]]:
+    """Step flat fp32 tensors the way DeepSpeed calls its client optimizer.
+
+    Two param groups (decay / no decay), each split into sub-groups (flat tensors). "plain": one call
+    per step with every tensor listed; "zero12": one call per param group with only that group visible
+    (stage 1/2 swap ``optimizer.param_groups``); "zero3": one call per sub-group with that sub-group as
+    the only entry of its group and every other group emptied (stage 3's ``_optimizer_step``).
+    """
+    torch.manual_seed(0)
+    sub = [[nn.Parameter(torch.randn(300)), nn.Parameter(torch.randn(200))], [nn.Parameter(torch.randn(50))]]
+    opt = MaskedAdamW(
+        [{"params": list(sub[0]), "weight_decay": 0.1}, {"params": list(sub[1]), "weight_decay": 0.0}],
+        lr=1e-2,
+    )
+    g = torch.Generator().manual_seed(1)
+    for step in range(steps):
+        for gi, tensors in enumerate(sub):
+            for i, p in enumerate(tensors):
+                p.grad = torch.randn(p.shape, generator=g)
+                if (step + i + gi) % 3 == 0:
+                    p.grad[: p.numel() // 2] = 0.0  # an inactive skill's slice of the partition
+        if pattern == "plain":
+            opt.step()
+        elif pattern == "zero12":
+            groups = opt.param_groups
+            for group in groups:
+                opt.param_groups = [group]
+                opt.step()
+            opt.param_groups = groups
+        else:
+            for group in opt.param_groups:
+                group["params"] = []
+            for gi, tensors in enumerate(sub):
+                for p in tensors:
+                    opt.param_groups[gi]["params"] = [p]
+                    opt.step()
+                    opt.param_groups[gi]["params"] = []
+            for gi, tensors in enumerate(sub):
+                opt.param_groups[gi]["params"] = list(tensors)
+    return opt, [p for tensors in sub for p in tensors]
+
+
+@pytest.mark.parametrize("pattern", ["zero12", "zero3"])
+def test_deepspeed_call_patterns_count_one_adam_step_per_optimizer_step(pattern: str) -> None:
+    """Issue 8 item 3: ZeRO-3 calls step() once per sub-group; the count must stay the global step."""
+    ref, ref_params = _call_pattern_run("plain")
+    opt, params = _call_pattern_run(pattern)
+    assert [g["step"] for g in opt.param_groups] == [4, 4]
+    assert [opt.state[p]["step"] for p in params] == [4, 4, 4]
+    for p, q in zip(ref_params, params):
+        assert torch.equal(p, q)  # the same kernel on the same tensors: bit-identical
+        assert torch.equal(ref.state[p]["exp_avg_sq"], opt.state[q]["exp_avg_sq"])
+
+
+def test_a_parameter_without_gradient_still_counts_the_global_step() -> None:
+    """Bias correction uses the global step: a skill first used at step 3 is corrected with t=3."""
+    torch.manual_seed(0)
+    used, late = nn.Parameter(torch.randn(4)), nn.Parameter(torch.randn(4))
+    ref = nn.Parameter(late.detach().clone())
+    opt = MaskedAdamW([used, late], lr=1e-2)
+    for step in range(3):
+        used.grad = torch.randn(4)
+        late.grad = torch.randn(4) if step == 2 else None
+        opt.step()
+    assert opt.state[used]["step"] == opt.state[late]["step"] == opt.param_groups[0]["step"] == 3
+    # torch's AdamW from zero moments at its 3rd step (it increments "step" before the update).
+    ref_opt = torch.optim.AdamW([ref], lr=1e-2, weight_decay=0.0, eps=1e-8)
+    ref_opt.state[ref] = {"step": torch.tensor(2.0), "exp_avg": torch.zeros(4), "exp_avg_sq": torch.zeros(4)}
+    ref.grad = late.grad.clone()
+    ref_opt.step()
+    torch.testing.assert_close(late.detach(), ref.detach(), rtol=1e-6, atol=1e-7)
+
+
+def test_checkpoint_without_per_tensor_counts_resumes_from_the_group_count() -> None:
+    """Checkpoints written before the count moved to the tensors carry only the group's (global) count."""
+    torch.manual_seed(0)
+    a = nn.Linear(5, 3)
+    b = copy.deepcopy(a)
+    oa = MaskedAdamW(a.parameters(), lr=1e-2)
+    x = torch.randn(4, 5)
+    for _ in range(3):
+        oa.zero_grad()
+        a(x).pow(2).sum().backward()
+        oa.step()
+    sd = copy.deepcopy(oa.state_dict())
+    for st in sd["state"].values():
+        del st["step"]
+    ob = MaskedAdamW(b.parameters(), lr=1e-2)
+    b.load_state_dict(a.state_dict())
+    ob.load_state_dict(sd)
+    assert [ob.state[p]["step"] for p in b.parameters()] == [3, 3]
+    for m, o in ((a, oa), (b, ob)):
+        o.zero_grad()
+        m(x).pow(2).sum().backward()
+        o.step()
+    for pa, pb in zip(a.parameters(), b.parameters()):
+        assert torch.equal(pa, pb)
+
+
+@pytest.mark.parametrize("masked", [True, False])
+def test_non_contiguous_parameter(masked: bool) -> None:
+    """A transposed parameter takes the element-wise path: same AdamW, zeros untouched when masked."""
+    torch.manual_seed(0)
+    p = nn.Parameter(torch.randn(6, 4).t())
+    assert not p.is_contiguous()
+    ref = nn.Parameter(p.detach().clone())
+    opt = MaskedAdamW([p], lr=1e-2, weight_decay=0.1, masked=masked)
+    ref_opt = torch.optim.AdamW([ref], lr=1e-2, weight_decay=0.1, eps=1e-8)
+    for step in range(3):
+        g = torch.randn(4, 6)
+        if step == 2:
+            g[1] = 0.0
+            g[2, 0] = -0.0  # a negative zero is a zero too
+        before = p.detach().clone()
+        p.grad, ref.grad = g.clone(), g.clone()
+        opt.step()
+        ref_opt.step()
+        if masked and step == 2:
+            zero = g.eq(0)
+            assert torch.equal(p.detach()[zero], before[zero])
+            torch.testing.assert_close(p.detach()[~zero], ref.detach()[~zero], rtol=1e-5, atol=1e-6)
+        else:
+            torch.testing.assert_close(p.detach(), ref.detach(), rtol=1e-5, atol=1e-6)
+
+
+def test_bench_prints_both_ratios_as_the_last_line() -> None:
+    """bench/optim.py (issue 8 item 4) runs, agrees with fused AdamW where gradients are nonzero, and
+    prints its JSON last. No timing assertion: the ratios are the bench's output, not a test."""
+    repo = Path(__file__).resolve().parents[1]
+    r = subprocess.run(
+        [
+            sys.executable,
+            "bench/optim.py",
+            "--preset",
+            "tiny",
+            "--batch",
+            "2",
+            "--seq",
+            "16",
+            "--reps",
+            "1",
+            "--json",
+        ],
+        cwd=repo,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "HF_HUB_OFFLINE": "1"},
+    )
+    assert r.returncode == 0, r.stderr[-2000:]
+    res = json.loads(r.stdout.strip().splitlines()[-1])
+    for key in ("masked_over_fused", "masked_over_fused_flat", "masked_ms", "fused_ms"):
+        assert isinstance(res[key], float) and res[key] > 0, key
+    assert res["same_update"] is True
+    assert "masked_over_fused" in r.stdout.splitlines()[-2]  # the readable table precedes the JSON
+
+
+def test_empty_parameter_among_others() -> None:
+    """A zero-element parameter (e.g. an empty head) has nothing to count and must not shift the others."""
+    torch.manual_seed(0)
+    params = [nn.Parameter(torch.randn(5)), nn.Parameter(torch.empty(0)), nn.Parameter(torch.randn(3))]
+    ref = [nn.Parameter(p.detach().clone()) for p in params]
+    opt = MaskedAdamW(params, lr=1e-2)
+    ref_opt = torch.optim.AdamW(ref, lr=1e-2, weight_decay=0.0, eps=1e-8)
+    for p, q in zip(params, ref):
+        p.grad = torch.randn(p.shape)
+        q.grad = p.grad.clone()
+    params[2].grad[0] = 0.0
+    frozen = params[2].detach()[0].clone()
+    opt.step()
+    ref_opt.step()
+    torch.testing.assert_close(params[0].detach(), ref[0].detach(), rtol=1e-6, atol=1e-7)
+    assert torch.equal(params[2].detach()[0], frozen)
+    torch.testing.assert_close(params[2].detach()[1:], ref[2].detach()[1:], rtol=1e-6, atol=1e-7)
+    assert opt.state[params[1]]["step"] == 1

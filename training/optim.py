@@ -13,27 +13,49 @@ Semantic consequences (documented in docs/pretrain.md):
   * lazy Adam: embedding rows of tokens absent from a step also stay untouched (as TF's LazyAdam);
   * an element whose true gradient underflows to exactly 0.0 (e.g. a dead ReLU unit) is frozen
     for that step instead of coasting on its momentum;
-  * bias correction uses the optimizer's global step count (one per ``step()`` call, stored in the
-    param group), not a per-element count: a per-element counter would cost another full fp32 state
-    tensor, and the global count is what keeps plain and ZeRO runs identical.
+  * bias correction uses the global step count, not a per-element count (which would cost another
+    full fp32 state tensor). Each parameter tensor counts the ``step()`` calls that listed it in its
+    group (``state["step"]``, an int, as torch's Adam keeps it), with or without a gradient. Every
+    layout lists a tensor once per optimizer step, so that count is the global step everywhere: plain
+    PyTorch lists every parameter in each call; ZeRO-1/2 call ``step()`` once per param group, which
+    holds one flat partition; ZeRO-3 calls it once per sub-group, with that sub-group's flat tensor as
+    the only entry of its group and every other group emptied. (A count per param group, bumped on
+    every call, counted ZeRO-3 steps once per sub-group.) ``group["step"]`` mirrors the count for
+    logs and DeepSpeed's ZeRO-1/2 checkpoints.
+
+Speed (bench/optim.py): one ``count_nonzero`` pass per tensor (per 1M-element slab of a large one)
+settles the common cases: all-nonzero -> torch's fused AdamW kernel, all-zero -> skipped. Only a slab
+with both is bisected (``count_nonzero`` of halves) down to ``chunk_size`` chunks, and only the nonzero
+elements of a chunk with both are gathered, stepped by the same fused kernel and scattered back. Every
+updated element of a contiguous tensor therefore goes through the same AdamW kernel, whatever the
+layout. The check is the cost on CPU: ``count_nonzero`` reads each gradient once, which takes ~45% of
+the time of the fused step itself.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
 __all__ = ["MaskedAdamW", "build_param_groups"]
 
+_Pending = tuple[int, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]
+
+# A tensor longer than this many chunks is counted slab by slab: a ZeRO flat partition (hundreds of
+# millions of elements, inactive skills in between) then splits only the slabs holding both kinds.
+SLAB_CHUNKS = 64
+
 
 class MaskedAdamW(torch.optim.Optimizer):
     """AdamW (decoupled weight decay) that skips elements with an exactly-zero gradient.
 
     Arguments follow ``torch.optim.AdamW``. ``masked=False`` gives a standard dense AdamW with the
-    same global-step bias correction (useful as a control in tests and benchmarks).
+    same global-step bias correction (useful as a control in tests and benchmarks). ``chunk_size``:
+    granularity (elements) at which a tensor with both zero and nonzero gradients is split.
     """
 
     def __init__(
@@ -52,6 +74,8 @@ class MaskedAdamW(torch.optim.Optimizer):
             raise ValueError(f"MaskedAdamW: betas must be in [0, 1), got {betas}")
         if eps < 0.0:
             raise ValueError(f"MaskedAdamW: invalid eps {eps}")
+        if chunk_size < 1:
+            raise ValueError(f"MaskedAdamW: chunk_size must be >= 1, got {chunk_size}")
         defaults = dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay, masked=masked, step=0)
         super().__init__(params, defaults)
         self.chunk_size = chunk_size
@@ -63,65 +87,106 @@ class MaskedAdamW(torch.optim.Optimizer):
             with torch.enable_grad():
                 loss = closure()
         for group in self.param_groups:
-            group["step"] = int(group.get("step", 0)) + 1
-            t = group["step"]
-            beta1, beta2 = group["betas"]
-            lr, eps, wd = group["lr"], group["eps"], group["weight_decay"]
-            bc2_sqrt = math.sqrt(1.0 - beta2**t)
-            step_size = lr / (1.0 - beta1**t)
-            dense: tuple[list[torch.Tensor], ...] = ([], [], [], [])  # fused-kernel views: p, g, m, v
-            for p in group["params"]:
-                if p.grad is None:
-                    continue
-                grad = p.grad
-                if grad.is_sparse:
-                    raise RuntimeError("MaskedAdamW does not support sparse gradients")
-                if grad.dtype != p.dtype:
-                    grad = grad.to(p.dtype)
-                state = self.state[p]
-                if len(state) == 0:
-                    state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
-                    state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
-                m, v = state["exp_avg"], state["exp_avg_sq"]
-                if not group["masked"]:
-                    _add_dense(dense, p, grad, m, v)
-                    continue
-                if not (
-                    p.is_contiguous() and grad.is_contiguous() and m.is_contiguous() and v.is_contiguous()
-                ):
-                    _masked_update(p, grad, m, v, beta1, beta2, step_size, bc2_sqrt, eps, lr * wd)
-                    continue
-                # Classify fixed-size chunks of the flat tensor: all-zero chunks (inactive skills, also inside
-                # a ZeRO flat partition) are skipped, all-nonzero chunks go to the fused AdamW kernel, and
-                # only mixed chunks (e.g. embedding rows of absent tokens) pay for element-wise masking.
-                p1, g1, m1, v1 = p.view(-1), grad.view(-1), m.view(-1), v.view(-1)
-                n_nz = int(torch.count_nonzero(g1))  # one cheap pass settles the common all/nothing cases
-                if n_nz == g1.numel():
-                    _add_dense(dense, p, grad, m, v)
-                    continue
-                if n_nz == 0:
-                    continue
-                nz = g1.ne(0)
-                for kind, a, b in _chunk_runs(nz, self.chunk_size):
-                    if kind == "dense":
-                        _add_dense(dense, p1[a:b], g1[a:b], m1[a:b], v1[a:b])
-                    elif kind == "mixed":
-                        _masked_update(
-                            p1[a:b],
-                            g1[a:b],
-                            m1[a:b],
-                            v1[a:b],
-                            beta1,
-                            beta2,
-                            step_size,
-                            bc2_sqrt,
-                            eps,
-                            lr * wd,
-                            mask=nz[a:b].to(p.dtype),
-                        )
-            if dense[0]:
-                _fused_or_reference(dense, t, lr, beta1, beta2, wd, eps)
+            if group["params"]:  # ZeRO-3 empties every group but the one whose sub-group it steps
+                self._step_group(group)
         return loss
+
+    def _step_group(self, group: dict[str, Any]) -> None:
+        beta1, beta2 = group["betas"]
+        lr, eps, wd = group["lr"], group["eps"], group["weight_decay"]
+        masked = group["masked"]
+        slab = self.chunk_size * SLAB_CHUNKS
+        work = _Work()
+        pending: list[_Pending] = []  # (step, param, grad, exp_avg, exp_avg_sq) awaiting their counts
+        counts: list[torch.Tensor] = []  # count_nonzero of each slab of each pending tensor, in order
+        group_t = 0
+        for p in group["params"]:
+            state = self.state[p]
+            t = state["step"] = int(state.get("step", 0)) + 1  # counted with or without a gradient
+            group_t = max(group_t, t)
+            grad = p.grad
+            if grad is None:
+                continue
+            if grad.is_sparse:
+                raise RuntimeError("MaskedAdamW does not support sparse gradients")
+            if grad.dtype != p.dtype:
+                grad = grad.to(p.dtype)
+            if "exp_avg" not in state:
+                _init_moments(state, p)
+            m, v = state["exp_avg"], state["exp_avg_sq"]
+            if not (p.is_contiguous() and m.is_contiguous() and v.is_contiguous()):
+                # Rare (a transposed parameter): the element-wise reference, masked or not.
+                step_size, bc2_sqrt = lr / (1.0 - beta1**t), _bc2_sqrt(beta2, t)
+                mask = None if masked else torch.ones_like(p)
+                _masked_update(p, grad, m, v, beta1, beta2, step_size, bc2_sqrt, eps, lr * wd, mask)
+                continue
+            grad = grad.contiguous()
+            if not masked:
+                work.add(t, p, grad, m, v)
+                continue
+            n = grad.numel()
+            if n == 0:
+                continue
+            if n <= slab:
+                counts.append(torch.count_nonzero(grad))
+            else:
+                g1 = grad.view(-1)
+                counts.extend(torch.count_nonzero(g1[a : a + slab]) for a in range(0, n, slab))
+            pending.append((t, p, grad, m, v))
+        group["step"] = group_t
+        if pending:
+            self._add_counted(work, pending, torch.stack(counts).tolist())  # one host read (GPU: one sync)
+        work.run(lr, beta1, beta2, wd, eps)
+
+    def _add_counted(self, work: _Work, pending: list[_Pending], counts: list[int]) -> None:
+        """Hand the nonzero parts of the pending tensors to ``work``, given each slab's nonzero count."""
+        slab = self.chunk_size * SLAB_CHUNKS
+        n_nonzero = iter(counts)
+        for t, p, grad, m, v in pending:
+            n = grad.numel()
+            dense: list[tuple[int, int]] = []
+            picked: list[torch.Tensor] = []
+            g1 = grad.view(-1)
+            for a in range(0, n, slab):
+                b, c = min(a + slab, n), next(n_nonzero)
+                if c == b - a:
+                    _extend(dense, a, b)
+                elif c:
+                    self._split(g1, a, b, c, dense, picked)
+            if dense == [(0, n)]:
+                work.add(t, p, grad, m, v)  # the common case: whole tensors, no views
+                continue
+            p1, m1, v1 = p.view(-1), m.view(-1), v.view(-1)
+            for a, b in dense:
+                work.add(t, p1[a:b], g1[a:b], m1[a:b], v1[a:b])
+            if picked:
+                work.add_gathered(t, p1, g1, m1, v1, torch.cat(picked) if len(picked) > 1 else picked[0])
+
+    def _split(
+        self,
+        g1: torch.Tensor,
+        a: int,
+        b: int,
+        n_nonzero: int,
+        dense: list[tuple[int, int]],
+        picked: list[torch.Tensor],
+    ) -> None:
+        """Split ``g1[a:b]`` (``n_nonzero`` nonzero elements, some zeros) into dense spans and nonzero indices.
+
+        Bisection with ``count_nonzero`` (no temporary tensor): a zero/nonzero boundary costs
+        ~log2(span / chunk) counts over a geometrically shrinking span; a chunk that still has both is
+        left to ``nonzero``.
+        """
+        if b - a <= self.chunk_size:
+            picked.append(g1[a:b].nonzero().squeeze(1).add_(a))
+            return
+        mid = a + max(1, (b - a) // (2 * self.chunk_size)) * self.chunk_size
+        left = int(torch.count_nonzero(g1[a:mid]))
+        for lo, hi, c in ((a, mid, left), (mid, b, n_nonzero - left)):
+            if c == hi - lo:
+                _extend(dense, lo, hi)
+            elif c:
+                self._split(g1, lo, hi, c, dense, picked)
 
     @torch.no_grad()
     def init_state(self) -> None:
@@ -135,9 +200,8 @@ class MaskedAdamW(torch.optim.Optimizer):
         for group in self.param_groups:
             for p in group["params"]:
                 state = self.state[p]
-                if len(state) == 0:
-                    state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
-                    state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+                if "exp_avg" not in state:
+                    _init_moments(state, p)
 
     # ZeRO's checkpoint loader restores param_groups from the saved state, which carries "step".
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
@@ -145,32 +209,67 @@ class MaskedAdamW(torch.optim.Optimizer):
         for group in self.param_groups:
             group.setdefault("step", 0)
             group.setdefault("masked", True)
+            # Checkpoints written before the count moved to the tensors: the group's count was global.
+            for p in group["params"]:
+                state = self.state[p]
+                if "step" not in state:
+                    state["step"] = int(group["step"])
+                else:
+                    state["step"] = int(state["step"])  # a tensor if another Adam wrote it
 
 
-def _chunk_runs(nz: torch.Tensor, chunk: int) -> list[tuple[str, int, int]]:
-    """Runs of consecutive chunks of one kind ("zero" | "dense" | "mixed") as (kind, start, end)."""
-    n = nz.numel()
-    full = n // chunk
-    counts: list[int] = (
-        torch.count_nonzero(nz[: full * chunk].view(full, chunk), dim=1).tolist() if full else []
+def _init_moments(state: dict[str, Any], p: torch.Tensor) -> None:
+    state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+    state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+
+
+def _extend(spans: list[tuple[int, int]], a: int, b: int) -> None:
+    """Append [a, b) to sorted disjoint spans, merging with the last one when they touch."""
+    if spans and spans[-1][1] == a:
+        spans[-1] = (spans[-1][0], b)
+    else:
+        spans.append((a, b))
+
+
+def _bc2_sqrt(beta2: float, t: int) -> float:
+    return math.sqrt(1.0 - beta2**t)
+
+
+@dataclass
+class _Work:
+    """One group's AdamW operands, bucketed by (device, dtype, step) for one fused-kernel call each."""
+
+    buckets: dict[tuple[torch.device, torch.dtype, int], tuple[list[torch.Tensor], ...]] = field(
+        default_factory=dict
     )
-    bounds = [(i * chunk, (i + 1) * chunk) for i in range(full)]
-    if n > full * chunk:
-        counts.append(int(nz[full * chunk :].sum()))
-        bounds.append((full * chunk, n))
-    runs: list[tuple[str, int, int]] = []
-    for c, (a, b) in zip(counts, bounds):
-        kind = "zero" if c == 0 else ("dense" if c == b - a else "mixed")
-        if runs and runs[-1][0] == kind:
-            runs[-1] = (kind, runs[-1][1], b)
-        else:
-            runs.append((kind, a, b))
-    return runs
+    # Gathered copies to write back after the update: (flat param, exp_avg, exp_avg_sq, index, copies).
+    scatter: list[tuple[torch.Tensor, ...]] = field(default_factory=list)
 
+    def add(self, t: int, p: torch.Tensor, g: torch.Tensor, m: torch.Tensor, v: torch.Tensor) -> None:
+        lists = self.buckets.setdefault((p.device, p.dtype, t), ([], [], [], []))
+        for lst, x in zip(lists, (p, g, m, v)):
+            lst.append(x)
 
-def _add_dense(lists: tuple[list[torch.Tensor], ...], *tensors: torch.Tensor) -> None:
-    for lst, x in zip(lists, tensors):
-        lst.append(x)
+    def add_gathered(
+        self,
+        t: int,
+        p1: torch.Tensor,
+        g1: torch.Tensor,
+        m1: torch.Tensor,
+        v1: torch.Tensor,
+        idx: torch.Tensor,
+    ) -> None:
+        ps, ms, vs = p1.index_select(0, idx), m1.index_select(0, idx), v1.index_select(0, idx)
+        self.add(t, ps, g1.index_select(0, idx), ms, vs)
+        self.scatter.append((p1, m1, v1, idx, ps, ms, vs))
+
+    def run(self, lr: float, beta1: float, beta2: float, wd: float, eps: float) -> None:
+        for (device, _, t), lists in self.buckets.items():
+            _fused_or_reference(lists, t, device, lr, beta1, beta2, wd, eps)
+        for p1, m1, v1, idx, ps, ms, vs in self.scatter:
+            p1.index_copy_(0, idx, ps)
+            m1.index_copy_(0, idx, ms)
+            v1.index_copy_(0, idx, vs)
 
 
 _HAS_FUSED = hasattr(torch, "_fused_adamw_")
@@ -179,17 +278,21 @@ _HAS_FUSED = hasattr(torch, "_fused_adamw_")
 def _fused_or_reference(
     lists: tuple[list[torch.Tensor], ...],
     t: int,
+    device: torch.device,
     lr: float,
     beta1: float,
     beta2: float,
     wd: float,
     eps: float,
 ) -> None:
-    """Standard AdamW on every element of the views (torch's fused kernel when available)."""
+    """Standard AdamW on every element of the tensors (torch's fused kernel when available).
+
+    All tensors share device, dtype and step count ``t``.
+    """
     ps, gs, ms, vs = lists
-    if _HAS_FUSED and all(x.device.type == ps[0].device.type and x.dtype == ps[0].dtype for x in ps):
+    if _HAS_FUSED:
         try:
-            step_t = torch.tensor(float(t), device=ps[0].device)
+            step_t = torch.tensor(float(t), device=device)  # one per call, shared by every tensor
             torch._fused_adamw_(
                 ps,
                 gs,
@@ -208,7 +311,7 @@ def _fused_or_reference(
             return
         except (RuntimeError, NotImplementedError):
             pass  # dtype/device the fused kernel does not cover: element-wise below
-    bc2_sqrt = math.sqrt(1.0 - beta2**t)
+    bc2_sqrt = _bc2_sqrt(beta2, t)
     step_size = lr / (1.0 - beta1**t)
     for p, g, m, v in zip(ps, gs, ms, vs):
         m.lerp_(g, 1.0 - beta1)
@@ -231,8 +334,9 @@ def _masked_update(
     lr_wd: float,
     mask: torch.Tensor | None = None,
 ) -> None:
-    # mask is 1.0 where the element took part in the step. lerp/addcmul with a weight of exactly 0.0
-    # return their input unchanged, so untouched elements stay bit-identical.
+    """Element-wise AdamW for tensors of any layout; ``mask`` (1.0 = update) defaults to ``grad != 0``."""
+    # lerp/addcmul with a weight of exactly 0.0 return their input unchanged, so untouched elements
+    # stay bit-identical.
     if mask is None:
         mask = grad.ne(0).to(p.dtype)
     m.lerp_(grad, mask * (1.0 - beta1))
