@@ -64,6 +64,12 @@ def _uniform(key_B: np.ndarray, stream: int, pos_T: np.ndarray | None = None) ->
     return (k >> np.uint64(11)).astype(np.float64) * (1.0 / (1 << 53))
 
 
+def _sample_keys(seed: int, epoch: int, objective_id: int, idx: np.ndarray) -> np.ndarray:
+    """[B] uint64 keys of samples `idx`: a pure function of (seed, epoch, objective, index)."""
+    key = _mix(_mix(_mix(np.full(len(idx), seed, np.uint64) + _GOLD) ^ np.uint64(epoch)) ^ np.uint64(objective_id))
+    return _mix(key ^ idx.astype(np.uint64))
+
+
 class PretrainingDataset:
     """See module docstring. `batch()` returns torch tensors padded to `max_seq_len`."""
 
@@ -180,7 +186,7 @@ class PretrainingDataset:
             raise ValueError(
                 f"{self.shard_dir}: NSP needs at least 2 documents of 2 or more sentences (sentences end at "
                 f"。！？!?.…), the shards hold {self.num_nsp_documents} of {self.num_documents}; "
-                f"train MLM only (--objective_weights 1 0) or add documents"
+                f"train MLM only (--objectives mlm) or add documents"
             )
 
     def __len__(self) -> int:
@@ -231,11 +237,7 @@ class PretrainingDataset:
         if objective not in _OBJECTIVES:
             raise ValueError(f"objective {objective!r}: expected one of {sorted(_OBJECTIVES)}")
         idx = np.asarray(indices, dtype=np.int64).reshape(-1)
-        key = _mix(
-            _mix(_mix(np.full(len(idx), self.seed, np.uint64) + _GOLD) ^ np.uint64(epoch))
-            ^ np.uint64(_OBJECTIVES[objective])
-        )
-        key = _mix(key ^ idx.astype(np.uint64))
+        key = _sample_keys(self.seed, epoch, _OBJECTIVES[objective], idx)
         if objective == "mlm":
             return self._mlm(idx, key)
         return self._nsp(idx, key)

@@ -1,14 +1,21 @@
-"""Export a pre-training checkpoint as a consolidated HF-format SkillNet-BERT folder.
+"""Export a pre-training checkpoint as a consolidated HF-format folder.
 
     python -m skillnet.pretrain.export --checkpoint runs/pt --out runs/pt/hf            # newest checkpoint
     python -m skillnet.pretrain.export --checkpoint runs/pt/checkpoints/step_00001000 --out hf_1000
 
 Reads plain (single-process) and DeepSpeed ZeRO-1/2/3 checkpoints (ZeRO partitions are merged to fp32
-on the CPU, no GPUs or process group needed), then, for multi-task use (Appendix B), initialises every
-skill that no pre-training objective trained (s4, s5, s6 by default) from the generic skill s7.
-Writes model.safetensors + config.json (skills, task -> skills map) that
-``SkillNetBertForMultiTask.from_pretrained`` and ``finetune/`` load, the shards' vocab.txt when known,
-and export_info.json (source checkpoint, step, which skills were copied from which).
+on the CPU, no GPUs or process group needed). What it writes follows from the checkpoint's model config:
+
+* SkillNet-BERT (sparse pre-training): for multi-task use (Appendix B), every skill that no pre-training
+  objective trained (s4, s5, s6 by default) is initialised from the generic skill s7; the folder
+  (skills, task -> skills map) loads with ``SkillNetBertForMultiTask.from_pretrained`` and ``finetune/``;
+* dense BERT (``pretrain/run.py --dense``): a plain HF ``BertForPreTraining`` folder (model_type "bert"),
+  the ``--init_from_dense`` of sparse pre-training and a dense ``model.init`` of fine-tuning;
+* dense BART (``pretrain/run.py --arch bart``): a plain HF ``BartForConditionalGeneration`` folder
+  (model_type "bart"), which generation fine-tuning turns into SkillNet-BART (``skillnet_bart_from_dense``).
+
+Every folder gets the tokenizer of the shards (vocab.txt, tokenizer files) and export_info.json (source
+checkpoint, step, architecture, objectives, and which skills were copied from which).
 """
 
 from __future__ import annotations
@@ -25,9 +32,20 @@ if _ROOT not in sys.path:
     sys.path.insert(0, _ROOT)
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-import torch  # noqa: E402
+from typing import Any  # noqa: E402
 
-__all__ = ["export", "locate_checkpoint", "load_checkpoint_state", "init_unused_skills", "main"]
+import torch  # noqa: E402
+from transformers import PreTrainedModel  # noqa: E402
+
+__all__ = [
+    "EXPORT_KINDS",
+    "checkpoint_kind",
+    "export",
+    "locate_checkpoint",
+    "load_checkpoint_state",
+    "init_unused_skills",
+    "main",
+]
 
 PRETRAIN_OBJECTIVES = ("mlm", "nsp")
 
@@ -107,45 +125,124 @@ def init_unused_skills(
     return copied
 
 
-def export(checkpoint: str | Path, out: str | Path, tag: str | None = None, init_unused: bool = True) -> Path:
+# What a checkpoint is exported as, by the kind of its model config.
+EXPORT_KINDS = {
+    "skillnet-bert": "SkillNet-BERT (skills initialised for multi-task use)",
+    "dense-bert": "HF BertForPreTraining",
+    "dense-bart": "HF BartForConditionalGeneration",
+}
+
+
+def checkpoint_kind(config: dict[str, Any]) -> str:
+    """'skillnet-bert', 'dense-bert' or 'dense-bart' from a checkpoint's model_config.json."""
+    model_type = config.get("model_type")
+    dense = config.get("skill_layers") == [] and config.get("decoder_skill_layers") in (None, [])
+    if model_type == "skillnet-bert":
+        return "dense-bert" if dense else "skillnet-bert"
+    if model_type == "skillnet-bart" and dense:
+        return "dense-bart"
+    raise ValueError(
+        f"model_type {model_type!r} with skill_layers {config.get('skill_layers')!r}: pre-training exports "
+        f"SkillNet-BERT, dense BERT (--dense) and dense BART (--arch bart) checkpoints"
+    )
+
+
+def _load_into(model: PreTrainedModel, state: dict[str, torch.Tensor], where: str) -> None:
+    """Load `state` into `model`: every parameter must come from it, except weights tied to one that did
+    (a ZeRO state lists tied tensors once)."""
+    result = model.load_state_dict(state, strict=False)
+    model.tie_weights()
+    params = dict(model.named_parameters(remove_duplicate=False))
+    loaded = {id(params[k]) for k in state if k in params}
+    missing = [k for k in result.missing_keys if not (k in params and id(params[k]) in loaded)]
+    if missing or result.unexpected_keys:
+        raise ValueError(
+            f"{where}: state does not fit the model: missing {missing[:5]}, unexpected {result.unexpected_keys[:5]}"
+        )
+
+
+def _plain(model: PreTrainedModel, config_cls: type, model_cls: type, where: str) -> PreTrainedModel:
+    """The HF model of the same weights: a dense SkillNet model keeps HF's parameter names, so only the
+    config changes (the skill layout fields are dropped)."""
+    keep = set(config_cls().to_dict()) - {"model_type", "architectures", "transformers_version", "_name_or_path"}
+    config = config_cls(**{k: v for k, v in model.config.to_dict().items() if k in keep})
+    plain = model_cls(config)
+    _load_into(plain, model.state_dict(), where)
+    return plain.eval()
+
+
+def _trained_model(kind: str, config_file: Path) -> PreTrainedModel:
+    if kind == "dense-bart":
+        from skillnet.model import SkillNetBartConfig, SkillNetBartForConditionalGeneration
+
+        return SkillNetBartForConditionalGeneration(SkillNetBartConfig.from_json_file(str(config_file)))
     from skillnet.model import SkillNetBertConfig, SkillNetBertForPreTraining
 
+    return SkillNetBertForPreTraining(SkillNetBertConfig.from_json_file(str(config_file)))
+
+
+def _for_export(
+    kind: str, model: PreTrainedModel, init_unused: bool, where: str
+) -> tuple[PreTrainedModel, dict[str, Any]]:
+    """(model to save, facts for export_info.json) of a trained model of `kind`."""
+    if kind == "skillnet-bert":
+        copied = init_unused_skills(model) if init_unused else {}
+        cfg = model.config
+        objectives = {o: cfg.task_skill_names(o) for o in PRETRAIN_OBJECTIVES if o in cfg.tasks}
+        return model, {"skills_initialised_from": copied, "pretrain_objectives": objectives}
+    if kind == "dense-bert":
+        from transformers import BertConfig, BertForPreTraining
+
+        return _plain(model, BertConfig, BertForPreTraining, where), {}
+    from transformers import BartConfig, BartForConditionalGeneration
+
+    return _plain(model, BartConfig, BartForConditionalGeneration, where), {}
+
+
+def export(
+    checkpoint: str | Path,
+    out: str | Path,
+    tag: str | None = None,
+    init_unused: bool = True,
+    dense: bool = False,
+) -> Path:
+    """Write the HF folder of a checkpoint (see the module docstring); `dense=True` requires a dense one."""
     root, tag = locate_checkpoint(checkpoint, tag)
     cfg_file = root / tag / "model_config.json"
     if not cfg_file.is_file():
         raise FileNotFoundError(f"{cfg_file} missing: was this checkpoint written by training.Trainer?")
-    config = SkillNetBertConfig.from_json_file(str(cfg_file))
-    model = SkillNetBertForPreTraining(config)
-    state = load_checkpoint_state(root, tag)
-    result = model.load_state_dict(state, strict=False)
-    tied = {"cls.predictions.decoder.weight", "cls.predictions.decoder.bias"}
-    missing = [k for k in result.missing_keys if k not in tied]
-    if missing or result.unexpected_keys:
+    raw = json.loads(cfg_file.read_text())
+    try:
+        kind = checkpoint_kind(raw)
+    except ValueError as e:
+        raise ValueError(f"{cfg_file}: {e}") from None
+    if dense and kind == "skillnet-bert":
         raise ValueError(
-            f"{root / tag}: state does not fit the model: missing {missing[:5]}, "
-            f"unexpected {result.unexpected_keys[:5]}"
+            f"{cfg_file}: --dense, but the model has skill layers ({raw.get('skill_layers')!r}): it was not "
+            f"pre-trained with pretrain/run.py --dense"
         )
-    model.tie_weights()
-    copied = init_unused_skills(model) if init_unused else {}
+    model = _trained_model(kind, cfg_file)
+    _load_into(model, load_checkpoint_state(root, tag), str(root / tag))
+    saved, facts = _for_export(kind, model, init_unused, str(root / tag))
     out = Path(out)
     tmp = out.with_name(out.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
-    model.save_pretrained(str(tmp), safe_serialization=True)
+    saved.save_pretrained(str(tmp), safe_serialization=True)
     step = None
     run_dir = root.parent
     tfile = root / tag / "trainer_rank0.pt"
     if tfile.is_file():
         step = int(torch.load(tfile, map_location="cpu", weights_only=False)["step"])
     args_file = run_dir / "run_args.json"
-    shards = json.loads(args_file.read_text()).get("shards") if args_file.is_file() else None
-    _save_tokenizer(tmp, shards, config.vocab_size)
+    run_args = json.loads(args_file.read_text()) if args_file.is_file() else {}
+    _save_tokenizer(tmp, run_args.get("shards"), saved.config.vocab_size)
     info = {
         "source": str((root / tag).resolve()),
         "step": step,
-        "skills_initialised_from": copied,
-        "pretrain_objectives": {
-            o: config.task_skill_names(o) for o in PRETRAIN_OBJECTIVES if o in config.tasks
-        },
+        "kind": kind,
+        "exported_as": EXPORT_KINDS[kind],
+        "objectives": run_args.get("objectives"),
+        **facts,
     }
     (tmp / "export_info.json").write_text(json.dumps(info, indent=2))
     if out.exists():
@@ -168,11 +265,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--no_init_unused",
         action="store_true",
-        help="keep the untrained skills as they are instead of copying the generic skill into them",
+        help="SkillNet-BERT: keep the untrained skills as they are instead of copying the generic skill into them",
+    )
+    p.add_argument(
+        "--dense",
+        action="store_true",
+        help="require a dense checkpoint (pretrain/run.py --dense or --arch bart) and write a plain HF folder; "
+        "without it the kind is read from the checkpoint's model config all the same",
     )
     args = p.parse_args(argv)
     try:
-        out = export(args.checkpoint, args.out, args.tag, init_unused=not args.no_init_unused)
+        out = export(args.checkpoint, args.out, args.tag, init_unused=not args.no_init_unused, dense=args.dense)
     except (FileNotFoundError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

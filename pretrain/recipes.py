@@ -169,8 +169,10 @@ def describe(
     world_size: int,
     batch_sources: tuple[str, str],
     ds_config: str | None,
+    mode: str | None = None,
 ) -> list[str]:
-    """The start log: effective optimizer, schedule, sequence length, steps and batch, with sources."""
+    """The start log: effective optimizer, schedule, sequence length, steps and batch, with sources;
+    `mode` (what is trained: architecture, objectives) as its own line."""
 
     def v(name: str, unit: str = "") -> str:
         return f"{_fmt(s[name])}{unit} [{s.values[name].source}]"
@@ -197,6 +199,8 @@ def describe(
         batch += f" (recipe {s.recipe.name} was trained with {s.recipe.global_batch}; set it in the JSON)"
     lines.append(batch)
     lines.append(f"  model      preset {v('preset')}")
+    if mode:
+        lines.append(f"  mode       {mode}")
     if s["warmup_steps"] >= s["max_steps"]:
         lines.append(
             f"  warning: warmup_steps {s['warmup_steps']} >= max_steps {s['max_steps']}: the learning rate "

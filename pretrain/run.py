@@ -1,12 +1,16 @@
-"""Sparse MLM + NSP pre-training of SkillNet-BERT (skillnet-nlu.md §3.5, Appendix B).
+"""Pre-training: sparse MLM + NSP of SkillNet-BERT (skillnet-nlu.md §3.5, Appendix B), dense BERT, dense BART.
 
     python pretrain/run.py --shards data/shards --preset small --output_dir runs/pt        # one process
     deepspeed pretrain/run.py --ds_config ds_configs/zero2.json --shards ... --preset base  # ZeRO-2
-    python -m skillnet.pretrain.export --checkpoint runs/pt --out runs/pt/hf                        # HF folder
+    python pretrain/run.py --dense --objectives mlm --shards ... --output_dir runs/bert    # dense BERT
+    python pretrain/run.py --arch bart --shards ... --output_dir runs/bart                 # BART denoising
+    python -m skillnet.pretrain.export --checkpoint runs/pt --out runs/pt/hf               # HF folder
 
-Each optimizer step trains one objective drawn with equal chance (same draw on every rank): MLM
-activates {s2, s7}, NSP {s1, s3, s7}. Skills that a step did not use stay bit-identical (parameters and
-Adam moments) also under ZeRO-1/2, through training.optim.MaskedAdamW.
+SkillNet-BERT: each optimizer step trains one objective drawn with equal chance (same draw on every rank):
+MLM activates {s2, s7}, NSP {s1, s3, s7}. Skills that a step did not use stay bit-identical (parameters
+and Adam moments) also under ZeRO-1/2, through training.optim.MaskedAdamW. --dense trains a plain BERT
+(no skill layers; exported as HF BertForPreTraining, the --init_from_dense of a sparse run). --arch bart
+trains a dense BART with text infilling (exported as HF BartForConditionalGeneration).
 """
 
 from __future__ import annotations
@@ -24,14 +28,17 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import argparse  # noqa: E402
 import json  # noqa: E402
+from collections.abc import Callable  # noqa: E402
+from dataclasses import dataclass  # noqa: E402
 from typing import Any  # noqa: E402
 
 import torch  # noqa: E402
 from skillnet.pretrain.recipes import DEFAULTS, RECIPES, ResolvedSettings, describe, resolve_settings  # noqa: E402
 
-__all__ = ["build_parser", "main", "build_model", "build_dataset"]
+__all__ = ["ARCHS", "PretrainArch", "build_parser", "main", "build_model", "build_dataset"]
 
 PRETRAIN_SKILLS = ("s1", "s2", "s3", "s7")  # Appendix B: initialised from the dense BERT's FFN
+MASK_RATIO, POISSON_LAMBDA = 0.3, 3.0  # BART's text infilling (Lewis et al. 2020, §2.2 and §5.1)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -66,36 +73,78 @@ def build_parser() -> argparse.ArgumentParser:
         "instead of the full length (default 0.1, as BERT)",
     )
     d.add_argument(
-        "--whole_word_mask", action="store_true", help="mask whole words (needs word ids in shards)"
+        "--whole_word_mask", action="store_true", help="MLM: mask whole words (needs word ids in shards)"
+    )
+    d.add_argument(
+        "--mask_ratio",
+        type=float,
+        default=None,
+        help=f"denoise: share of the tokens masked by text infilling (default {MASK_RATIO}, as BART)",
+    )
+    d.add_argument(
+        "--poisson_lambda",
+        type=float,
+        default=None,
+        help=f"denoise: mean span length of text infilling, lengths ~ Poisson(lambda) (default {POISSON_LAMBDA})",
+    )
+    d.add_argument(
+        "--permute_sentences",
+        action="store_true",
+        help="denoise: shuffle the sentences of each sample before infilling (sentence ends from the shards)",
     )
 
     m = p.add_argument_group("model")
     m.add_argument(
+        "--arch",
+        choices=sorted(ARCHS),
+        default="bert",
+        help="bert (default): SkillNet-BERT, or a dense BERT with --dense; objectives mlm, nsp. "
+        "bart: a dense SkillNet-BART (no skill layers, bert-base-chinese vocab); objective denoise",
+    )
+    m.add_argument(
+        "--dense",
+        action="store_true",
+        help="no skill layers: every layer keeps one FFN under HF's names, so the export is a plain HF "
+        "model (BertForPreTraining) that --init_from_dense and fine-tuning's model.init take "
+        "(always on with --arch bart)",
+    )
+    m.add_argument(
         "--preset",
         default=None,
-        help="model size preset from model/config.py PRESETS: tiny, small, base (default tiny; recipe paper: base)",
+        help="model size preset: bert: model/config.py PRESETS tiny, small, base (default tiny; recipe "
+        "paper: base); bart: model/bart.py BART_PRESETS tiny, small, large (default tiny)",
     )
-    m.add_argument("--model_config", help="JSON file of SkillNetBertConfig fields (overrides --preset)")
+    m.add_argument(
+        "--model_config", help="JSON file of SkillNetBertConfig / SkillNetBartConfig fields (overrides --preset)"
+    )
     m.add_argument(
         "--init_from_dense",
         metavar="DIR",
-        help="HF BERT folder: copy embeddings/attention and initialise s1, s2, s3, s7 from its FFN",
+        help="HF BERT folder (bert: copy embeddings/attention and initialise s1, s2, s3, s7 from its FFN; "
+        "with --dense, continue from it) or HF BART folder (bart: continue from it)",
     )
 
     o = p.add_argument_group("objectives")
+    o.add_argument(
+        "--objectives",
+        nargs="+",
+        choices=sorted({o for a in ARCHS.values() for o in a.objectives}),
+        default=None,
+        help="what to train: bert: mlm and/or nsp (default: mlm nsp); bart: denoise (the default)",
+    )
     o.add_argument(
         "--objective_mode",
         choices=["sample", "both"],
         default="sample",
         help="'sample': one objective per step with equal chance (paper); 'both': every step "
-        "accumulates one MLM and one NSP micro-batch (needs even --grad_accum)",
+        "accumulates one micro-batch of each objective (--grad_accum a multiple of their number)",
     )
     o.add_argument(
         "--objective_weights",
         type=float,
-        nargs=2,
-        metavar=("MLM", "NSP"),
-        help="sampling weights (default equal)",
+        nargs="+",
+        metavar="W",
+        help="sampling weights, one per objective in --objectives order, e.g. '3 1' for mlm nsp (default equal)",
     )
 
     t = p.add_argument_group(
@@ -168,7 +217,7 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def build_dataset(args: argparse.Namespace) -> Any:
+def _bert_dataset(args: argparse.Namespace) -> Any:
     if args.synthetic:
         from skillnet.pretrain.synthetic import SyntheticPretrainingDataset
 
@@ -178,10 +227,6 @@ def build_dataset(args: argparse.Namespace) -> Any:
             max_seq_len=args.max_seq_len,
             seed=args.seed,
             mlm_probability=args.mlm_probability,
-        )
-    if not args.shards:
-        raise SystemExit(
-            "pretrain/run.py: give --shards DIR (built by `python -m skillnet.data_prep build`) or --synthetic N"
         )
     from skillnet.pretrain.dataset import PretrainingDataset
 
@@ -196,33 +241,205 @@ def build_dataset(args: argparse.Namespace) -> Any:
     return PretrainingDataset(args.shards, **kwargs)
 
 
-def build_model(args: argparse.Namespace, vocab_size: int | None) -> torch.nn.Module:
+def _bart_dataset(args: argparse.Namespace) -> Any:
+    from skillnet.pretrain.denoising import DenoisingDataset
+
+    return DenoisingDataset(
+        args.shards,
+        max_seq_len=args.max_seq_len,
+        seed=args.seed,
+        mask_ratio=MASK_RATIO if args.mask_ratio is None else args.mask_ratio,
+        poisson_lambda=POISSON_LAMBDA if args.poisson_lambda is None else args.poisson_lambda,
+        permute_sentences=args.permute_sentences,
+    )
+
+
+def build_dataset(args: argparse.Namespace) -> Any:
+    if not args.shards and not args.synthetic:
+        raise SystemExit(
+            "pretrain/run.py: give --shards DIR (built by `python -m skillnet.data_prep build`) or --synthetic N"
+        )
+    return ARCHS[args.arch].build_dataset(args)
+
+
+def _model_overrides(args: argparse.Namespace) -> dict[str, Any]:
+    return json.loads(Path(args.model_config).read_text()) if args.model_config else {}
+
+
+def _check_vocab(model: torch.nn.Module, args: argparse.Namespace, vocab_size: int | None) -> None:
+    if vocab_size is not None and model.config.vocab_size != vocab_size:
+        raise SystemExit(
+            f"--init_from_dense {args.init_from_dense}: vocab_size {model.config.vocab_size} differs from the "
+            f"shards' vocab_size {vocab_size}; build the shards with that model's vocab"
+        )
+
+
+def _build_bert(args: argparse.Namespace, vocab_size: int | None, dataset: Any) -> torch.nn.Module:
     from skillnet.model import SkillNetBertConfig, SkillNetBertForPreTraining, skillnet_from_dense
 
+    # Dense: no skill layer, so every layer keeps HF BERT's intermediate.dense / output.dense.
+    layout: dict[str, Any] = {"skill_layers": []} if args.dense else {}
     if args.init_from_dense:
         model = skillnet_from_dense(
-            args.init_from_dense, model_class=SkillNetBertForPreTraining, init_skills=list(PRETRAIN_SKILLS)
+            args.init_from_dense,
+            model_class=SkillNetBertForPreTraining,
+            init_skills=list(PRETRAIN_SKILLS),
+            **layout,
         )
-        if vocab_size is not None and model.config.vocab_size != vocab_size:
-            raise SystemExit(
-                f"--init_from_dense {args.init_from_dense}: vocab_size {model.config.vocab_size} differs from the "
-                f"shards' vocab_size {vocab_size}; build the shards with that model's vocab"
-            )
+        _check_vocab(model, args, vocab_size)
         return model
-    overrides: dict[str, Any] = {}
-    if args.model_config:
-        overrides = json.loads(Path(args.model_config).read_text())
+    overrides = _model_overrides(args)
     if vocab_size is not None:
         overrides["vocab_size"] = vocab_size
     overrides.setdefault("max_position_embeddings", max(512, args.max_seq_len))
-    cfg = SkillNetBertConfig.preset(args.preset, **overrides)
+    cfg = SkillNetBertConfig.preset(args.preset, **{**overrides, **layout})
     torch.manual_seed(args.seed)  # same init on every rank (DeepSpeed also broadcasts rank 0's weights)
     return SkillNetBertForPreTraining(cfg)
 
 
-def make_evaluator(dataset: Any, args: argparse.Namespace, micro_batch_size: int):
-    """Loss/accuracy of both objectives on fixed probe batches (a far-away epoch id keeps them fixed)."""
+def _build_bart(args: argparse.Namespace, vocab_size: int | None, dataset: Any) -> torch.nn.Module:
+    from skillnet.model import (
+        BART_PRESETS,
+        NLG_TASKS,
+        SkillNetBartConfig,
+        SkillNetBartForConditionalGeneration,
+        skillnet_bart_from_dense,
+    )
+    from skillnet.pretrain.denoising import DENOISE
+
+    # Dense (no skill layer: HF BART's fc1/fc2 names); the routing still needs the objective as a task.
+    layout: dict[str, Any] = {"skill_layers": [], "tasks": {**NLG_TASKS, DENOISE: []}}
+    if args.init_from_dense:
+        model = skillnet_bart_from_dense(args.init_from_dense, **layout)
+        _check_vocab(model, args, vocab_size)
+        return model
+    overrides = _model_overrides(args)
+    if vocab_size is not None:
+        overrides["vocab_size"] = vocab_size
+    if dataset is not None:
+        # The shards' special ids: decoder start [SEP], labels "[CLS] y [SEP]" (as the SkillNet-NLG code).
+        overrides.update(
+            pad_token_id=dataset.pad_id,
+            bos_token_id=dataset.cls_id,
+            eos_token_id=dataset.sep_id,
+            decoder_start_token_id=dataset.sep_id,
+            forced_eos_token_id=dataset.sep_id,
+        )
+    positions = BART_PRESETS[args.preset]["max_position_embeddings"]
+    overrides.setdefault("max_position_embeddings", max(positions, args.max_seq_len))
+    cfg = SkillNetBartConfig.preset(args.preset, **{**overrides, **layout})
+    torch.manual_seed(args.seed)
+    return SkillNetBartForConditionalGeneration(cfg)
+
+
+def build_model(args: argparse.Namespace, vocab_size: int | None, dataset: Any = None) -> torch.nn.Module:
+    """The model of ``args.arch``; `dataset` (optional) gives the special token ids of the shards."""
+    return ARCHS[args.arch].build_model(args, vocab_size, dataset)
+
+
+def _bert_presets() -> dict[str, Any]:
+    from skillnet.model import PRESETS
+
+    return PRESETS
+
+
+def _bart_presets() -> dict[str, Any]:
+    from skillnet.model import BART_PRESETS
+
+    return BART_PRESETS
+
+
+@dataclass(frozen=True)
+class PretrainArch:
+    """What ``--arch`` selects: the objectives it can train and how its samples and model are built."""
+
+    name: str
+    objectives: tuple[str, ...]
+    default_objectives: tuple[str, ...]
+    presets: Callable[[], dict[str, Any]]
+    build_dataset: Callable[[argparse.Namespace], Any]
+    build_model: Callable[[argparse.Namespace, int | None, Any], torch.nn.Module]
+    always_dense: bool = False
+
+
+ARCHS: dict[str, PretrainArch] = {
+    "bert": PretrainArch("bert", ("mlm", "nsp"), ("mlm", "nsp"), _bert_presets, _bert_dataset, _build_bert),
+    "bart": PretrainArch(
+        "bart", ("denoise",), ("denoise",), _bart_presets, _bart_dataset, _build_bart, always_dense=True
+    ),
+}
+
+
+def check_args(args: argparse.Namespace) -> None:
+    """Settings that do not fit the architecture: ValueError / KeyError with a one-line message. Fills
+    ``args.objectives`` with the architecture's default when not given."""
+    arch = ARCHS[args.arch]
+    args.objectives_source = "flag" if args.objectives else "default"
+    args.objectives = list(dict.fromkeys(args.objectives or arch.default_objectives))
+    wrong = [o for o in args.objectives if o not in arch.objectives]
+    if wrong:
+        raise ValueError(
+            f"--objectives {' '.join(wrong)}: --arch {arch.name} trains {', '.join(arch.objectives)}"
+        )
+    if args.objective_weights and len(args.objective_weights) != len(args.objectives):
+        raise ValueError(
+            f"--objective_weights gives {len(args.objective_weights)} weights for {len(args.objectives)} "
+            f"objectives ({' '.join(args.objectives)})"
+        )
+    args.dense = args.dense or arch.always_dense
+    denoise_only = {
+        "--mask_ratio": args.mask_ratio is not None,
+        "--poisson_lambda": args.poisson_lambda is not None,
+        "--permute_sentences": args.permute_sentences,
+    }
+    if "denoise" not in args.objectives and any(denoise_only.values()):
+        given = " ".join(k for k, v in denoise_only.items() if v)
+        raise ValueError(f"{given}: options of the denoise objective (--arch bart)")
+    if arch.name == "bart":
+        if args.synthetic:
+            raise ValueError("--arch bart needs --shards: the synthetic corpus has no text to denoise")
+        if args.whole_word_mask:
+            raise ValueError("--whole_word_mask is an MLM option; --arch bart trains denoise")
+        if args.recipe:
+            raise ValueError(
+                f"--recipe {args.recipe} is SkillNet-NLU's BERT recipe; BART takes its settings from flags or "
+                f"the DeepSpeed JSON"
+            )
+    presets = arch.presets()
+    if args.preset not in presets:
+        raise KeyError(f"--arch {arch.name}: unknown preset {args.preset!r}; valid presets: {', '.join(presets)}")
+
+
+def describe_mode(args: argparse.Namespace) -> str:
+    """The start log's mode line: what is trained, on which objectives, from where."""
+    if args.arch == "bart":
+        ratio = MASK_RATIO if args.mask_ratio is None else args.mask_ratio
+        lam = POISSON_LAMBDA if args.poisson_lambda is None else args.poisson_lambda
+        what = (
+            f"dense BART (no skill layers; exported as HF BartForConditionalGeneration); objective denoise: "
+            f"text infilling, mask_ratio {ratio}, span lengths ~ Poisson({lam}), sentence permutation "
+            f"{'on' if args.permute_sentences else 'off'}"
+        )
+    else:
+        kind = (
+            "dense BERT (no skill layers; exported as HF BertForPreTraining)"
+            if args.dense
+            else "SkillNet-BERT (skill FFNs, each objective activates its skills)"
+        )
+        how = "" if len(args.objectives) == 1 else (
+            ", every step each" if args.objective_mode == "both" else ", one drawn per step"
+        )
+        what = f"{kind}; objectives {' + '.join(args.objectives)} [{args.objectives_source}]{how}"
+    if args.init_from_dense:
+        what += f"; initialised from {args.init_from_dense}"
+    return what
+
+
+def make_evaluator(dataset: Any, args: argparse.Namespace, micro_batch_size: int, objectives: list[str]):
+    """Loss/accuracy of each objective on fixed probe batches (a far-away epoch id keeps them fixed)."""
     import numpy as np
+    from skillnet.training import Batch
+    from skillnet.training.logging import accuracy_metrics
 
     n = int(dataset.num_samples)
     probe = np.random.default_rng([args.seed, 7_777]).permutation(n)[: micro_batch_size * args.eval_batches]
@@ -230,16 +447,15 @@ def make_evaluator(dataset: Any, args: argparse.Namespace, micro_batch_size: int
     def evaluate(model: torch.nn.Module, step: int) -> dict[str, float]:
         dev = next(model.parameters()).device
         res: dict[str, float] = {}
-        for obj in ("mlm", "nsp"):
+        for obj in objectives:
             tot_loss, correct, count = 0.0, 0.0, 0.0
             for b in range(args.eval_batches):
                 idx = probe[b * micro_batch_size : (b + 1) * micro_batch_size].tolist()
-                batch = {k: v.to(dev) for k, v in dataset.batch(idx, 10**6, obj).items()}
-                out = model(task=obj, **batch)
+                batch = Batch(obj, {k: v.to(dev) for k, v in dataset.batch(idx, 10**6, obj).items()})
+                out = model(task=obj, **batch.tensors)
                 tot_loss += float(out.loss)
-                mets = getattr(out, "metrics", None) or {}
-                correct += float(mets.get(f"{obj}_correct", 0.0))
-                count += float(mets.get(f"{obj}_count", 0.0))
+                c, k = accuracy_metrics(batch, out).get("acc", (0.0, 0.0))
+                correct, count = correct + c, count + k
             res[f"{obj}/loss"] = tot_loss / args.eval_batches
             if count:
                 res[f"{obj}/acc"] = correct / count
@@ -285,6 +501,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         raw_ds = load_ds_config(args.ds_config) if args.ds_config else None
         settings = resolve_args(args, raw_ds)
+        check_args(args)
         cfg = TrainConfig(
             output_dir=args.output_dir,
             max_steps=args.max_steps,
@@ -315,13 +532,18 @@ def main(argv: list[str] | None = None) -> int:
         dataset = build_dataset(args)
         sampler = ObjectiveSampler(
             seed=args.seed,
+            objectives=tuple(args.objectives),
             mode=args.objective_mode,
             weights=tuple(args.objective_weights) if args.objective_weights else None,
         )
+        trained = [
+            name
+            for i, name in enumerate(sampler.objectives)
+            if sampler.mode == "both" or sampler.weights is None or sampler.weights[i] > 0
+        ]
         if hasattr(dataset, "check_objective"):
-            for i, name in enumerate(sampler.objectives):
-                if sampler.mode == "both" or sampler.weights is None or sampler.weights[i] > 0:
-                    dataset.check_objective(name)
+            for name in trained:
+                dataset.check_objective(name)
         assert cfg.micro_batch_size is not None and cfg.grad_accum is not None
         start_lines = describe(
             settings,
@@ -334,6 +556,7 @@ def main(argv: list[str] | None = None) -> int:
             world_size=world,
             batch_sources=_batch_sources(args, raw_ds),
             ds_config=args.ds_config,
+            mode=describe_mode(args),
         )
         source = PretrainBatchSource(
             dataset, sampler, cfg.micro_batch_size, cfg.grad_accum, rank, world, args.seed
@@ -342,18 +565,23 @@ def main(argv: list[str] | None = None) -> int:
             print("\n".join(start_lines), flush=True)
         if args.dry_run:
             return 0
-        model = build_model(args, getattr(dataset, "vocab_size", None))
+        model = build_model(args, getattr(dataset, "vocab_size", None), dataset)
     except (DsConfigError, ShardError, TokenizerError, FileNotFoundError, KeyError, ValueError) as e:
         print(f"error: {e.args[0] if isinstance(e, KeyError) else e}", file=sys.stderr)
         return 2
-    evaluator = make_evaluator(dataset, args, cfg.micro_batch_size) if args.eval_every else None
+    evaluator = make_evaluator(dataset, args, cfg.micro_batch_size, trained) if args.eval_every else None
     n_params = sum(p.numel() for p in model.parameters())  # before ZeRO-3 partitions them
-    trainer = Trainer(model, source, cfg, evaluator=evaluator, skill_params=skill_parameters(model))
+    # A dense model has no skill parameters: no per-skill gradient norms (they would all log 0).
+    skill_params = None if args.dense else skill_parameters(model)
+    trainer = Trainer(model, source, cfg, evaluator=evaluator, skill_params=skill_params)
     if rank == 0:
         print(
             json.dumps(
                 {
                     "event": "start",
+                    "arch": args.arch,
+                    "dense": args.dense,
+                    "objectives": args.objectives,
                     "params": n_params,
                     "world_size": world,
                     "micro_batch_size": cfg.micro_batch_size,
