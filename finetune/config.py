@@ -25,6 +25,11 @@ span                      span               span               f1 (CMRC 2018's,
 matching                  choice             matching           top1_accuracy
 ========================  =================  =================  ==========================
 
+Task data: ``train``/``dev``/``test`` each name a ``.jsonl``, ``.json``, ``.csv``, ``.tsv`` or ``.parquet``
+file or a local dataset folder, or (in Python) hold a ``datasets.Dataset``; ``dataset`` gives all splits at
+once (a folder for ``datasets.load_dataset`` / ``load_from_disk``, or a ``datasets.DatasetDict``);
+``columns`` maps schema fields to the data's column names. See docs/task_data.md.
+
 The data kind of a classification/regression task given as files is inferred from the train records
 (``pair`` if they carry ``text_pair``) unless ``kind`` or the spec says it. Metric names: ``f1`` of a
 classification task is the positive-class F1 of a binary task (``positive_label``, default ``"1"``);
@@ -34,14 +39,20 @@ variant that is not comparable with published CMRC numbers.
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import dataclass, field, fields, is_dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+from skillnet.data_prep.tasks.schema import datasets_class, kind_fields
 
 from .samplers import SamplerConfig
+
+if TYPE_CHECKING:
+    from datasets import Dataset, DatasetDict
 
 TASK_TYPES: dict[str, dict[str, Any]] = {
     "classification": {"head": "classification", "kinds": ("single", "pair"), "metric": "accuracy"},
@@ -98,15 +109,44 @@ def _from_dict(cls: type, d: Mapping[str, Any], where: str) -> Any:
         raise ConfigError(f"{where}: {e}") from None
 
 
+def _describe_data_object(v: Any) -> dict[str, Any]:
+    """What a config file records of an in-memory dataset: enough to see what ran, and a marker that
+    `TaskConfig` refuses with a clear message when the file is loaded again."""
+    if datasets_class(v) == "DatasetDict":
+        return {"in_memory": "datasets.DatasetDict", "num_rows": {k: d.num_rows for k, d in v.items()}}
+    return {"in_memory": f"datasets.{datasets_class(v)}", "num_rows": getattr(v, "num_rows", None),
+            "columns": list(getattr(v, "column_names", None) or [])}
+
+
+def _plain(v: Any, describe: bool = False) -> Any:
+    """asdict() that leaves datasets objects as they are (a deep copy of a Dataset is pointless), or with
+    `describe`, replaces them by `_describe_data_object` (for JSON)."""
+    if datasets_class(v):  # before the dict case: a DatasetDict is a dict
+        return _describe_data_object(v) if describe else v
+    if is_dataclass(v) and not isinstance(v, type):
+        return {f.name: _plain(getattr(v, f.name), describe) for f in fields(v)}
+    if isinstance(v, list):
+        return [_plain(x, describe) for x in v]
+    if isinstance(v, dict):
+        return {k: _plain(x, describe) for k, x in v.items()}
+    return copy.deepcopy(v)
+
+
 @dataclass
 class TaskConfig:
     name: str
     type: str
     skills: list[str]
-    train: str | None = None
-    dev: str | None = None
-    test: str | None = None
+    # each split: a file (.jsonl .json .csv .tsv .parquet) or dataset folder, relative to the config file;
+    # in Python also a datasets.Dataset
+    train: str | Dataset | None = None
+    dev: str | Dataset | None = None
+    test: str | Dataset | None = None
     spec: str | None = None  # a data_prep task.json (gives kind, label list and split files)
+    # all splits at once: a local datasets.load_dataset / save_to_disk folder, or in Python a
+    # datasets.DatasetDict; its train, validation (or dev) and test splits; train/dev/test override
+    dataset: str | DatasetDict | None = None
+    columns: dict[str, str] = field(default_factory=dict)  # schema field -> the data's column, e.g. {"text": "sentence"}
     kind: str | None = None  # data kind; default: from the spec, else inferred from the train records
     labels: list[str] | None = None  # class labels / entity types; default: from spec or train file
     positive_label: str | None = None  # binary classification: the class whose F1 is "f1"; default "1"
@@ -137,8 +177,8 @@ class TaskConfig:
         if self.metric not in METRICS_OF_TYPE[self.type]:
             raise ValueError(f"task {self.name!r}: metric {self.metric!r} not available for type {self.type!r}; "
                              f"valid: {METRICS_OF_TYPE[self.type]}")
-        if self.train is None and self.spec is None:
-            raise ValueError(f"task {self.name!r}: give 'train' (and 'dev', 'test') files or a 'spec' (task.json)")
+        self._check_sources()
+        self._check_columns()
         if not _int(self.max_seq_len) or self.max_seq_len < 8:
             raise ValueError(f"task {self.name!r}: max_seq_len={self.max_seq_len!r} is too short (at least 8)")
         for key in ("max_train_examples", "max_eval_examples"):
@@ -157,6 +197,48 @@ class TaskConfig:
             raise ValueError(f"prefix must be a string, got {self.prefix!r}")
         self._check_head()
         self._check_positive_label()
+
+    def _check_sources(self) -> None:
+        for key in ("train", "dev", "test", "dataset"):
+            v = getattr(self, key)
+            if isinstance(v, os.PathLike):
+                v = os.fspath(v)
+                setattr(self, key, v)
+            cls = datasets_class(v)
+            whole = key == "dataset"
+            if v is None or (isinstance(v, str) and v) or cls == ("DatasetDict" if whole else "Dataset"):
+                continue
+            if isinstance(v, dict) and "in_memory" in v:
+                raise ValueError(f"{key}: {v} describes an in-memory {v['in_memory']} of an earlier run (a config "
+                                 "file keeps only its size); a file cannot hold one: save it ("
+                                 + ("dd.save_to_disk('data'), and give the folder" if whole else
+                                    "ds.to_parquet('train.parquet'), and give the file") + ")")
+            if cls == "DatasetDict":
+                raise ValueError(f"{key}: a datasets.DatasetDict holds several splits; give it as 'dataset' (or one "
+                                 f"split here: dd[{key!r}])")
+            if cls == "Dataset":
+                raise ValueError("dataset: a datasets.Dataset is one split; give it as 'train', 'dev' or 'test'")
+            want = ("a dataset folder or a datasets.DatasetDict" if whole
+                    else "a file or folder path, or a datasets.Dataset")
+            raise ValueError(f"{key}: expected {want}, got {type(v).__name__} {v!r}"[:300])
+        if self.spec is not None and self.dataset is not None:
+            raise ValueError(f"task {self.name!r}: give either 'spec' or 'dataset', not both")
+        if self.train is None and self.spec is None and self.dataset is None:
+            raise ValueError(f"task {self.name!r}: give 'train' (and 'dev', 'test') files, a 'dataset' folder or "
+                             "a 'spec' (task.json)")
+
+    def _check_columns(self) -> None:
+        if not isinstance(self.columns, dict):
+            raise ValueError(f"columns: expected a JSON object mapping schema fields to column names, got "
+                             f"{self.columns!r}")
+        kinds = [self.kind] if self.kind is not None else TASK_TYPES[self.type]["kinds"]
+        known = sorted({f for k in kinds for f in kind_fields(k)})
+        what = f"kind {self.kind!r}" if self.kind is not None else f"a {self.type} task"
+        for k, v in self.columns.items():
+            if k not in known:
+                raise ValueError(f"columns: unknown field {k!r} for {what}; fields: {', '.join(known)}")
+            if not isinstance(v, str) or not v:
+                raise ValueError(f"columns: {k!r} must map to a column name (a string), got {v!r}")
 
     def _check_head(self) -> None:
         if not isinstance(self.head, dict):
@@ -462,12 +544,14 @@ class FinetuneConfig:
 
     # --- (de)serialisation ---------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
-        d = asdict(self)
+        d = _plain(self)  # in-memory datasets stay objects: from_dict(to_dict()) is the same config
         d.pop("base_dir")
         return d
 
     def to_json(self) -> str:
-        return json.dumps(self.to_dict(), ensure_ascii=False, indent=2) + "\n"
+        d = _plain(self, describe=True)
+        d.pop("base_dir")
+        return json.dumps(d, ensure_ascii=False, indent=2) + "\n"
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any], where: str = "config", base_dir: str = "") -> FinetuneConfig:

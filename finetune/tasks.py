@@ -34,6 +34,7 @@ from skillnet.data_prep.tasks.schema import (
     LoadReport,
     TaskDataError,
     TaskSpec,
+    dataset_splits,
     infer_pair_kind,
     load_task_file,
 )
@@ -66,23 +67,13 @@ class TaskData:
         self.name = cfg.name
         self.tok = tokenizer
         self.max_len = cfg.max_seq_len
-        self.files: dict[str, str] = {}
+        self.sources: dict[str, Any] = {}  # split -> a path, a datasets.Dataset or a split of a whole dataset
+        self.files: dict[str, str] = {}  # split -> what messages call it (the path, or a label for an object)
         self.kind = cfg.kind
         self.label_list: list[str] | None = cfg.labels
         self.regression = cfg.type == "regression"
-        if cfg.spec and ft is not None:
-            spec_path = ft.resolve(cfg.spec)
-            spec = TaskSpec.load(spec_path)
-            self.kind = self.kind or spec.kind
-            if self.label_list is None:
-                self.label_list = spec.label_list
-            for split in ("train", "dev", "test"):
-                if split in spec.files:
-                    self.files[split] = str(spec.path_of(split, spec_path))
-        for split in ("train", "dev", "test"):
-            p = getattr(cfg, split)
-            if p is not None and ft is not None:
-                self.files[split] = ft.resolve(p)
+        if ft is not None:
+            self._collect_sources(ft)
         self.kind_note = ""  # how the kind was inferred, for error messages
         if self.kind is None:
             self.kind = self._infer_kind(load_splits)
@@ -91,10 +82,11 @@ class TaskData:
         self.skipped_windows = 0
         self._truncated: dict[str, int] = {}
         for split in load_splits:
-            if split in self.files:
+            if split in self.sources:
                 self._load(split, skip_bad)
         if "train" in load_splits and "train" not in self.records:
-            raise TaskDataError(f"<config task {self.name!r}>", 0, "no training file (give 'train' or a spec with one)")
+            raise TaskDataError(f"<config task {self.name!r}>", 0, "no training data (give 'train', a 'dataset' with a "
+                                "train split, or a spec with one)")
         self._features: dict[str, list[Encoded]] = {}
         if load_splits and cfg.type in ("classification", "ner") and self.num_labels < 2:
             raise TaskDataError(self.files.get("train", self.name), 0,
@@ -102,14 +94,42 @@ class TaskData:
                                 "list them under 'labels' in the config")
         self.positive_label = self._positive_label() if load_splits else cfg.positive_label
 
+    def _collect_sources(self, ft: FinetuneConfig) -> None:
+        """Where each split comes from, by precedence: the spec's files, then the splits of `dataset`, then
+        the explicit `train`/`dev`/`test` entries (paths relative to the config file, or Dataset objects)."""
+        cfg = self.cfg
+        if cfg.spec:
+            spec_path = ft.resolve(cfg.spec)
+            spec = TaskSpec.load(spec_path)
+            self.kind = self.kind or spec.kind
+            if self.label_list is None:
+                self.label_list = spec.label_list
+            for split in ("train", "dev", "test"):
+                if split in spec.files:
+                    self.sources[split] = self.files[split] = str(spec.path_of(split, spec_path))
+        if cfg.dataset is not None:
+            if isinstance(cfg.dataset, str):
+                whole, where = ft.resolve(cfg.dataset), ft.resolve(cfg.dataset)
+            else:  # a datasets.DatasetDict
+                whole, where = cfg.dataset, f"<{self.name}: datasets.DatasetDict>"
+            for split, part in dataset_splits(whole, name=where).items():
+                self.sources[split], self.files[split] = part, part.name
+        for split in ("train", "dev", "test"):
+            v = getattr(cfg, split)
+            if isinstance(v, str):
+                self.sources[split] = self.files[split] = ft.resolve(v)
+            elif v is not None:  # a datasets.Dataset (TaskConfig checked the type)
+                self.sources[split], self.files[split] = v, f"<{self.name}/{split}: datasets.Dataset>"
+
     def _infer_kind(self, load_splits: Sequence[str]) -> str:
         """A classification/regression task's kind from its train records (``pair`` if they carry a
         ``text_pair``), so a pair task given as plain files is never trained on its first texts alone."""
         t = self.cfg.type
-        if t in ("classification", "regression") and "train" in self.files and load_splits:
-            kind, line = infer_pair_kind(self.files["train"])
-            if line is not None:
-                self.kind_note = (f" (kind 'pair' inferred from {self.files['train']}:{line}, the first record "
+        if t in ("classification", "regression") and "train" in self.sources and load_splits:
+            kind, where = infer_pair_kind(self.sources["train"], columns=self.cfg.columns or None,
+                                          name=self.files["train"], split="train")
+            if where is not None:
+                self.kind_note = (f" (kind 'pair' inferred from {where}, the first record "
                                   "with a 'text_pair'; set 'kind' in the config to choose)")
             return kind
         return TASK_TYPES[t]["kinds"][0]
@@ -156,12 +176,13 @@ class TaskData:
         cap = self.cfg.max_train_examples if split == "train" else self.cfg.max_eval_examples
         labels = self.label_list
         try:
-            recs, report = load_task_file(self.files[split], self.kind, labels, skip_bad,
-                                          regression=self.regression, as_dataset=False)
+            recs, report = load_task_file(self.sources[split], self.kind, labels, skip_bad,
+                                          regression=self.regression, as_dataset=False,
+                                          columns=self.cfg.columns or None, name=self.files[split], split=split)
         except TaskDataError as e:
             if not self.kind_note:
                 raise
-            raise TaskDataError(e.path, e.line, e.reason + self.kind_note) from None
+            raise TaskDataError(e.path, e.line, e.reason + self.kind_note, unit=e.unit) from None
         if cap is not None and len(recs) > cap:
             # A seeded sample, not the first N: converted files may be ordered (e.g. by label), and the
             # first N of a label-sorted dev set would make a one-class dev set.

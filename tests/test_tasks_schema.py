@@ -148,13 +148,19 @@ def test_missing_file_invalid_utf8_and_json_array_hint(tmp_path: Path) -> None:
     p.write_bytes(json.dumps(GOOD["single"]).encode() + b"\n" + '{"text": "caf\xe9", "label": "pos"}'.encode("latin-1"))
     with pytest.raises(TaskDataError, match=r"latin1\.jsonl:2: invalid UTF-8"):
         load_task_file(p, "single")
-    arr = tmp_path / "array.json"
+    # a whole JSON document is read as one when the file is named .json, and named as the mistake in .jsonl
+    arr = tmp_path / "array.jsonl"
     arr.write_text(json.dumps([GOOD["single"], GOOD["single"]]), encoding="utf-8")
-    with pytest.raises(TaskDataError, match=r"array\.json:1: expected a JSON object, got a JSON array.*JSON Lines"):
+    with pytest.raises(TaskDataError, match=r"array\.jsonl:1: expected a JSON object, got a JSON array.*name a JSON "
+                                            r"document \.json"):
         load_task_file(arr, "single")
     arr.write_text(json.dumps([GOOD["single"]], indent=1), encoding="utf-8")  # pretty-printed array
-    with pytest.raises(TaskDataError, match=r"array\.json:1: invalid JSON.*JSON Lines"):
+    with pytest.raises(TaskDataError, match=r"array\.jsonl:1: invalid JSON.*one JSON object per line"):
         load_task_file(arr, "single")
+    doc = tmp_path / "array.json"
+    doc.write_text(json.dumps([GOOD["single"], {**GOOD["single"], "text": "好"}], indent=1), encoding="utf-8")
+    recs, _ = load_task_file(doc, "single", as_dataset=False)
+    assert [r["text"] for r in recs] == ["很好", "好"]
 
 
 def test_unknown_kind_is_a_clear_error(tmp_path: Path) -> None:
@@ -224,5 +230,6 @@ def test_single_record_with_text_pair_is_an_error(tmp_path: Path) -> None:
 def test_infer_pair_kind_from_records(tmp_path: Path) -> None:
     from skillnet.data_prep.tasks.schema import infer_pair_kind
 
-    assert infer_pair_kind(_write(tmp_path, [GOOD["single"], GOOD["pair"]])) == ("pair", 2)
+    p = _write(tmp_path, [GOOD["single"], GOOD["pair"]])
+    assert infer_pair_kind(p) == ("pair", f"{p}:2")
     assert infer_pair_kind(_write(tmp_path, [GOOD["single"], "not json", GOOD["single"]])) == ("single", None)
