@@ -16,6 +16,8 @@ import json
 import os
 import sys
 
+from skillnet.training.cli import HelpFormatter, Parser
+
 
 def _size(s: str) -> int:
     """'256M', '4MiB', '1G', '1000' -> bytes."""
@@ -53,13 +55,11 @@ def _add_input_args(p: argparse.ArgumentParser) -> None:
     )
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(
-        prog="python -m skillnet.data_prep", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+def build_parser() -> Parser:
+    ap = Parser("skillnet.data_prep", description=__doc__)
     sub = ap.add_subparsers(dest="cmd", required=True)
 
-    fmt = argparse.ArgumentDefaultsHelpFormatter
+    fmt = HelpFormatter
     b = sub.add_parser(
         "build",
         formatter_class=fmt,
@@ -124,7 +124,8 @@ def main(argv: list[str] | None = None) -> int:
         "recomputed after an edit would not catch). size: file sizes only.",
     )
     v.add_argument("dir")
-    v.add_argument("--level", choices=["size", "full"], default="full")
+    v.add_argument("--level", choices=["size", "full"], default="full",
+                   help="size: file sizes and index offsets; full: also sha256 checksums and every token id < vocab size")
 
     s = sub.add_parser(
         "show",
@@ -132,7 +133,7 @@ def main(argv: list[str] | None = None) -> int:
         help="print totals, the bad-input report and the first documents, detokenised",
     )
     s.add_argument("dir")
-    s.add_argument("--docs", type=int, default=2)
+    s.add_argument("--docs", type=int, default=2, help="how many documents to print")
     s.add_argument("--vocab", default="", help="vocab the shards were built with (default: DIR/vocab.txt)")
 
     t = sub.add_parser(
@@ -142,10 +143,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     _add_input_args(t)
     t.add_argument("--out", required=True, help="directory for vocab.txt")
-    t.add_argument("--vocab-size", type=int, default=21128)
-    t.add_argument("--min-frequency", type=int, default=2)
+    t.add_argument("--vocab-size", type=int, default=21128, help="entries of the learnt vocab, special tokens included")
+    t.add_argument("--min-frequency", type=int, default=2, help="rarer pieces are not added")
     t.add_argument("--max-bytes", type=_size, default=None, help="read at most this much text")
-    t.add_argument("--no-lowercase", action="store_true")
+    t.add_argument("--no-lowercase", action="store_true", help="keep case (a cased vocab)")
 
     c = sub.add_parser(
         "sample-corpus",
@@ -156,6 +157,11 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("--out", required=True, help="output text file")
     c.add_argument("--max-docs", type=int, default=None, help="keep only the first N documents")
 
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = build_parser()
     a = ap.parse_args(argv)
     from skillnet.data_prep.corpus import BadInputError
     from skillnet.data_prep.shards import ShardError

@@ -42,17 +42,14 @@ if __package__ in (None, ""):
 
 from skillnet.finetune.config import ConfigError, FinetuneConfig
 from skillnet.finetune.methods import METHODS
+from skillnet.training.cli import Parser
 
 REPO = Path(__file__).resolve().parents[1]
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog=Path(sys.argv[0]).name if not sys.argv[0].endswith("__main__.py") else "python -m skillnet.finetune.compare",
-        description="Run multi-task methods with the same tasks, data, budget and seeds; write one comparison "
-                    "table (Markdown + JSON) and pictures. Resumable: finished runs are kept.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
-    )
+    p = Parser("skillnet.finetune.compare", description="Run multi-task methods with the same tasks, data, budget and seeds; write one comparison "
+                    "table (Markdown + JSON) and pictures. Resumable: finished runs are kept.")
     p.add_argument("--config", required=True, help="fine-tuning config (JSON) shared by every run")
     p.add_argument("--methods", nargs="+", default=["all"], metavar="[LABEL=]METHOD",
                    help=f"rows of the table: methods, or 'all' ({', '.join(METHODS)}); LABEL=METHOD adds a "
@@ -60,21 +57,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2], help="seeds; every method runs each")
     p.add_argument("--init", help="initial weights for every method (SkillNet export or dense HF checkpoint "
                                   "folder); '{seed}' in the path is replaced by each run's seed")
-    p.add_argument("--init-for", "--init_for", dest="init_for", action="append", default=[], metavar="LABEL=DIR",
+    p.add_argument("--init-for", dest="init_for", action="append", default=[], metavar="LABEL=DIR",
                    help="initial weights of one row instead of --init (repeatable), e.g. the 'w/o sparse "
                         "pre-training' row from the dense BERT")
-    p.add_argument("--args-for", "--args_for", dest="args_for", action="append", default=[],
+    p.add_argument("--args-for", dest="args_for", action="append", default=[],
                    metavar="LABEL=ARGS", help="extra finetune.run options of one row (repeatable), e.g. "
                    "'s8_frozen=--new-skill s8 --freeze-old-skills' for the adaptation rows of Table 5")
-    p.add_argument("--output-dir", "--output_dir", dest="output_dir", default="runs/compare",
+    p.add_argument("--output-dir", dest="output_dir", default="runs/compare",
                    help="where runs, tables and pictures go")
-    p.add_argument("--max-steps", "--max_steps", dest="max_steps", type=int,
+    p.add_argument("--max-steps", dest="max_steps", type=int,
                    help="override train.max_steps of the config")
     p.add_argument("--reference", default=None,
                    help="method the others are compared with (default: skillnet if run, else the first)")
     p.add_argument("--nproc", type=int, default=1,
                    help="ranks per run: 1 = plain PyTorch; N > 1 = `deepspeed --num_gpus N` with --ds-config")
-    p.add_argument("--ds-config", "--ds_config", dest="ds_config", default=None,
+    p.add_argument("--ds-config", dest="ds_config", default=None,
                    help="DeepSpeed JSON for multi-rank runs (default with --nproc > 1: ds_configs/cpu_fp32.json "
                         "without a GPU, ds_configs/zero2.json with one)")
     p.add_argument("--launcher", default=None,

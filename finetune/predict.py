@@ -32,6 +32,7 @@ if __package__ in (None, ""):
 from skillnet.data_prep.tasks.schema import TaskDataError, check_record, iter_jsonl
 from skillnet.finetune.metrics import bio_entities
 from skillnet.finetune.tasks import TaskData
+from skillnet.training.cli import Parser
 
 META_FILE = "finetune_tasks.json"
 
@@ -84,15 +85,15 @@ class Predictor:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m skillnet.finetune.predict", description=__doc__.split("\n\n")[0],
-                                epilog=__doc__.split("\n\n", 1)[1], formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = Parser("skillnet.finetune.predict", description=__doc__.split("\n\n")[0],
+                                epilog=__doc__.split("\n\n", 1)[1])
     p.add_argument("--model", required=True, help="an export/ or best/<task>/ folder written by finetune.run")
     p.add_argument("--input", required=True, help="JSONL records; each names its task in 'task' unless --task")
     p.add_argument("--output", required=True, help="JSONL with a 'prediction' field added (written atomically)")
     p.add_argument("--task", help="task of every record that has no 'task' field")
-    p.add_argument("--batch-size", type=int, default=32)
+    p.add_argument("--batch-size", type=int, default=32, help="records per forward pass")
     p.add_argument("--skip-bad", action="store_true", help="count and skip bad records instead of stopping")
-    p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--no-progress", action="store_true", help="no tqdm bar")
     return p
 
 

@@ -17,7 +17,6 @@ loss and accuracy per objective and the realised objective mix.
 
 from __future__ import annotations
 
-import argparse
 import base64
 import html
 import json
@@ -26,6 +25,8 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
+
+from skillnet.training.cli import Parser
 
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -299,11 +300,15 @@ def build(run: Path, out: Path | None = None) -> Path:
     return out / "report.html"
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog=None, description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+def build_parser() -> Parser:
+    p = Parser("skillnet.finetune.report", description=__doc__.split("\n\n")[0])
     p.add_argument("run", help="a fine-tuning run, a finetune.compare directory or a pre-training run")
     p.add_argument("--out", default=None, help="where the PNGs and report.html go (default: RUN/report)")
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = build_parser()
     a = p.parse_args(argv)
     try:
         import matplotlib  # noqa: F401

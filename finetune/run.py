@@ -42,6 +42,7 @@ from skillnet.finetune.methods import METHODS, method_names
 from skillnet.finetune.samplers import SAMPLER_KINDS, annealing_warning, build_sampler
 from skillnet.finetune.source import MultiTaskBatchSource
 from skillnet.finetune.tasks import TaskData
+from skillnet.training.cli import Parser
 
 log = logging.getLogger("finetune")
 META_FILE = "finetune_tasks.json"
@@ -50,12 +51,12 @@ SAMPLES = 20  # generation outputs kept in samples.json per task
 
 # ----------------------------------------------------------------------------------------- CLI
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="python -m skillnet.finetune.run",
-        description="Multi-task fine-tuning of a SkillNet-BERT model: one task's mini-batch per step, drawn by a "
-        "task sampler identical on all ranks; per-task best checkpoints on dev; dev/test scores as JSON and "
-        "Markdown. Options given here override the config file.",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+    p = Parser(
+        "skillnet.finetune.run",
+        description="Multi-task fine-tuning of SkillNet-BERT (NLU tasks) or SkillNet-BART (generation tasks): one "
+        "task's mini-batch per step, drawn by a task sampler identical on all ranks; one checkpoint for all tasks "
+        "selected on dev; dev/test scores as JSON and Markdown. Options given here override the config file; "
+        "options without a default shown take the config's value.",
         epilog=__doc__.split("Writes to")[0].split("\n\n", 1)[1],
     )
     p.add_argument("--config", required=True, help="fine-tuning config (JSON; see finetune/config.py, docs/finetune.md)")
@@ -70,7 +71,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-steps", type=int, help="optimizer steps")
     p.add_argument("--batch-size", type=int, help="global batch size (summed over ranks)")
     p.add_argument("--lr", type=float, help="peak learning rate (§4.1: 2e-5 for BERT-base)")
-    p.add_argument("--seed", type=int)
+    p.add_argument("--seed", type=int, help="seed of the initial weights of new parts, the task sequence and the data "
+                   "order")
     p.add_argument("--eval-every", type=int, help="evaluate on dev every N steps (and at the end)")
     p.add_argument("--early-stopping", type=int, metavar="N",
                    help="stop after N evaluations without improvement of the mean dev score (0 = off)")
@@ -85,8 +87,9 @@ def build_parser() -> argparse.ArgumentParser:
     g = p.add_argument_group("adaptation and ablation")
     g.add_argument("--new-skill", action="append", default=[], metavar="NAME",
                    help="add a skill (e.g. s8) to every skill layer, activated with the tasks' skills")
-    g.add_argument("--new-skill-init", default="s7", metavar="SKILL",
-                   help="initialise new skills as a copy of this skill (default s7; 'random' for fresh init)")
+    g.add_argument("--new-skill-init", default="generic", metavar="SKILL",
+                   help="initialise new skills as a copy of this skill ('generic': the model's generic skill, s7 "
+                        "for NLU; 'random' for a fresh init)")
     g.add_argument("--new-skill-tasks", default="", metavar="T1,T2",
                    help="tasks that activate the new skills (default: every task of the config)")
     g.add_argument("--freeze-old-skills", action="store_true",
@@ -97,13 +100,14 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--skip-bad", action="store_true",
                    help="count and skip bad task records instead of stopping at the first one")
     g = p.add_argument_group("runtime")
-    g.add_argument("--ds-config", "--ds_config", dest="ds_config",
+    g.add_argument("--ds-config", dest="ds_config",
                    help="DeepSpeed JSON (ZeRO-1/2); without it: plain PyTorch, one process")
-    g.add_argument("--resume", help="'auto' (latest checkpoint in the output dir) or a checkpoint directory")
-    g.add_argument("--no-tensorboard", action="store_true")
+    g.add_argument("--resume", help="'auto' (the newest complete checkpoint in the output dir, if any) or a "
+                   "checkpoint directory; default: start over")
+    g.add_argument("--no-tensorboard", action="store_true", help="no TensorBoard event files")
     g.add_argument("--no-progress", action="store_true", help="no tqdm bars (CI logs)")
     g.add_argument("--threads", type=int, help="torch CPU threads")
-    g.add_argument("--local_rank", "--local-rank", type=int, default=None, help=argparse.SUPPRESS)
+    g.add_argument("--local-rank", type=int, default=None, help=argparse.SUPPRESS)  # the deepspeed launcher's
     return p
 
 

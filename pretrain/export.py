@@ -20,7 +20,6 @@ checkpoint, step, architecture, objectives, and which skills were copied from wh
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import shutil
@@ -35,6 +34,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 from typing import Any  # noqa: E402
 
 import torch  # noqa: E402
+from skillnet.training.cli import Parser  # noqa: E402
 from transformers import PreTrainedModel  # noqa: E402
 
 __all__ = [
@@ -251,19 +251,15 @@ def export(
     return out
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(
-        prog="python -m skillnet.pretrain.export",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+def build_parser() -> Parser:
+    p = Parser("skillnet.pretrain.export", description=__doc__)
     p.add_argument(
         "--checkpoint", required=True, help="run dir (uses checkpoints/latest), checkpoints dir or step_* dir"
     )
     p.add_argument("--tag", help="checkpoint tag (step_XXXXXXXX); default: latest")
     p.add_argument("--out", required=True, help="output folder (written atomically)")
     p.add_argument(
-        "--no_init_unused",
+        "--no-init-unused",
         action="store_true",
         help="SkillNet-BERT: keep the untrained skills as they are instead of copying the generic skill into them",
     )
@@ -273,6 +269,11 @@ def main(argv: list[str] | None = None) -> int:
         help="require a dense checkpoint (pretrain/run.py --dense or --arch bart) and write a plain HF folder; "
         "without it the kind is read from the checkpoint's model config all the same",
     )
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = build_parser()
     args = p.parse_args(argv)
     try:
         out = export(args.checkpoint, args.out, args.tag, init_unused=not args.no_init_unused, dense=args.dense)

@@ -34,6 +34,7 @@ from typing import Any  # noqa: E402
 
 import torch  # noqa: E402
 from skillnet.pretrain.recipes import DEFAULTS, RECIPES, ResolvedSettings, describe, resolve_settings  # noqa: E402
+from skillnet.training.cli import Parser  # noqa: E402
 
 __all__ = ["ARCHS", "PretrainArch", "build_parser", "main", "build_model", "build_dataset"]
 
@@ -42,11 +43,7 @@ MASK_RATIO, POISSON_LAMBDA = 0.3, 3.0  # BART's text infilling (Lewis et al. 202
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="pretrain/run.py",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    p = Parser("skillnet.pretrain.run", description=__doc__)
     d = p.add_argument_group("data")
     d.add_argument(
         "--shards", help="shard directory built by `python -m skillnet.data_prep build` (manifest.json + .bin/.idx)"
@@ -59,36 +56,36 @@ def build_parser() -> argparse.ArgumentParser:
         help="train on N deterministic synthetic samples instead of shards (smoke tests, benchmarks)",
     )
     d.add_argument(
-        "--synthetic_vocab", type=int, default=21128, help="vocab size of the synthetic corpus (>= 872)"
+        "--synthetic-vocab", type=int, default=21128, help="vocab size of the synthetic corpus (>= 872)"
     )
     d.add_argument(
-        "--max_seq_len", type=int, default=None, help="tokens per sample (default 128; recipe paper: 512)"
+        "--max-seq-len", type=int, default=None, help="tokens per sample (default 128; recipe paper: 512)"
     )
-    d.add_argument("--mlm_probability", type=float, default=0.15)
+    d.add_argument("--mlm-probability", type=float, default=0.15, help="share of tokens masked for MLM (BERT: 0.15)")
     d.add_argument(
-        "--short_seq_prob",
+        "--short-seq-prob",
         type=float,
         default=0.1,
         help="share of NSP pairs whose target length is drawn uniformly in [2, max_seq_len - 3] "
         "instead of the full length (default 0.1, as BERT)",
     )
     d.add_argument(
-        "--whole_word_mask", action="store_true", help="MLM: mask whole words (needs word ids in shards)"
+        "--whole-word-mask", action="store_true", help="MLM: mask whole words (needs word ids in shards)"
     )
     d.add_argument(
-        "--mask_ratio",
+        "--mask-ratio",
         type=float,
         default=None,
         help=f"denoise: share of the tokens masked by text infilling (default {MASK_RATIO}, as BART)",
     )
     d.add_argument(
-        "--poisson_lambda",
+        "--poisson-lambda",
         type=float,
         default=None,
         help=f"denoise: mean span length of text infilling, lengths ~ Poisson(lambda) (default {POISSON_LAMBDA})",
     )
     d.add_argument(
-        "--permute_sentences",
+        "--permute-sentences",
         action="store_true",
         help="denoise: shuffle the sentences of each sample before infilling (sentence ends from the shards)",
     )
@@ -115,10 +112,10 @@ def build_parser() -> argparse.ArgumentParser:
         "paper: base); bart: model/bart.py BART_PRESETS tiny, small, large (default tiny)",
     )
     m.add_argument(
-        "--model_config", help="JSON file of SkillNetBertConfig / SkillNetBartConfig fields (overrides --preset)"
+        "--model-config", help="JSON file of SkillNetBertConfig / SkillNetBartConfig fields (overrides --preset)"
     )
     m.add_argument(
-        "--init_from_dense",
+        "--init-from-dense",
         metavar="DIR",
         help="HF BERT folder (bert: copy embeddings/attention and initialise s1, s2, s3, s7 from its FFN; "
         "with --dense, continue from it) or HF BART folder (bart: continue from it)",
@@ -133,14 +130,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="what to train: bert: mlm and/or nsp (default: mlm nsp); bart: denoise (the default)",
     )
     o.add_argument(
-        "--objective_mode",
+        "--objective-mode",
         choices=["sample", "both"],
         default="sample",
         help="'sample': one objective per step with equal chance (paper); 'both': every step "
         "accumulates one micro-batch of each objective (--grad_accum a multiple of their number)",
     )
     o.add_argument(
-        "--objective_weights",
+        "--objective-weights",
         type=float,
         nargs="+",
         metavar="W",
@@ -152,7 +149,7 @@ def build_parser() -> argparse.ArgumentParser:
         "is an error; the effective values and their sources are printed at start)"
     )
     t.add_argument(
-        "--ds_config", help="DeepSpeed JSON (ds_configs/*.json); omit for plain single-process PyTorch"
+        "--ds-config", help="DeepSpeed JSON (ds_configs/*.json); omit for plain single-process PyTorch"
     )
     t.add_argument(
         "--recipe",
@@ -161,58 +158,58 @@ def build_parser() -> argparse.ArgumentParser:
         help="named settings, usable with any ZeRO config. paper: " + RECIPES["paper"].reference,
     )
     t.add_argument(
-        "--dry_run",
+        "--dry-run",
         action="store_true",
         help="resolve and print the settings, check the data, then exit without building the model",
     )
-    t.add_argument("--output_dir", default="runs/pretrain")
+    t.add_argument("--output-dir", default="runs/pretrain", help="checkpoints, log.jsonl, tensorboard/ and run_args.json")
     t.add_argument(
-        "--max_steps",
+        "--max-steps",
         type=int,
         default=None,
         help="default: the JSON scheduler's total_num_steps, else the recipe's (paper: 100000), else 100",
     )
-    t.add_argument("--micro_batch_size", type=int, default=None, help="per rank (default: JSON, else 8)")
+    t.add_argument("--micro-batch-size", type=int, default=None, help="per rank (default: JSON, else 8)")
     t.add_argument(
-        "--grad_accum", type=int, default=None, help="gradient accumulation steps (default: JSON, else 1)"
+        "--grad-accum", type=int, default=None, help="gradient accumulation steps (default: JSON, else 1)"
     )
     t.add_argument("--lr", type=float, default=None, help="peak learning rate (default 1e-4; recipe paper: 3e-5)")
     t.add_argument("--betas", type=float, nargs=2, default=None, help="Adam betas (default 0.9 0.98)")
     t.add_argument("--eps", type=float, default=None, help="Adam epsilon (default 1e-6)")
-    t.add_argument("--weight_decay", type=float, default=None, help="(default 0.01)")
+    t.add_argument("--weight-decay", type=float, default=None, help="(default 0.01)")
     t.add_argument(
-        "--warmup_steps", type=int, default=None, help="linear warmup steps (default 0; recipe paper: 10000)"
+        "--warmup-steps", type=int, default=None, help="linear warmup steps (default 0; recipe paper: 10000)"
     )
-    t.add_argument("--max_grad_norm", type=float, default=None, help="gradient clipping (default 1.0)")
+    t.add_argument("--max-grad-norm", type=float, default=None, help="gradient clipping (default 1.0)")
     t.add_argument(
-        "--dense_updates",
+        "--dense-updates",
         action="store_true",
         help="plain AdamW semantics (inactive skills move with momentum/decay) instead of sparse updates",
     )
-    t.add_argument("--seed", type=int, default=0)
+    t.add_argument("--seed", type=int, default=0, help="initial weights, objective draws and the data order")
     t.add_argument(
-        "--save_every", type=int, default=0, help="checkpoint every N steps (always at exit and on SIGTERM)"
+        "--save-every", type=int, default=0, help="checkpoint every N steps (always at exit and on SIGTERM)"
     )
-    t.add_argument("--keep_last", type=int, default=2)
-    t.add_argument("--log_every", type=int, default=10)
-    t.add_argument("--eval_every", type=int, default=0, help="evaluate on fixed probe batches every N steps")
-    t.add_argument("--eval_batches", type=int, default=4, help="probe batches per objective for evaluation")
+    t.add_argument("--keep-last", type=int, default=2, help="complete checkpoints kept (older ones are deleted)")
+    t.add_argument("--log-every", type=int, default=10, help="log averaged metrics every N steps (0: never)")
+    t.add_argument("--eval-every", type=int, default=0, help="evaluate on fixed probe batches every N steps")
+    t.add_argument("--eval-batches", type=int, default=4, help="probe batches per objective for evaluation")
     t.add_argument(
         "--resume",
         default="auto",
         help="'auto' (default): continue from <output_dir>/checkpoints/latest if present; 'none'; or a path",
     )
-    t.add_argument("--no_tensorboard", action="store_true")
-    t.add_argument("--no_progress", action="store_true")
+    t.add_argument("--no-tensorboard", action="store_true", help="no TensorBoard event files")
+    t.add_argument("--no-progress", action="store_true", help="no tqdm bar (CI logs)")
     t.add_argument(
-        "--dump_rank_weights",
+        "--dump-rank-weights",
         action="store_true",
         help="at the end every rank writes <output_dir>/rank<r>_weights.safetensors (replica checks)",
     )
-    t.add_argument("--sigterm_at_step", type=int, default=None, help=argparse.SUPPRESS)  # test hook
-    t.add_argument("--sigterm_group", action="store_true", help=argparse.SUPPRESS)  # test hook
+    t.add_argument("--sigterm-at-step", type=int, default=None, help=argparse.SUPPRESS)  # test hook
+    t.add_argument("--sigterm-group", action="store_true", help=argparse.SUPPRESS)  # test hook
     t.add_argument(
-        "--local_rank", type=int, default=None, help=argparse.SUPPRESS
+        "--local-rank", type=int, default=None, help=argparse.SUPPRESS
     )  # set by the deepspeed launcher
     return p
 

@@ -22,10 +22,10 @@ cat > "$OUT/model_config.json" <<JSON
 {"vocab_size": 21128, "hidden_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
  "intermediate_size": 256, "max_position_embeddings": 128}
 JSON
-deepspeed --num_gpus "$RANKS" pretrain/run.py --ds_config ds_configs/cpu_fp32.json \
-    --shards "$OUT/shards" --model_config "$OUT/model_config.json" --max_seq_len 128 \
-    --max_steps "$PT_STEPS" --lr 1e-3 --warmup_steps 30 --log_every 50 --save_every 100 \
-    --output_dir "$OUT/pretrain" --no_progress
+deepspeed --num_gpus "$RANKS" pretrain/run.py --ds-config ds_configs/cpu_fp32.json \
+    --shards "$OUT/shards" --model-config "$OUT/model_config.json" --max-seq-len 128 \
+    --max-steps "$PT_STEPS" --lr 1e-3 --warmup-steps 30 --log-every 50 --save-every 100 \
+    --output-dir "$OUT/pretrain" --no-progress
 python -m skillnet.pretrain.export --checkpoint "$OUT/pretrain" --out "$OUT/pretrain/hf"
 
 step "4/5 task data (deterministic splits, small slices for a CPU)"

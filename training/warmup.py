@@ -10,12 +10,13 @@ falls back, and setup must not fail on machines without a compiler.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
 import time
 import warnings
+
+from skillnet.training.cli import Parser
 
 OPS = ("ShareMemCommBuilder", "FusedAdamBuilder")
 
@@ -42,15 +43,16 @@ def warm(ops: tuple[str, ...] = OPS) -> dict[str, str]:
     return status
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(
-        prog="python -m skillnet.training.warmup",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+def build_parser() -> Parser:
+    p = Parser("skillnet.training.warmup", description=__doc__)
     p.add_argument(
         "--strict", action="store_true", help="exit 1 if an op fails to build (default: warn only)"
     )
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = build_parser()
     args = p.parse_args(argv)
     os.environ.setdefault("DS_BUILD_OPS", "0")
     with warnings.catch_warnings():

