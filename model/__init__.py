@@ -11,12 +11,14 @@ from .bart import (
     SkillNetBartForConditionalGeneration,
     SkillNetBartModel,
     SkillNetBartPreTrainedModel,
+    SkillNetSeq2SeqLMOutput,
 )
 from .bert import SkillNetBertModel, SkillNetBertPreTrainedModel
 from .config import DEFAULT_SKILLS, DEFAULT_TASKS, PRESETS, SkillNetBertConfig
 from .counts import activated_parameters, count_parameters, trainable_activated_parameters
 from .heads import SkillNetBertForMultiTask, SkillNetBertForPreTraining, TaskOutput
 from .skill_ffn import SkillFFN, SkillRouting
+from .skill_layout import SkillLayoutMixin
 from .surgery import (
     add_skill,
     export_skill,
@@ -51,6 +53,8 @@ __all__ = [
     "SkillNetBertForPreTraining",
     "SkillNetBertModel",
     "SkillNetBertPreTrainedModel",
+    "SkillLayoutMixin",
+    "SkillNetSeq2SeqLMOutput",
     "SkillRouting",
     "TaskOutput",
     "activated_parameters",

@@ -12,12 +12,21 @@ Skill choice is data: forward takes ``task=`` (a name, or one per row) or ``skil
 with -1 pads). One `SkillRouting` per forward serves the encoder and the decoder. In `generate`, per-row
 skills travel as a [B, k] ``skill_ids`` tensor, which HF expands with the inputs (beams, returned
 sequences), so each beam keeps its row's skills for the whole generation.
+
+With ``config.router == "topk"`` (the MoE baseline) every skill layer has a token gate instead: the encoder
+and the decoder each get a `SkillRouting.token_gate` over their own tokens, padding excluded (the encoder's
+attention mask; the decoder's attention mask, or ``labels != -100`` when training without one). The
+per-layer balancing losses are averaged over the layers of both stacks and added to the LM loss
+(``aux_loss``, weighted; ``aux_losses``/``metrics``, raw). In `generate` the gate routes the new token of
+every beam at every decoding step, in evaluation mode: ``moe_eval_capacity_factor`` sets the capacity, and
+its default here (None) drops no token, so cached decoding equals decoding without a cache.
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -39,13 +48,11 @@ from transformers.models.bart.modeling_bart import (
     BartPreTrainedModel,
     BartScaledWordEmbedding,
 )
-from transformers.utils import logging
+from transformers.utils import ModelOutput
 
 from .hub import has_tokenizer, save_tokenizer, write_remote_code
 from .skill_ffn import Skill, SkillFFN, SkillRouting
 from .skill_layout import SkillLayoutMixin, layer_ids_from_spec
-
-logger = logging.get_logger(__name__)
 
 # Table 1 of skillnet-nlg.md, in its order.
 NLG_SKILLS: list[dict[str, str]] = [
@@ -101,55 +108,45 @@ _LAYER_NORM_EPS = 1e-5
 class SkillNetBartConfig(SkillLayoutMixin, BartConfig):
     r"""BART config plus the skill layout of SkillNet-NLG.
 
-    skills: ordered list of ``{"name", "description"}``; a skill's id is its position (default: Table 1).
-    tasks: task name -> names of the skills it activates (default: Table 2).
-    generic_skill: skill added to every task's set (``None`` disables).
-    skill_layers: which layers of the encoder and of the decoder hold skill FFNs: ``"every_other"``
-        (layers 0, 2, 4, ..., as the public SkillNet-NLG code's ``i % 2 == 0``), ``"all"``, ``"top:N"`` or a
-        list of layer ids. Other layers keep one dense FFN shared by all tasks.
+    The skill layout and the router (``skills``, ``tasks``, ``generic_skill``, ``skill_layers``,
+    ``ffn_impl``, ``skill_layernorm``, ``router``, ``moe_*``) are `SkillLayoutMixin`'s fields, with the
+    same meaning as for SkillNet-BERT; defaults here: Table 1's skills, Table 2's tasks,
+    ``generic_skill="general"``, skills in layers 0, 2, 4, ... (``"every_other"``) of the encoder and of
+    the decoder. ``router`` is ``"task"`` (SkillNet-NLG) or ``"topk"`` (the MoE baseline: a token gate in
+    every skill layer of both stacks; padding, from the encoder and decoder attention masks or the labels,
+    takes no part). BART also has:
+
     decoder_skill_layers: the decoder's spec when it differs (``None``: same as ``skill_layers``).
-    ffn_impl: ``"fused"`` (one wide GEMM pair over the active skills) or ``"loop"`` (reference).
-    skill_layernorm: ``"shared"`` (Eq. 2-3: average the skills' FFN outputs, then the layer's dropout,
-        residual and ``final_layer_norm``) or ``"per_skill"`` (public code: each skill does dropout,
-        residual and its own LayerNorm; the outputs are averaged after the LayerNorms).
+    moe_eval_capacity_factor: ``None`` by default here: no token is dropped in evaluation, where
+        generation decodes one token per beam and step (a number restores BERT's behaviour).
     """
 
     model_type = "skillnet-bart"
+    default_skills = NLG_SKILLS
+    default_tasks = NLG_TASKS
+    presets = BART_PRESETS
+    routers = ("task", "topk")
 
-    skills: list | None = None
-    tasks: dict | None = None
     generic_skill: str | None = "general"
     skill_layers: str | list | None = "every_other"
     decoder_skill_layers: str | list | None = None
-    ffn_impl: str = "fused"
-    skill_layernorm: str = "shared"
-
-    def __post_init__(self, **kwargs: Any) -> None:
-        # A dense BART dict passed as kwargs says model_type="bart": the class's own type must win, or
-        # save_pretrained would label the folder a plain BART.
-        kwargs.pop("model_type", None)
-        self._fill_skill_layout(NLG_SKILLS, NLG_TASKS)
-        super().__post_init__(**kwargs)
-        self.validate_skill_layout()
-        self.validate_skill_layers()
-
-    @classmethod
-    def preset(cls, name: str, **overrides: Any) -> SkillNetBartConfig:
-        if name not in BART_PRESETS:
-            raise KeyError(f"unknown preset {name!r}; valid presets: {', '.join(BART_PRESETS)}")
-        return cls(**{**BART_PRESETS[name], **overrides})
+    # Generation decodes few tokens per step (one per beam), the beams of one input tend to pick the same
+    # experts, and a capacity would drop some of them (fairseq's note on decoding), making a beam's output
+    # depend on its siblings: with 6 experts, top-2 and BERT's 2.0, beam-4 decoding of a random tiny model
+    # dropped tokens in most steps.
+    moe_eval_capacity_factor: float | None = None
 
     def validate_skill_layers(self) -> None:
         self.encoder_skill_layer_ids()
         self.decoder_skill_layer_ids()  # both raise on a bad spec
 
     def encoder_skill_layer_ids(self) -> list[int]:
-        return layer_ids_from_spec(self.skill_layers, self.encoder_layers, "skill_layers", 0)
+        return layer_ids_from_spec(self.skill_layers, self.encoder_layers, "skill_layers")
 
     def decoder_skill_layer_ids(self) -> list[int]:
         if self.decoder_skill_layers is None:
-            return layer_ids_from_spec(self.skill_layers, self.decoder_layers, "skill_layers", 0)
-        return layer_ids_from_spec(self.decoder_skill_layers, self.decoder_layers, "decoder_skill_layers", 0)
+            return layer_ids_from_spec(self.skill_layers, self.decoder_layers, "skill_layers")
+        return layer_ids_from_spec(self.decoder_skill_layers, self.decoder_layers, "decoder_skill_layers")
 
 
 # ---- layers ------------------------------------------------------------------------------------------
@@ -165,9 +162,11 @@ class _FFNSublayer:
         per_skill_ln = config.skill_layernorm == "per_skill"
         if per_skill_ln:
             del self.final_layer_norm
+        top_k = config.moe_top_k if config.router == "topk" else 0
         self.skill_ffn = SkillFFN(
             config.d_model, ffn_dim, config.num_skills, config.activation_function, config.ffn_impl,
-            per_skill_ln, _LAYER_NORM_EPS, config.dropout,
+            per_skill_ln, _LAYER_NORM_EPS, config.dropout, top_k, *config.moe_capacity_factors(),
+            activation_dropout=float(config.activation_dropout or 0.0),
         )
 
     def _ffn(self, h_BTD: torch.Tensor, routing: SkillRouting | None) -> torch.Tensor:
@@ -180,7 +179,6 @@ class _FFNSublayer:
         elif self.skill_ffn.per_skill_layernorm:
             return self.skill_ffn(h_BTD, routing, residual_BTD=h_BTD)
         else:
-            # SkillFFN has no activation dropout: _warn_activation_dropout says so at construction.
             y = self.skill_ffn(h_BTD, routing)
         y = F.dropout(y, p=self.dropout, training=self.training)
         return self.final_layer_norm(h_BTD + y)
@@ -281,6 +279,24 @@ class SkillRoutingMixin:
             raise ValueError(f"skills given for {len(rows)} rows, but the batch has {batch_size} rows")
         return SkillRouting.per_row(rows, device)
 
+    def stack_routing(
+        self,
+        task: str | Sequence[str] | None,
+        skill_ids: Sequence[int] | Sequence[Sequence[int]] | torch.Tensor | None,
+        token_mask_BT: torch.Tensor | None,
+        seq_len: int,
+        device: torch.device | str,
+        batch_size: int | None,
+    ) -> SkillRouting:
+        """The routing of one stack (encoder or decoder) over its `seq_len` new tokens: the task's skills,
+        or with the MoE router a token gate whose padding (False in `token_mask_BT`) takes no part."""
+        if self.config.router != "topk":
+            return self.routing(task, skill_ids, device, batch_size)
+        if task is not None:  # tasks do not choose FFNs here, but a misspelt one is still an error
+            for t in [task] if isinstance(task, str) else task:
+                self.config.task_skill_names(t)
+        return SkillRouting.token_gate(self.config.num_skills, _token_mask(token_mask_BT, seq_len))
+
     def skill_id_rows(self, tasks: Sequence[str]) -> torch.Tensor:
         """[B, k] skill ids of one task per row, -1 padded: the form that survives HF's beam expansion."""
         rows = [self.config.skill_ids(t) for t in tasks]
@@ -297,12 +313,21 @@ def _batch_size(*tensors: torch.Tensor | None) -> tuple[int | None, torch.device
     return None, torch.device("cpu")
 
 
-def _warn_activation_dropout(config: SkillNetBartConfig) -> None:
-    if config.activation_dropout:
-        logger.warning_once(
-            f"activation_dropout={config.activation_dropout} applies to dense layers only: "
-            "skill FFNs have no dropout between fc1 and fc2"
-        )
+def _seq_len(*tensors: torch.Tensor | None) -> int:
+    for t in tensors:
+        if t is not None:
+            return t.shape[1]
+    return 0
+
+
+def _token_mask(mask: torch.Tensor | None, seq_len: int) -> torch.Tensor | None:
+    """[B, seq_len] bool, False at padding, from a [B, T] attention mask. With a KV cache the decoder's mask
+    covers the cached tokens too ([B, past + new]): the new tokens are its last `seq_len` columns."""
+    if mask is None:
+        return None
+    if mask.dim() != 2:
+        raise ValueError(f"the MoE router needs a 2-D [batch, tokens] attention mask, got shape {tuple(mask.shape)}")
+    return mask[:, mask.shape[1] - seq_len :].bool()
 
 
 # ---- encoder / decoder -------------------------------------------------------------------------------
@@ -342,7 +367,9 @@ class SkillNetBartEncoder(SkillRoutingMixin, BartEncoder):
     ) -> BaseModelOutput:
         if routing is None:
             batch, device = _batch_size(input_ids, inputs_embeds)
-            routing = self.routing(task, skill_ids, device, batch)
+            routing = self.stack_routing(
+                task, skill_ids, attention_mask, _seq_len(input_ids, inputs_embeds), device, batch
+            )
         return super().forward(
             input_ids=input_ids, attention_mask=attention_mask, inputs_embeds=inputs_embeds, routing=routing,
             **kwargs,
@@ -388,7 +415,9 @@ class SkillNetBartDecoder(SkillRoutingMixin, BartDecoder):
     ) -> Any:
         if routing is None:
             batch, device = _batch_size(input_ids, inputs_embeds)
-            routing = self.routing(task, skill_ids, device, batch)
+            routing = self.stack_routing(
+                task, skill_ids, attention_mask, _seq_len(input_ids, inputs_embeds), device, batch
+            )
         return super().forward(
             input_ids=input_ids, attention_mask=attention_mask, encoder_hidden_states=encoder_hidden_states,
             encoder_attention_mask=encoder_attention_mask, past_key_values=past_key_values,
@@ -425,12 +454,29 @@ class SkillNetBartPreTrainedModel(SkillRoutingMixin, BartPreTrainedModel):
         k = self.config.skill_index(name)
         return [bank.skills[k] for bank in self.skill_banks()]
 
+    def aux_losses(self) -> dict[str, torch.Tensor]:
+        """Raw auxiliary losses of the last forward: ``moe_balance``, the MoE balancing loss of every gated
+        layer that ran (both stacks), averaged. Per layer, then averaged: a loss over all layers' tokens
+        concatenated would let one layer's imbalance hide behind another's (transformers #28255)."""
+        moe = [b.aux_loss for b in self.skill_banks() if b.gate is not None and b.aux_loss is not None]
+        return {"moe_balance": torch.stack(moe).mean()} if moe else {}
+
+
+@dataclass
+class SkillNetSeq2SeqLMOutput(Seq2SeqLMOutput):
+    """HF's seq2seq LM output plus the method's auxiliary losses (as SkillNet-BERT's encoder output):
+    `aux_losses` raw by name, `aux_loss` their weighted sum (already in `loss`), and `metrics` the raw
+    values as floats for the trainer's log (``aux_<name>``; only when `labels` are given)."""
+
+    aux_losses: dict[str, torch.Tensor] | None = None
+    aux_loss: torch.Tensor | None = None
+    metrics: dict[str, float] | None = None
+
 
 class SkillNetBartModel(SkillNetBartPreTrainedModel, BartModel):
     def __init__(self, config: SkillNetBartConfig) -> None:
         # As BartModel.__init__ with the skill encoder and decoder (BartModel's would build dense ones).
         BartPreTrainedModel.__init__(self, config)
-        _warn_activation_dropout(config)
         embed_scale = config.d_model**0.5 if config.scale_embedding else 1.0
         self.shared = BartScaledWordEmbedding(
             config.vocab_size, config.d_model, config.pad_token_id, embed_scale=embed_scale
@@ -454,17 +500,35 @@ class SkillNetBartModel(SkillNetBartPreTrainedModel, BartModel):
         task: str | Sequence[str] | None = None,
         skill_ids: Sequence[int] | Sequence[Sequence[int]] | torch.Tensor | None = None,
         routing: SkillRouting | None = None,
+        decoder_token_mask: torch.Tensor | None = None,
         **kwargs: Any,
     ) -> Seq2SeqModelOutput:
-        """HF `BartModel.forward` plus the skill choice (`task=` or `skill_ids=`), one routing for both."""
+        """HF `BartModel.forward` plus the skill choice (`task=` or `skill_ids=`), one routing for both
+        stacks. With the MoE router each stack gates its own tokens: padding from `attention_mask` in the
+        encoder and from `decoder_token_mask` (else `decoder_attention_mask`) in the decoder."""
+        enc_routing = dec_routing = routing
         if routing is None:
             batch, device = _batch_size(decoder_input_ids, decoder_inputs_embeds, input_ids, inputs_embeds)
-            routing = self.routing(task, skill_ids, device, batch)
+            if self.config.router == "topk":
+                for bank in self.skill_banks():
+                    bank.aux_loss = None  # a stack that does not run (cached encoder) reports nothing
+                dec_len = _seq_len(decoder_input_ids, decoder_inputs_embeds, input_ids, inputs_embeds)
+                enc_len = _seq_len(input_ids, inputs_embeds)
+                dec_mask = decoder_token_mask if decoder_token_mask is not None else decoder_attention_mask
+                enc_routing = self.stack_routing(task, skill_ids, attention_mask, enc_len, device, batch)
+                dec_routing = self.stack_routing(None, None, dec_mask, dec_len, device, batch)
+            else:
+                enc_routing = dec_routing = self.routing(task, skill_ids, device, batch)
+        if encoder_outputs is None and enc_routing is not dec_routing:
+            encoder_outputs = self.encoder(
+                input_ids=input_ids, attention_mask=attention_mask, inputs_embeds=inputs_embeds,
+                routing=enc_routing, **kwargs,
+            )
         return super().forward(
             input_ids=input_ids, attention_mask=attention_mask, decoder_input_ids=decoder_input_ids,
             decoder_attention_mask=decoder_attention_mask, encoder_outputs=encoder_outputs,
             past_key_values=past_key_values, inputs_embeds=inputs_embeds,
-            decoder_inputs_embeds=decoder_inputs_embeds, use_cache=use_cache, routing=routing, **kwargs,
+            decoder_inputs_embeds=decoder_inputs_embeds, use_cache=use_cache, routing=dec_routing, **kwargs,
         )
 
 
@@ -498,14 +562,30 @@ class SkillNetBartForConditionalGeneration(SkillNetBartPreTrainedModel, BartForC
         skill_ids: Sequence[int] | Sequence[Sequence[int]] | torch.Tensor | None = None,
         routing: SkillRouting | None = None,
         **kwargs: Any,
-    ) -> Seq2SeqLMOutput:
-        """HF `BartForConditionalGeneration.forward` plus the skill choice (`task=` or `skill_ids=`)."""
-        return super().forward(
+    ) -> SkillNetSeq2SeqLMOutput:
+        """HF `BartForConditionalGeneration.forward` plus the skill choice (`task=` or `skill_ids=`), and
+        with the MoE router the weighted balancing loss added to the LM loss."""
+        moe = self.config.router == "topk"
+        if moe and labels is not None and decoder_attention_mask is None and decoder_input_ids is None:
+            # HF builds the decoder inputs from the labels: their padding (-100) is the decoder's padding.
+            kwargs["decoder_token_mask"] = labels != -100
+        out = super().forward(
             input_ids=input_ids, attention_mask=attention_mask, decoder_input_ids=decoder_input_ids,
             decoder_attention_mask=decoder_attention_mask, encoder_outputs=encoder_outputs,
             past_key_values=past_key_values, inputs_embeds=inputs_embeds,
             decoder_inputs_embeds=decoder_inputs_embeds, labels=labels, use_cache=use_cache, task=task,
             skill_ids=skill_ids, routing=routing, **kwargs,
+        )
+        if not isinstance(out, ModelOutput):  # return_dict=False
+            return out
+        aux = self.model.aux_losses() if moe else {}
+        weighted = self.config.moe_aux_loss_coef * aux["moe_balance"] if aux else None
+        loss = out.loss if weighted is None or out.loss is None else out.loss + weighted
+        metrics = None
+        if aux and labels is not None:
+            metrics = {f"aux_{k}": float(v.detach()) for k, v in aux.items()}
+        return SkillNetSeq2SeqLMOutput(
+            **{**out, "loss": loss}, aux_losses=aux or None, aux_loss=weighted, metrics=metrics
         )
 
     def generate(

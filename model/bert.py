@@ -120,7 +120,7 @@ class Layer(nn.Module):
             top_k = config.moe_top_k if config.router == "topk" else 0
             self.skill_ffn = SkillFFN(
                 d, f, config.num_skills, config.hidden_act, config.ffn_impl, per_skill_ln, eps, p, top_k,
-                config.moe_capacity_factor, config.moe_eval_capacity_factor,
+                *config.moe_capacity_factors(),
             )
         else:
             self.act = ACT2FN[config.hidden_act]

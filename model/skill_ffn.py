@@ -7,7 +7,8 @@ skills one FFN of width k*f:
     mean_k W2_k act(W1_k x + b1_k) + b2_k  ==  [W2_1 .. W2_k]/k · act([W1_1; ..; W1_k] x + [b1]) + mean_k b2_k
 
 so the fused path concatenates the active skills' weights and runs one wide GEMM pair: the same FLOPs as
-a dense FFN of width k*f. Inactive skills never enter the graph, so their ``.grad`` stays ``None`` and a
+a dense FFN of width k*f. Activation dropout (BART's, between the two linear layers; 0 for BERT) is one
+mask over that [N, k*f] activation, which is what dropout on each skill's own [N, f] activation gives. Inactive skills never enter the graph, so their ``.grad`` stays ``None`` and a
 plain PyTorch optimizer skips them.
 
 Skill choice is data: a `SkillRouting` (groups of rows, each with its tuple of skill ids) built once per
@@ -87,13 +88,22 @@ def _canon(skill_ids: Sequence[int] | torch.Tensor) -> tuple[int, ...]:
     return ids
 
 
+def _multi_rank() -> bool:
+    return torch.distributed.is_available() and torch.distributed.is_initialized() and (
+        torch.distributed.get_world_size() > 1)
+
+
 _GELU_APPROXIMATE = {"gelu": "none", "gelu_new": "tanh", "gelu_pytorch_tanh": "tanh"}
 
 
-def _concat_skill_mlp(x_ND: torch.Tensor, act: nn.Module, k: int, params: list[torch.Tensor]) -> torch.Tensor:
+def _concat_skill_mlp(
+    x_ND: torch.Tensor, act: nn.Module, k: int, params: list[torch.Tensor], p_drop: float = 0.0
+) -> torch.Tensor:
     """Reference fusion: one wide GEMM pair over the concatenated weights (copies the weights)."""
     w1, b1, w2, b2 = (params[i * k : (i + 1) * k] for i in range(4))
     h_NKF = act(F.linear(x_ND, torch.cat(w1, 0), torch.cat(b1, 0)))
+    if p_drop:
+        h_NKF = F.dropout(h_NKF, p_drop)
     return torch.addmm(torch.stack(b2, 0).mean(0), h_NKF, torch.cat(w2, 1).t(), alpha=1.0 / k)
 
 
@@ -104,10 +114,13 @@ class _FusedSkillMLP(torch.autograd.Function):
     one [N, k*F] activation buffer, so the elementwise work (bias, GELU and its derivative) runs once
     over the whole width and the second GEMMs accumulate into one output. Weight gradients come out
     contiguous in the parameters' own layout, and inactive skills are not inputs at all.
+
+    Activation dropout `p_drop` (pass 0 outside training) is one keep mask over the [N, k*F] buffer, kept
+    as bool for the backward pass; with ``p_drop == 0`` no mask exists and the arithmetic is unchanged.
     """
 
     @staticmethod
-    def forward(ctx, x_ND: torch.Tensor, approximate: str, *params: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+    def forward(ctx, x_ND: torch.Tensor, approximate: str, p_drop: float, *params: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
         k = len(params) // 4
         w1, b1, w2, b2 = (params[i * k : (i + 1) * k] for i in range(4))
         n, f = x_ND.shape[0], w1[0].shape[0]
@@ -115,37 +128,44 @@ class _FusedSkillMLP(torch.autograd.Function):
         for i in range(k):
             torch.addmm(b1[i], x_ND, w1[i].t(), out=pre_NKF[:, i * f : (i + 1) * f])
         h_NKF = F.gelu(pre_NKF, approximate=approximate)
+        keep_NKF = None
+        if p_drop > 0:
+            keep_NKF = torch.empty_like(h_NKF, dtype=torch.bool).bernoulli_(1.0 - p_drop)
+            h_NKF.mul_(keep_NKF).mul_(1.0 / (1.0 - p_drop))  # the dropped activation feeds fc2 and dW2
         b2_mean = b2[0] if k == 1 else torch.stack(b2, 0).mean(0)
         y_ND = torch.addmm(b2_mean, h_NKF[:, :f], w2[0].t(), alpha=1.0 / k)
         for i in range(1, k):
             y_ND.addmm_(h_NKF[:, i * f : (i + 1) * f], w2[i].t(), alpha=1.0 / k)
-        ctx.save_for_backward(x_ND, pre_NKF, h_NKF, *w1, *w2)
-        ctx.k, ctx.f, ctx.approximate = k, f, approximate
+        ctx.save_for_backward(x_ND, pre_NKF, h_NKF, keep_NKF, *w1, *w2)
+        ctx.k, ctx.f, ctx.approximate, ctx.p_drop = k, f, approximate, p_drop
         return y_ND
 
     @staticmethod
     def backward(ctx, dy_ND: torch.Tensor) -> tuple[torch.Tensor | None, ...]:  # type: ignore[override]
         k, f = ctx.k, ctx.f
-        x_ND, pre_NKF, h_NKF, *ws = ctx.saved_tensors
+        x_ND, pre_NKF, h_NKF, keep_NKF, *ws = ctx.saved_tensors
         w1, w2 = ws[:k], ws[k:]
-        need = ctx.needs_input_grad  # (x, approximate, w1.., b1.., w2.., b2..)
+        need = ctx.needs_input_grad  # (x, approximate, p_drop, w1.., b1.., w2.., b2..)
+        o = 3  # index of the first weight in `need`
         blocks = [slice(i * f, (i + 1) * f) for i in range(k)]
         dy_ND = dy_ND.contiguous() * (1.0 / k)
-        dw2 = [dy_ND.t().mm(h_NKF[:, b]) if need[2 + 2 * k + i] else None for i, b in enumerate(blocks)]
-        db2 = [dy_ND.sum(0) if need[2 + 3 * k + i] else None for i in range(k)]
+        dw2 = [dy_ND.t().mm(h_NKF[:, b]) if need[o + 2 * k + i] else None for i, b in enumerate(blocks)]
+        db2 = [dy_ND.sum(0) if need[o + 3 * k + i] else None for i in range(k)]
         dh_NKF = torch.empty_like(pre_NKF)
         for i, b in enumerate(blocks):
             torch.mm(dy_ND, w2[i], out=dh_NKF[:, b])
+        if keep_NKF is not None:
+            dh_NKF.mul_(keep_NKF).mul_(1.0 / (1.0 - ctx.p_drop))
         dpre_NKF = torch.ops.aten.gelu_backward(dh_NKF, pre_NKF, approximate=ctx.approximate)
         del dh_NKF
-        dw1 = [dpre_NKF[:, b].t().mm(x_ND) if need[2 + i] else None for i, b in enumerate(blocks)]
-        db1 = [dpre_NKF[:, b].sum(0) if need[2 + k + i] else None for i, b in enumerate(blocks)]
+        dw1 = [dpre_NKF[:, b].t().mm(x_ND) if need[o + i] else None for i, b in enumerate(blocks)]
+        db1 = [dpre_NKF[:, b].sum(0) if need[o + k + i] else None for i, b in enumerate(blocks)]
         dx = None
         if need[0]:
             dx = dpre_NKF[:, blocks[0]].mm(w1[0])
             for i in range(1, k):
                 dx.addmm_(dpre_NKF[:, blocks[i]], w1[i])
-        return (dx, None, *dw1, *db1, *dw2, *db2)
+        return (dx, None, None, *dw1, *db1, *dw2, *db2)
 
 
 class _Dense(nn.Module):
@@ -181,9 +201,12 @@ class SkillFFN(nn.Module):
         moe_top_k: int = 0,
         capacity_factor: float = 1.0,
         eval_capacity_factor: float = 2.0,
+        activation_dropout: float = 0.0,
     ) -> None:
         super().__init__()
         self.impl = impl
+        # Dropout between each skill's two linear layers (BART's activation_dropout; BERT has none).
+        self.activation_dropout = activation_dropout
         self.moe_top_k = moe_top_k
         self.capacity_factor, self.eval_capacity_factor = capacity_factor, eval_capacity_factor
         self.gate_stats: dict[str, int] = {}
@@ -231,7 +254,10 @@ class SkillFFN(nn.Module):
 
     def _skill_out(self, i: int, x: torch.Tensor, residual: torch.Tensor | None) -> torch.Tensor:
         s = self.skills[i]
-        h = s.output.dense(self.act(s.intermediate.dense(x)))
+        a = self.act(s.intermediate.dense(x))
+        if self.training and self.activation_dropout:
+            a = F.dropout(a, self.activation_dropout)
+        h = s.output.dense(a)
         return h if residual is None else s.output.LayerNorm(self.dropout(h) + residual)
 
     def _weighted(self, x: torch.Tensor, g: SkillGroup, residual: torch.Tensor | None) -> torch.Tensor:
@@ -264,10 +290,11 @@ class SkillFFN(nn.Module):
             *(s.intermediate.dense.weight for s in sk), *(s.intermediate.dense.bias for s in sk),
             *(s.output.dense.weight for s in sk), *(s.output.dense.bias for s in sk),
         ]
+        p_drop = self.activation_dropout if self.training else 0.0
         if self.gelu_approximate is not None and not torch.is_autocast_enabled(x.device.type):
-            y_ND = _FusedSkillMLP.apply(x_ND, self.gelu_approximate, *params)
+            y_ND = _FusedSkillMLP.apply(x_ND, self.gelu_approximate, p_drop, *params)
         else:  # other activations, or autocast (which custom Functions would bypass): autograd on concat
-            y_ND = _concat_skill_mlp(x_ND, self.act, len(ids), params)
+            y_ND = _concat_skill_mlp(x_ND, self.act, len(ids), params, p_drop)
         return y_ND.view(x.shape)
 
     def _loop_per_skill_ln(
@@ -292,11 +319,15 @@ class SkillFFN(nn.Module):
         self.aux_loss = g.aux_loss
         self.gate_stats = {"capacity": g.capacity, "dropped": g.dropped}
         y_ND = torch.zeros_like(x_ND)
-        # Every expert runs, the unchosen ones on zero rows: only the chosen tokens are computed, and the
-        # autograd graph has the same shape on every rank, which DeepSpeed's gradient buckets need (an
-        # expert chosen on one rank but not another would desynchronise the reduce).
+        # Only the chosen tokens are computed. With several ranks every expert runs, the unchosen ones on
+        # zero rows, so that the autograd graph has the same shape on every rank, which data-parallel
+        # gradient buckets need (an expert chosen on one rank only would desynchronise the reduce); on one
+        # process an unchosen expert stays out of the graph (no gradient, as an unused skill).
+        uniform = self.training and _multi_rank()
         for e in range(len(self.skills)):
             rows = g.dispatch_NE[:, e].nonzero().view(-1)
+            if rows.numel() == 0 and not uniform:
+                continue
             h = self._skill_out(e, x_ND.index_select(0, rows), None)
             y_ND = y_ND.index_add(0, rows, h * g.combine_NE.index_select(0, rows)[:, e, None])
         return y_ND.view(x.shape)

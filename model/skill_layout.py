@@ -1,34 +1,112 @@
 """The backbone-independent half of a SkillNet config: skills, the task -> skills map, the generic skill,
-and where skills live.
+where skills live, and which router picks the FFNs (the first method seam, shared/DESIGN.md).
 
-`SkillLayoutMixin` is mixed into an HF config dataclass that declares the fields ``skills`` (list of
-``{"name", "description"}``), ``tasks`` (task -> skill names), ``generic_skill``, ``ffn_impl`` and
-``skill_layernorm``. It holds the queries (``skill_ids(task)`` ...), the edits (``add_skill`` ...) and
-their validation, so SkillNet-BERT and SkillNet-BART name, check and edit skills the same way.
+`SkillLayoutMixin` is a dataclass mixed into an HF config dataclass (``class SkillNetBertConfig(
+SkillLayoutMixin, BertConfig)``). It contributes the fields both backbones share with the same meaning
+(skills, tasks, FFN implementation, LayerNorm placement, router and MoE settings), and holds the queries
+(``skill_ids(task)`` ...), the edits (``add_skill`` ...) and their validation, so SkillNet-BERT and
+SkillNet-BART name, check and edit skills the same way. A backbone declares its own defaults
+(``generic_skill``, ``skill_layers``), its default tables (``default_skills``, ``default_tasks``), its
+``presets``, the ``routers`` it implements, and ``validate_skill_layers`` (which layers exist).
 """
 
 from __future__ import annotations
 
 import copy
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, ClassVar
 
-from .config import FFN_IMPLS, SKILL_LAYERNORMS
+FFN_IMPLS = ("fused", "loop")
+SKILL_LAYERNORMS = ("shared", "per_skill")
+# "task": the task picks the skills (SkillNet); "topk": a learned token gate (the MoE baseline);
+# "learned": a learned task-skill map (SkillNet-BERT only so far).
+ROUTERS = ("task", "topk", "learned")
 
 
+@dataclass(kw_only=True, repr=False, eq=False)
 class SkillLayoutMixin:
-    skills: list
-    tasks: dict
-    generic_skill: str | None
-    ffn_impl: str
-    skill_layernorm: str
+    r"""Skill layout and router fields shared by SkillNet-BERT and SkillNet-BART.
 
-    def _fill_skill_layout(self, default_skills: list[dict], default_tasks: dict[str, list[str]]) -> None:
-        """Defaults for unset fields; a bare skill name becomes ``{"name": ..., "description": ""}``."""
+    skills: ordered list of ``{"name", "description"}``; a skill's id is its position. A bare name is
+        accepted and becomes ``{"name": ..., "description": ""}``.
+    tasks: task (or pre-training objective) name -> names of the skills it activates.
+    generic_skill: skill added to every task's set (``None`` disables, e.g. for the "w/o generic" ablation).
+    skill_layers: which layers hold skill FFNs: ``"all"``, ``"every_other"`` (layers 0, 2, 4, ..., as the
+        public SkillNet-NLG code's ``i % 2 == 0``), ``"top:N"`` (the top N layers, NLU Table 7), or a list
+        of layer ids. Other layers keep one dense FFN shared by all tasks.
+    ffn_impl: ``"fused"`` (one wide GEMM pair over the active skills) or ``"loop"`` (reference).
+    skill_layernorm: ``"shared"`` (the papers: average the skills' FFN outputs, then the layer's dropout,
+        residual and LayerNorm) or ``"per_skill"`` (public SkillNet-NLG code: each skill does dropout,
+        residual and its own LayerNorm; the outputs are averaged after the LayerNorms).
+    router: which FFNs a token uses: ``"task"`` (SkillNet: the task picks the skills), ``"topk"`` (the
+        MoE baseline: a learned gate per skill layer picks the top ``moe_top_k`` FFNs per token,
+        fairseq-style capacity, padding excluded; tasks do not choose FFNs) or ``"learned"`` (the learned
+        task-skill map; only where the backbone lists it in ``routers``).
+    moe_aux_loss_coef: weight of the load-balancing loss (computed per layer, averaged over layers)
+        added to the training loss.
+    moe_capacity_factor / moe_eval_capacity_factor: expert capacity in training / evaluation,
+        ``ceil(factor * top_k * tokens / experts)``; tokens over capacity get 0 from the FFN and ride the
+        residual. ``factor >= experts / top_k`` never drops a token; ``moe_eval_capacity_factor=None``
+        means exactly that (no capacity limit in evaluation).
+    """
+
+    # Declared by the backbone (its own defaults and tables).
+    default_skills: ClassVar[list[dict[str, str]]]
+    default_tasks: ClassVar[dict[str, list[str]]]
+    presets: ClassVar[dict[str, dict[str, Any]]]
+    routers: ClassVar[tuple[str, ...]] = ("task", "topk")
+
+    skills: list | None = None
+    tasks: dict | None = None
+    generic_skill: str | None = None
+    skill_layers: str | list | None = "all"
+    ffn_impl: str = "fused"
+    skill_layernorm: str = "shared"
+    router: str = "task"
+    moe_top_k: int = 2
+    moe_aux_loss_coef: float = 0.01
+    moe_capacity_factor: float = 1.0
+    moe_eval_capacity_factor: float | None = 2.0
+
+    def __post_init__(self, **kwargs: Any) -> None:
+        # A dense config's dict passed as kwargs says model_type="bert"/"bart": the class's own type must
+        # win, or the instance (and whatever dispatches on it) would take the model for a dense one.
+        kwargs.pop("model_type", None)
         if self.skills is None:
-            self.skills = copy.deepcopy(default_skills)
+            self.skills = copy.deepcopy(self.default_skills)
         if self.tasks is None:
-            self.tasks = copy.deepcopy(default_tasks)
+            self.tasks = copy.deepcopy(self.default_tasks)
         self.skills = [s if isinstance(s, dict) else {"name": str(s), "description": ""} for s in self.skills]
+        super().__post_init__(**kwargs)  # type: ignore[misc]  # the HF config's
+        self.validate_skills()
+
+    # ---- construction helpers -------------------------------------------------------------------
+    @classmethod
+    def preset(cls, name: str, **overrides: Any) -> Any:
+        if name not in cls.presets:
+            raise KeyError(f"unknown preset {name!r}; valid presets: {', '.join(cls.presets)}")
+        return cls(**{**cls.presets[name], **overrides})
+
+    @classmethod
+    def dense_joint(cls, **kwargs: Any) -> Any:
+        """The "Joint fine-tuning (Dense)" baseline: one FFN shared by every task."""
+        tasks = {t: ["shared"] for t in kwargs.pop("tasks", cls.default_tasks)}
+        return cls(
+            skills=[{"name": "shared", "description": "dense FFN"}], tasks=tasks, generic_skill=None, **kwargs
+        )
+
+    @classmethod
+    def top2_moe(cls, **kwargs: Any) -> Any:
+        """The "Joint fine-tuning (MoE)" baseline: as many FFNs per skill layer as skills, a gate per layer
+        activates the top 2 per token."""
+        return cls(router="topk", moe_top_k=2, **kwargs)
+
+    # ---- validation (HF's strict dataclass also runs every ``validate_*`` at save time) ------------
+    def validate_skills(self) -> None:
+        """Every check of the layout and the router; a backbone adds its own (heads, extras)."""
+        self.validate_skill_layout()
+        self.validate_router()
+        self.validate_skill_layers()
 
     def validate_skill_layout(self) -> None:
         names = self.skill_names
@@ -48,6 +126,31 @@ class SkillLayoutMixin:
             raise ValueError(f"ffn_impl={self.ffn_impl!r}; valid: {FFN_IMPLS}")
         if self.skill_layernorm not in SKILL_LAYERNORMS:
             raise ValueError(f"skill_layernorm={self.skill_layernorm!r}; valid: {SKILL_LAYERNORMS}")
+
+    def validate_router(self) -> None:
+        if self.router not in self.routers:
+            raise ValueError(f"router={self.router!r}; valid: {self.routers}")
+        if self.router == "topk" and not 0 < self.moe_top_k <= self.num_skills:
+            raise ValueError(f"moe_top_k={self.moe_top_k} must be in 1..{self.num_skills}")
+        if self.router == "topk" and self.skill_layernorm != "shared":
+            # SkillFFN's token-gate path computes plain FFN experts; per-skill LayerNorm would lose the
+            # residual and the layer's LayerNorm without a word.
+            raise ValueError(f"router='topk' needs skill_layernorm='shared', not {self.skill_layernorm!r}")
+        eval_factor = self.moe_eval_capacity_factor
+        if self.router == "topk" and not (self.moe_capacity_factor > 0 and (eval_factor is None or eval_factor > 0)):
+            raise ValueError("moe_capacity_factor and moe_eval_capacity_factor must be > 0 "
+                             "(moe_eval_capacity_factor may be None: no capacity limit in evaluation)")
+
+    def moe_capacity_factors(self) -> tuple[float, float]:
+        """(training, evaluation) capacity factors of the token gate. No evaluation limit (None) is the
+        factor at which every token fits: ``experts / top_k`` gives capacity = tokens."""
+        eval_factor = self.moe_eval_capacity_factor
+        if eval_factor is None:
+            eval_factor = self.num_skills / max(self.moe_top_k, 1)
+        return self.moe_capacity_factor, eval_factor
+
+    def validate_skill_layers(self) -> None:
+        raise NotImplementedError  # the backbone knows its stacks
 
     def _unknown_skill_msg(self, name: str, where: str) -> str:
         return f"unknown skill {name!r} in {where}; valid skills: {', '.join(self.skill_names)}"
@@ -100,7 +203,7 @@ class SkillLayoutMixin:
         self.tasks[task] = list(skills)
 
     def drop_skill(self, name: str) -> None:
-        """Ablation: no task activates `name` any more. Its weights stay in the model."""
+        """Ablation (NLU Table 6): no task activates `name` any more. Its weights stay in the model."""
         self.skill_index(name)
         tasks = {t: [s for s in skills if s != name] for t, skills in self.tasks.items()}
         generic = None if self.generic_skill == name else self.generic_skill
@@ -110,16 +213,16 @@ class SkillLayoutMixin:
         self.tasks, self.generic_skill = tasks, generic
 
 
-def layer_ids_from_spec(spec: Any, n: int, key: str, every_other_first: int) -> list[int]:
+def layer_ids_from_spec(spec: Any, n: int, key: str) -> list[int]:
     """Layer ids of a ``skill_layers`` spec for a stack of `n` layers.
 
-    ``"all"`` (or None), ``"every_other"`` (``every_other_first``, +2, ...), ``"top:N"``, or a list of ids.
-    `key` names the config field in the error.
+    ``"all"`` (or None), ``"every_other"`` (0, 2, 4, ...: the public SkillNet-NLG code's ``i % 2 == 0``),
+    ``"top:N"``, or a list of ids. `key` names the config field in the error.
     """
     if spec is None or spec == "all":
         return list(range(n))
     if spec == "every_other":
-        return list(range(every_other_first, n, 2))
+        return list(range(0, n, 2))
     if isinstance(spec, str) and spec.startswith("top:"):
         try:
             k = int(spec[4:])

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import math
 import random
 
 import pytest
@@ -503,3 +504,211 @@ def test_export_loads_in_plain_transformers_with_its_tokenizer(tmp_path, batch):
     ref = sk.generate(x, attention_mask=mask, max_new_tokens=6, no_repeat_ngram_size=1, task=tasks)
     assert torch.equal(got["gen"], ref)
     assert got["tok"] == [101, 1266, 776, 102]
+
+
+# ---- activation dropout --------------------------------------------------------------------------------
+def test_skill_layers_apply_barts_activation_dropout(batch):
+    """BART's dropout between fc1 and fc2 runs in skill layers too: off in eval (the dense logits), on in
+    training. Every layer is a skill layer and every other dropout is 0, so it is the only randomness."""
+    x, mask, y = batch
+    torch.manual_seed(4)
+    dense = BartForConditionalGeneration(
+        _dense_config(activation_dropout=0.4, dropout=0.0, attention_dropout=0.0)).eval()
+    outs = {}
+    for p in (0.4, 0.0):
+        sk = skillnet_bart_from_dense(dense, skill_layers="all", activation_dropout=p).eval()
+        assert all(b.activation_dropout == p for b in sk.skill_banks())
+        with torch.no_grad():
+            ref = dense(input_ids=x, attention_mask=mask, decoder_input_ids=y).logits
+            ev = sk(input_ids=x, attention_mask=mask, decoder_input_ids=y, task=TASK_B).logits
+            assert (ev - ref).abs().max().item() < 1e-4
+            sk.train()
+            outs[p] = [sk(input_ids=x, attention_mask=mask, decoder_input_ids=y, task=TASK_B).logits
+                       for _ in range(2)]
+        outs[p].append(ev)
+    on, off = outs[0.4], outs[0.0]
+    assert torch.equal(off[0], off[1]) and (off[0] - off[2]).abs().max().item() < 1e-5  # p = 0: no randomness
+    assert not torch.equal(on[0], on[1]) and not torch.allclose(on[0], on[2], atol=1e-3)
+
+
+# ---- dense joint (one skill) ---------------------------------------------------------------------------
+def test_one_shared_skill_is_the_dense_bart(dense, batch):
+    """The dense-joint baseline needs nothing new: one skill that every task uses, no generic skill."""
+    x, mask, y = batch
+    tasks = {t: ["shared"] for t in NLG_TASKS}
+    sk = skillnet_bart_from_dense(
+        dense, skills=[{"name": "shared"}], tasks=tasks, generic_skill=None, skill_layers="all"
+    ).eval()
+    assert sk.config.skill_names == ["shared"] and sk.config.task_skill_names(TASK_B) == ["shared"]
+    assert SkillNetBartConfig.dense_joint(**_dense_config().to_dict()).skill_names == ["shared"]
+    with torch.no_grad():
+        ref = dense(input_ids=x, attention_mask=mask, decoder_input_ids=y).logits
+        out = sk(input_ids=x, attention_mask=mask, decoder_input_ids=y, task=[TASK_A, TASK_B, TASK_A]).logits
+    assert (out - ref).abs().max().item() < 1e-4
+    kw = dict(attention_mask=mask, max_new_tokens=8, no_repeat_ngram_size=1)
+    assert torch.equal(sk.generate(x, task=TASK_B, **kw), dense.generate(x, num_beams=4, early_stopping=True, **kw))
+    assert count_parameters(sk)["total"] == sum(p.numel() for p in dense.parameters())
+
+
+# ---- MoE baseline (router "topk") ----------------------------------------------------------------------
+def _moe(**kw) -> SkillNetBartForConditionalGeneration:
+    torch.manual_seed(5)
+    cfg = SkillNetBartConfig(**{**_dense_config(dropout=0.0).to_dict(), "router": "topk", **kw})
+    return SkillNetBartForConditionalGeneration(cfg)
+
+
+def _record_gates(model: SkillNetBartForConditionalGeneration) -> list[dict]:
+    """Per call of every gated bank: stack, its input, the routing's token mask and the gate statistics."""
+    log: list[dict] = []
+    for stack in ("encoder", "decoder"):
+        for i, layer in enumerate(getattr(model.model, stack).layers):
+            if not layer.has_skills:
+                continue
+
+            def hook(mod, args, out, stack=stack, i=i):
+                log.append({"stack": stack, "layer": i, "x": args[0].detach(), "mask": args[1].token_mask,
+                            "stats": dict(mod.gate_stats), "aux": mod.aux_loss, "bank": mod})
+
+            layer.skill_ffn.register_forward_hook(hook)
+    return log
+
+
+def test_moe_bart_gates_every_skill_layer_and_adds_the_balancing_loss(batch):
+    x, mask, y = batch
+    m = _moe(moe_aux_loss_coef=0.5, moe_capacity_factor=100.0).train()
+    assert [len(b.skills) for b in m.skill_banks()] == [6] * 4  # layers 0 and 2 of both stacks
+    assert all(b.gate is not None and b.moe_top_k == 2 for b in m.skill_banks())
+    labels = y[:, 1:].clone()
+    labels[2, 3:] = -100
+    log = _record_gates(m)
+    out = m(input_ids=x, attention_mask=mask, labels=labels, task=TASK_A)
+    # padding takes no part: the encoder's from its attention mask, the decoder's from the labels
+    enc = [r for r in log if r["stack"] == "encoder"]
+    dec = [r for r in log if r["stack"] == "decoder"]
+    assert len(enc) == len(dec) == 2
+    assert all(torch.equal(r["mask"], mask.bool()) for r in enc)
+    assert all(torch.equal(r["mask"], labels != -100) for r in dec)
+    per_layer = torch.stack([r["aux"] for r in log])
+    torch.testing.assert_close(out.aux_losses["moe_balance"], per_layer.mean())
+    assert out.metrics == {"aux_moe_balance": pytest.approx(float(per_layer.detach().mean()))}
+    ce = torch.nn.functional.cross_entropy(out.logits.flatten(0, 1), labels.reshape(-1), ignore_index=-100)
+    torch.testing.assert_close(out.loss, ce + 0.5 * per_layer.mean())
+    torch.testing.assert_close(out.aux_loss, 0.5 * per_layer.mean())
+    out.loss.backward()
+    for b in m.skill_banks():  # the gate of every layer learns (through the combine weights and the loss)
+        assert b.gate.weight.grad is not None and b.gate.weight.grad.abs().sum() > 0
+    # a step moves the gates
+    before = [b.gate.weight.detach().clone() for b in m.skill_banks()]
+    torch.optim.SGD(m.parameters(), lr=0.1).step()
+    assert all(not torch.equal(b.gate.weight, w) for b, w in zip(m.skill_banks(), before))
+
+
+def test_moe_bart_padding_changes_nothing(batch):
+    """Padded encoder tokens and padded decoder tokens (given by decoder_attention_mask) take no part in
+    routing, capacity or the balancing loss: changing their ids changes neither the loss nor its parts."""
+    x, mask, y = batch
+    m = _moe(moe_capacity_factor=0.5).train()  # a capacity that drops: padding must not take any of it
+    y_in, labels = y[:, :-1], y[:, 1:].clone()
+    dec_mask = torch.ones_like(y_in)
+    dec_mask[1, 4:] = 0
+    labels[1, 4:] = -100
+    kw = dict(attention_mask=mask, decoder_attention_mask=dec_mask, labels=labels, task=TASK_B)
+    a = m(input_ids=x, decoder_input_ids=y_in, **kw)
+    assert sum(b.gate_stats["dropped"] for b in m.skill_banks()) > 0
+    x2, y2 = x.clone(), y_in.clone()
+    x2[mask == 0] = 77
+    y2[dec_mask == 0] = 66
+    b = m(input_ids=x2, decoder_input_ids=y2, **kw)
+    torch.testing.assert_close(a.loss, b.loss, atol=1e-6, rtol=0)
+    torch.testing.assert_close(a.aux_losses["moe_balance"], b.aux_losses["moe_balance"], atol=1e-6, rtol=0)
+    # control: the same change at real tokens does move them
+    x3 = x.clone()
+    x3[0, 0] = 77
+    assert not torch.allclose(m(input_ids=x3, decoder_input_ids=y_in, **kw).loss, a.loss)
+
+
+def test_moe_bart_unused_experts_get_no_gradient(batch):
+    """Few tokens, 6 experts, top-2: some experts go unchosen in a layer and must get an exactly zero (or
+    no) gradient; the chosen ones learn."""
+    x, mask, y = batch
+    m = _moe(moe_capacity_factor=100.0).train()
+    log = _record_gates(m)
+    out = m(input_ids=x[:1, :2], labels=y[:1, 1:3], task=TASK_A)
+    out.loss.backward()
+    from skillnet.model.routers import top_k_gating
+
+    unused = 0
+    for r in log:
+        bank = r["bank"]
+        keep = None if r["mask"] is None else r["mask"].reshape(-1)
+        g = top_k_gating(bank.gate(r["x"].reshape(-1, r["x"].shape[-1])), 2, 100.0, keep)
+        chosen = g.dispatch_NE.any(0)
+        for e, skill in enumerate(bank.skills):
+            grads = [p.grad for p in skill.parameters()]
+            if chosen[e]:
+                assert all(gr is not None for gr in grads) and any(gr.abs().sum() > 0 for gr in grads)
+            else:
+                unused += 1
+                assert all(gr is None or not gr.any() for gr in grads), (r["stack"], r["layer"], e)
+    assert unused >= 4  # 2 tokens x top-2 leave at least 2 of 6 experts idle in each of the 4 layers
+
+
+def test_moe_bart_generates_with_beam_search_routing_every_step(batch):
+    """`generate` with the token gate: the decoder gates the one new token per beam at every step (a KV
+    cache), in eval mode, and the default evaluation capacity (None) drops no token, so cached decoding
+    equals decoding without a cache. With BERT's 2.0 the same decoding drops tokens."""
+    x, mask, _ = batch
+    m = _moe(skill_layers="all").eval()
+    log = _record_gates(m)
+    kw = dict(attention_mask=mask, max_new_tokens=8, no_repeat_ngram_size=1, num_beams=4)
+    out = m.generate(x, task=[TASK_A, TASK_B, TASK_A], **kw)
+    assert out.shape[0] == 3 and out.shape[1] > 2
+    enc = [r for r in log if r["stack"] == "encoder"]
+    dec = [r for r in log if r["stack"] == "decoder"]
+    assert len(enc) == 3 and all(torch.equal(r["mask"], mask.bool()) for r in enc)  # once, padding excluded
+    steps = len(dec) // 3
+    assert steps >= out.shape[1] - 2 and all(r["x"].shape[:2] == (12, 1) for r in dec)  # 3 rows x 4 beams
+    assert all(r["stats"]["dropped"] == 0 for r in log)
+    assert all(r["stats"]["capacity"] == 12 for r in dec) and enc[0]["stats"]["capacity"] == int(mask.sum())
+    no_cache = m.generate(x, use_cache=False, **kw)
+    assert torch.equal(no_cache, out)
+    # generation reports no loss, and nothing stale from the encoder in the aux of a decoding step
+    step = m(encoder_outputs=(m.model.encoder(input_ids=x, attention_mask=mask).last_hidden_state,),
+             attention_mask=mask, decoder_input_ids=out[:, :1])
+    assert step.loss is None and step.metrics is None and step.aux_losses["moe_balance"].ndim == 0
+    assert all(b.aux_loss is None for b in m.skill_banks()[:3])  # the encoder did not run in that call
+
+    capped = _moe(skill_layers="all", moe_eval_capacity_factor=2.0).eval()
+    log2 = _record_gates(capped)
+    capped.generate(x, **kw)
+    assert sum(r["stats"]["dropped"] for r in log2 if r["stack"] == "decoder") > 0
+
+
+def test_moe_bart_eval_capacity_is_its_own(batch):
+    x, mask, y = batch
+    m = _moe(moe_capacity_factor=0.5, moe_eval_capacity_factor=1.5)
+    log = _record_gates(m)
+    m.train()
+    m(input_ids=x, attention_mask=mask, decoder_input_ids=y)
+    m.eval()
+    with torch.no_grad():
+        m(input_ids=x, attention_mask=mask, decoder_input_ids=y)
+    n_enc, n_dec = int(mask.sum()), y.numel()
+    caps = [(r["stack"], r["stats"]["capacity"]) for r in log]
+    want = [("encoder", math.ceil(0.5 * 2 * n_enc / 6))] * 2 + [("decoder", math.ceil(0.5 * 2 * n_dec / 6))] * 2
+    want += [("encoder", math.ceil(1.5 * 2 * n_enc / 6))] * 2 + [("decoder", math.ceil(1.5 * 2 * n_dec / 6))] * 2
+    assert caps == want
+
+
+def test_moe_bart_saves_loads_and_checks_task_names(tmp_path, batch):
+    x, mask, y = batch
+    m = _moe().eval()
+    m.save_pretrained(tmp_path / "moe")
+    back = AutoModelForSeq2SeqLM.from_pretrained(tmp_path / "moe").eval()
+    assert back.config.router == "topk" and back.config.moe_eval_capacity_factor is None
+    with torch.no_grad():
+        a = m(input_ids=x, attention_mask=mask, decoder_input_ids=y).logits
+        b = back(input_ids=x, attention_mask=mask, decoder_input_ids=y).logits
+    assert torch.equal(a, b)
+    with pytest.raises(KeyError, match="unknown task 'poetry'"):
+        m(input_ids=x, attention_mask=mask, decoder_input_ids=y, task="poetry")

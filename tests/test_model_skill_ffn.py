@@ -133,3 +133,81 @@ def test_fused_skips_grads_of_frozen_skills():
     fused(x, SkillRouting.uniform([0, 2, 6])).sum().backward()
     assert all(p.grad is None for p in fused.skills[2].parameters())
     assert all(p.grad is not None for p in fused.skills[0].parameters()) and x.grad is not None
+
+
+# ---- activation dropout (BART's dropout between fc1 and fc2) -----------------------------------------------
+def _all_paths(p: float) -> dict[str, SkillFFN]:
+    """Every SkillFFN path with activation dropout `p`, all with the same weights."""
+    torch.manual_seed(6)
+    ref = SkillFFN(D, F, S)
+    paths = {
+        "fused": SkillFFN(D, F, S, impl="fused", activation_dropout=p),
+        "fused_concat": SkillFFN(D, F, S, hidden_act="relu", impl="fused", activation_dropout=p),
+        "loop": SkillFFN(D, F, S, impl="loop", activation_dropout=p),
+        "per_skill_ln": SkillFFN(D, F, S, per_skill_layernorm=True, layer_norm_eps=1e-5, activation_dropout=p),
+        "moe": SkillFFN(D, F, S, moe_top_k=2, capacity_factor=100.0, activation_dropout=p),
+    }
+    for m in paths.values():
+        m.load_state_dict(ref.state_dict(), strict=False)
+    return paths
+
+
+def _run(m: SkillFFN, x: torch.Tensor, ids: list[int]) -> torch.Tensor:
+    routing = SkillRouting.token_gate(S, None) if m.gate is not None else SkillRouting.uniform(ids)
+    return m(x, routing, residual_BTD=x if m.per_skill_layernorm else None)
+
+
+def test_activation_dropout_is_off_in_eval_and_at_zero_and_on_in_training_in_every_path():
+    x = torch.randn(3, 5, D)
+    ids = [0, 2, 5]
+    off, on = _all_paths(0.0), _all_paths(0.4)
+    for name in off:
+        for m in (off[name], on[name]):
+            m.eval()
+        torch.testing.assert_close(_run(on[name], x, ids), _run(off[name], x, ids), atol=0, rtol=0, msg=name)
+        for m in (off[name], on[name]):
+            m.train()
+        torch.manual_seed(0)
+        dense = _run(off[name], x, ids)
+        torch.manual_seed(0)
+        assert torch.equal(_run(off[name], x, ids), dense), f"{name}: p=0 must be deterministic in training"
+        assert not torch.equal(_run(on[name], x, ids), dense), f"{name}: p>0 had no effect in training"
+    # eval: the fused kernel with dropout configured still equals the loop reference
+    on["fused"].eval()
+    on["loop"].eval()
+    torch.testing.assert_close(_run(on["fused"], x, ids), _run(on["loop"], x, ids), atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("ids", [[1, 4], [0, 3, 6]])
+def test_fused_kernel_dropout_forward_and_backward_match_autograd_with_the_same_mask(ids):
+    """The kernel draws one keep mask over its [N, k*F] activation buffer; replaying the same draw, the
+    autograd reference (gelu -> mask / (1 - p) -> fc2, averaged) gives the same output and gradients."""
+    p = 0.3
+    torch.manual_seed(7)
+    m = SkillFFN(D, F, S, impl="fused", activation_dropout=p).train()
+    x = torch.randn(2, 5, D, requires_grad=True)
+    torch.manual_seed(11)
+    y = m(x, SkillRouting.uniform(ids))
+    w = torch.linspace(-1, 1, y.numel()).view_as(y)
+    (y * w).sum().backward()
+    got = (y.detach(), x.grad.clone(), {n: q.grad.clone() for n, q in m.named_parameters() if q.grad is not None})
+
+    m.zero_grad(set_to_none=True)
+    x2 = x.detach().clone().requires_grad_(True)
+    sk = [m.skills[i] for i in ids]
+    n_tok, kf = 10, F * len(ids)
+    torch.manual_seed(11)
+    keep = torch.empty(n_tok, kf, dtype=torch.bool).bernoulli_(1 - p)  # the kernel's one draw
+    w1 = torch.cat([s.intermediate.dense.weight for s in sk], 0)
+    b1 = torch.cat([s.intermediate.dense.bias for s in sk], 0)
+    w2 = torch.cat([s.output.dense.weight for s in sk], 1)
+    b2 = torch.stack([s.output.dense.bias for s in sk], 0).mean(0)
+    h = torch.nn.functional.gelu(x2.reshape(n_tok, D) @ w1.t() + b1) * keep / (1 - p)
+    ref = (h @ w2.t() / len(ids) + b2).view_as(y)
+    (ref * w).sum().backward()
+    torch.testing.assert_close(got[0], ref.detach(), atol=1e-5, rtol=0)
+    torch.testing.assert_close(got[1], x2.grad, atol=1e-5, rtol=0)
+    for n, q in m.named_parameters():
+        if q.grad is not None:
+            torch.testing.assert_close(got[2][n], q.grad, atol=1e-5, rtol=0, msg=n)
+    assert set(got[2]) == {n for n, q in m.named_parameters() if q.grad is not None}
