@@ -84,7 +84,8 @@ def flat_groups(groups: Groups, world: int) -> Groups:
         )[:part].clone()
         q = nn.Parameter(p_flat)
         q.grad = g_flat
-        out.append({**g, "params": [q]})
+        # the trainer turns the exact-zero check on for every group under ZeRO
+        out.append({**g, "params": [q], "check_zeros": True})
     return out
 
 

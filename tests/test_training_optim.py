@@ -56,6 +56,8 @@ def test_inactive_skill_params_and_moments_unchanged(zero_fill: bool) -> None:
     torch.manual_seed(0)
     model = ToySkills()
     opt = MaskedAdamW(build_param_groups(model, 0.1), lr=1e-2)
+    if zero_fill:
+        opt.check_zeros_everywhere()  # as the trainer does under ZeRO
     ids = torch.randint(0, 16, (4, 5))
     for s in ([0, 1], [2, 3], [0, 2]):  # every skill gets non-zero moments first
         _step(model, opt, ids, s, zero_fill)
@@ -89,6 +91,7 @@ def test_none_and_zero_grads_give_identical_results() -> None:
     b = copy.deepcopy(a)
     oa = MaskedAdamW(build_param_groups(a, 0.01), lr=1e-2)
     ob = MaskedAdamW(build_param_groups(b, 0.01), lr=1e-2)
+    ob.check_zeros_everywhere()  # b stands for ZeRO (zero-filled gradients), as the trainer sets it up
     g = torch.Generator().manual_seed(1)
     for step in range(6):
         ids = torch.randint(0, 16, (4, 5), generator=g)
@@ -385,3 +388,21 @@ def test_empty_parameter_among_others() -> None:
     assert torch.equal(params[2].detach()[0], frozen)
     torch.testing.assert_close(params[2].detach()[1:], ref[2].detach()[1:], rtol=1e-6, atol=1e-7)
     assert opt.state[params[1]]["step"] == 1
+
+
+def test_plain_groups_check_zeros_only_in_embedding_tables_and_own_lr_groups() -> None:
+    """Plain PyTorch: unused parameters have no gradient, so only tables with untouched rows (embeddings,
+    a learned map) pay for the exact-zero check; an embedding row absent from the batch stays put."""
+    torch.manual_seed(0)
+    model = ToySkills()
+    groups = build_param_groups(model, 0.1)
+    checked = {id(p) for g in groups if g["check_zeros"] for p in g["params"]}
+    tables = {id(m.weight) for m in model.modules() if isinstance(m, torch.nn.Embedding)}
+    assert tables and checked == tables
+    opt = MaskedAdamW(groups, lr=1e-2)
+    ids = torch.randint(0, 8, (4, 5))  # rows 8..15 of the table are absent
+    _step(model, opt, ids, [0, 1], zero_fill=False)
+    emb = next(m for m in model.modules() if isinstance(m, torch.nn.Embedding)).weight
+    before = emb.detach().clone()
+    _step(model, opt, ids, [0, 1], zero_fill=False)
+    assert torch.equal(before[8:], emb.detach()[8:]) and not torch.equal(before[:8], emb.detach()[:8])

@@ -178,6 +178,7 @@ class Trainer:
                 model=model, optimizer=optimizer, lr_scheduler=scheduler, config=self.ds_config
             )
             optimizer.init_state()  # see MaskedAdamW.init_state: ZeRO links state views after the first step
+            optimizer.check_zeros_everywhere()  # flat partitions zero-fill the grads of unused parameters
             self.device = self.engine.device
             self.zero_stage = int(self.engine.zero_optimization_stage())
         else:
