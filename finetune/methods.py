@@ -50,6 +50,9 @@ class Method:
     own_lr_fragment: str | None = None
     # architectures it is defined for (finetune/archs.py): the learned map and PALs are BERT-only here
     archs: tuple[str, ...] = ("bert", "bart")
+    # parameters (name fragments) that can be in the graph with an all-zero gradient, which the optimizer
+    # must then check for (training/optim.py build_param_groups): MoE experts whose tokens all miss the loss
+    zero_grad_fragments: tuple[str, ...] = ()
 
 
 def _generic_index(cfg: Any) -> int:
@@ -132,7 +135,8 @@ METHODS: dict[str, Method] = {m.name: m for m in (
     Method("skillnet", "SkillNet: each task runs its skills (Table 2), averaged", _skillnet, uses_task_skills=True),
     Method("dense_joint", "one dense encoder shared by all tasks, one head per task (MT-DNN)", _dense_joint),
     Method("task_specific", "one dense model per task, each trained alone", _dense_joint, per_task=True),
-    Method("moe", "top-2 token gate over as many FFNs as skills, load balancing, capacity", _moe),
+    Method("moe", "top-2 token gate over as many FFNs as skills, load balancing, capacity", _moe,
+           zero_grad_fragments=(".skill_ffn.skills.",)),
     Method("learnable", "skills of SkillNet, task-skill map learned (sigmoid similarity, threshold; "
            "straight-through estimator)", _learnable, own_lr_fragment="skill_map.", archs=("bert",)),
     Method("learnable_eq6", "learnable with Eq. 6 as written (sharpness 1e9: no gradient reaches the map)",

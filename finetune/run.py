@@ -537,8 +537,10 @@ def setup(cfg: FinetuneConfig, *, ds_config: str | None = None, resume: str | No
     if cfg.model.init and (Path(cfg.resolve(cfg.model.init)) / META_FILE).is_file():
         inherited = json.loads((Path(cfg.resolve(cfg.model.init)) / META_FILE).read_text(encoding="utf-8"))["tasks"]
     evaluator = DevEvaluator(cfg, data, source, out, tok.vocab_path, rank == 0, inherited)
-    frag = METHODS[cfg.method].own_lr_fragment
-    groups = build_param_groups(model, tc.weight_decay, {frag: tc.skill_map_lr} if frag else None)
+    method = METHODS[cfg.method]
+    frag = method.own_lr_fragment
+    groups = build_param_groups(model, tc.weight_decay, {frag: tc.skill_map_lr} if frag else None,
+                                check=method.zero_grad_fragments)
     loss_fn = label_smoothed_loss(tc.label_smoothing) if tc.label_smoothing > 0 else None
     trainer = Trainer(model, source, tcfg, evaluator=evaluator, skill_params=skill_parameters(model),
                       param_groups=groups, loss_fn=loss_fn, config_text=cfg.to_json(),

@@ -355,23 +355,26 @@ def _masked_update(
 
 
 def build_param_groups(
-    model: torch.nn.Module, weight_decay: float, own_lr: dict[str, float] | None = None
+    model: torch.nn.Module, weight_decay: float, own_lr: dict[str, float] | None = None,
+    check: tuple[str, ...] = (),
 ) -> list[dict[str, Any]]:
-    """Groups as in BERT (no weight decay on biases and LayerNorm weights), with embedding tables apart.
+    """Groups as in BERT (no weight decay on biases and LayerNorm weights), split by the exact-zero check.
 
     Zero checks (``check_zeros``): in plain PyTorch a parameter a step did not use has no gradient at all
-    and is skipped for free, so the per-element check for exact zeros is needed only where a used tensor
-    holds rows the step did not touch: embedding tables (tokens, positions, token types absent from the
-    batch: lazy Adam) and the own-lr groups (a learned task-skill map's rows of tasks not in the batch).
-    Dense layers skip the check, which costs ~45% of a fused AdamW step on CPU. Under ZeRO the trainer
-    turns the check on for every group (flat partitions zero-fill unused parameters).
+    and is skipped for free, so the per-element check for exact zeros (which costs ~45% of a fused AdamW
+    step on CPU) is needed only for tensors that can be in the graph with zeros in their gradient:
+    embedding tables (tokens, positions, token types absent from the batch: lazy Adam), the own-lr groups
+    (a learned task-skill map's rows of tasks not in the batch), and parameters whose name contains a
+    fragment of `check` (e.g. MoE experts, whose tokens may all miss the loss). Under ZeRO the trainer
+    turns the check on for every group (flat partitions zero-fill unused parameters), so plain and ZeRO
+    runs skip the same elements.
 
     own_lr: {name fragment: lr}: parameters whose name contains the fragment get a group of their own
     with that peak learning rate and no weight decay (e.g. a learned task-skill map, which needs a far
     larger step than the encoder to move within a fine-tuning run). The schedule scales it like the rest.
     """
     tables = {id(m.weight) for m in model.modules() if isinstance(m, torch.nn.Embedding)}
-    decay, no_decay, embed = [], [], []
+    buckets: dict[tuple[bool, bool], list[torch.nn.Parameter]] = {}  # (decay, checked) -> params
     own: dict[str, list[torch.nn.Parameter]] = {frag: [] for frag in own_lr or {}}
     for name, p in model.named_parameters():
         if not p.requires_grad:
@@ -379,19 +382,12 @@ def build_param_groups(
         frag = next((f for f in own if f in name), None)
         if frag is not None:
             own[frag].append(p)
-        elif id(p) in tables:
-            embed.append(p)
-        elif p.ndim < 2 or "LayerNorm" in name or "layer_norm" in name or name.endswith(".bias"):
-            no_decay.append(p)
-        else:
-            decay.append(p)
-    groups = []
-    if decay:
-        groups.append({"params": decay, "weight_decay": weight_decay, "check_zeros": False})
-    if no_decay:
-        groups.append({"params": no_decay, "weight_decay": 0.0, "check_zeros": False})
-    if embed:
-        groups.append({"params": embed, "weight_decay": weight_decay, "check_zeros": True})
+            continue
+        decay = not (p.ndim < 2 or "LayerNorm" in name or "layer_norm" in name or name.endswith(".bias"))
+        checked = id(p) in tables or any(f in name for f in check)
+        buckets.setdefault((decay, checked), []).append(p)
+    groups = [{"params": ps, "weight_decay": weight_decay if decay else 0.0, "check_zeros": checked}
+              for (decay, checked), ps in sorted(buckets.items(), key=lambda kv: (not kv[0][0], kv[0][1]))]
     for frag, params in own.items():
         if params:
             groups.append({"params": params, "weight_decay": 0.0, "lr": own_lr[frag], "check_zeros": True})
