@@ -43,6 +43,8 @@ bench: setup
 	$(PYTHON) bench/skill_ffn.py
 	$(PYTHON) bench/data_prep.py
 	$(PYTHON) bench/pretrain.py
+	$(PYTHON) bench/optim.py
+	$(PYTHON) bench/generate.py
 
 clean:
 	rm -rf $(STAMP) runs outputs .pytest_cache

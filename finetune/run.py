@@ -636,9 +636,15 @@ def write_hparams(out: Path, cfg: FinetuneConfig, summary: dict[str, Any]) -> No
         vals = [v for k, v in metrics.items() if k.startswith(f"hparam/{split}/")]
         if vals:
             metrics[f"hparam/{split}/mean"] = sum(vals) / len(vals)
-    # run_name "." keeps everything in tensorboard/hparams (no empty event file in the run's own folder)
+    from torch.utils.tensorboard.summary import hparams
+
+    # What add_hparams writes, into one event file of tensorboard/hparams (add_hparams itself opens a second
+    # writer in a sub-folder and leaves the first file empty).
     with SummaryWriter(log_dir=str(out / "tensorboard" / "hparams")) as w:
-        w.add_hparams(hp, metrics, run_name=".")
+        for summary_pb in hparams(hp, metrics):
+            w._get_file_writer().add_summary(summary_pb)
+        for k, v in metrics.items():
+            w.add_scalar(k, v)
 
 
 def _learned(model: torch.nn.Module) -> bool:

@@ -62,7 +62,9 @@ def test_finetune_writes_hparams_with_the_final_scores_and_the_config(tmp_path):
     d["train"].update(max_steps=4, eval_every=2, log_every=2)
     run_cli.run(FinetuneConfig.from_dict(d), tensorboard=True, progress=False)
     results = json.loads((out / "results.json").read_text())
-    ev = EventAccumulator(str(next((out / "tensorboard" / "hparams").glob("events.out.tfevents.*"))))
+    files = list((out / "tensorboard" / "hparams").rglob("events.out.tfevents.*"))
+    assert len(files) == 1, files
+    ev = EventAccumulator(str(files[0]))
     ev.Reload()
     for name, r in results["tasks"].items():
         got = ev.Scalars(f"hparam/dev/{name}")[-1].value

@@ -170,7 +170,7 @@ def test_bad_mode_settings_end_with_one_error_line(
 
 def test_help_and_start_log_name_the_modes(shards: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     text = run_mod.build_parser().format_help()
-    for flag in ("--arch", "--dense", "--objectives", "--mask_ratio", "--poisson_lambda", "--permute_sentences"):
+    for flag in ("--arch", "--dense", "--objectives", "--mask-ratio", "--poisson-lambda", "--permute-sentences"):
         assert flag in text, flag
     assert "(default 0.3, as BART)" in " ".join(text.split())
     with pytest.raises(SystemExit):

@@ -141,7 +141,7 @@ def test_help_explains_the_options() -> None:
         env=subprocess_env(),
         timeout=120,
     )
-    assert r.returncode == 0 and "--ds_config" in r.stdout and "--objective_mode" in r.stdout
+    assert r.returncode == 0 and "--ds-config" in r.stdout and "--objective-mode" in r.stdout
     r = subprocess.run(
         [sys.executable, "-m", "skillnet.pretrain.export", "--checkpoint", "/nonexistent", "--out", "x"],
         cwd=REPO,
