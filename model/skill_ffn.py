@@ -107,6 +107,28 @@ def _concat_skill_mlp(
     return torch.addmm(torch.stack(b2, 0).mean(0), h_NKF, torch.cat(w2, 1).t(), alpha=1.0 / k)
 
 
+def _fused_forward(x_ND: torch.Tensor, approximate: str, p_drop: float, params: Sequence[torch.Tensor]
+                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """The fused forward arithmetic (see `_FusedSkillMLP`); returns (y, pre-activation, activation, keep mask).
+    Called directly when no gradient is needed (evaluation, `generate`): no autograd bookkeeping."""
+    k = len(params) // 4
+    w1, b1, w2, b2 = (params[i * k : (i + 1) * k] for i in range(4))
+    n, f = x_ND.shape[0], w1[0].shape[0]
+    pre_NKF = x_ND.new_empty(n, k * f)
+    for i in range(k):
+        torch.addmm(b1[i], x_ND, w1[i].t(), out=pre_NKF[:, i * f : (i + 1) * f])
+    h_NKF = F.gelu(pre_NKF, approximate=approximate)
+    keep_NKF = None
+    if p_drop > 0:
+        keep_NKF = torch.empty_like(h_NKF, dtype=torch.bool).bernoulli_(1.0 - p_drop)
+        h_NKF.mul_(keep_NKF).mul_(1.0 / (1.0 - p_drop))  # the dropped activation feeds fc2 and dW2
+    b2_mean = b2[0] if k == 1 else torch.stack(b2, 0).mean(0)
+    y_ND = torch.addmm(b2_mean, h_NKF[:, :f], w2[0].t(), alpha=1.0 / k)
+    for i in range(1, k):
+        y_ND.addmm_(h_NKF[:, i * f : (i + 1) * f], w2[i].t(), alpha=1.0 / k)
+    return y_ND, pre_NKF, h_NKF, keep_NKF
+
+
 class _FusedSkillMLP(torch.autograd.Function):
     """mean_k W2_k gelu(W1_k x + b1_k) + b2_k as one FFN of width k*F, without copying any weight.
 
@@ -121,23 +143,10 @@ class _FusedSkillMLP(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x_ND: torch.Tensor, approximate: str, p_drop: float, *params: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+        y_ND, pre_NKF, h_NKF, keep_NKF = _fused_forward(x_ND, approximate, p_drop, params)
         k = len(params) // 4
-        w1, b1, w2, b2 = (params[i * k : (i + 1) * k] for i in range(4))
-        n, f = x_ND.shape[0], w1[0].shape[0]
-        pre_NKF = x_ND.new_empty(n, k * f)
-        for i in range(k):
-            torch.addmm(b1[i], x_ND, w1[i].t(), out=pre_NKF[:, i * f : (i + 1) * f])
-        h_NKF = F.gelu(pre_NKF, approximate=approximate)
-        keep_NKF = None
-        if p_drop > 0:
-            keep_NKF = torch.empty_like(h_NKF, dtype=torch.bool).bernoulli_(1.0 - p_drop)
-            h_NKF.mul_(keep_NKF).mul_(1.0 / (1.0 - p_drop))  # the dropped activation feeds fc2 and dW2
-        b2_mean = b2[0] if k == 1 else torch.stack(b2, 0).mean(0)
-        y_ND = torch.addmm(b2_mean, h_NKF[:, :f], w2[0].t(), alpha=1.0 / k)
-        for i in range(1, k):
-            y_ND.addmm_(h_NKF[:, i * f : (i + 1) * f], w2[i].t(), alpha=1.0 / k)
-        ctx.save_for_backward(x_ND, pre_NKF, h_NKF, keep_NKF, *w1, *w2)
-        ctx.k, ctx.f, ctx.approximate, ctx.p_drop = k, f, approximate, p_drop
+        ctx.save_for_backward(x_ND, pre_NKF, h_NKF, keep_NKF, *params[:k], *params[2 * k : 3 * k])
+        ctx.k, ctx.f, ctx.approximate, ctx.p_drop = k, params[0].shape[0], approximate, p_drop
         return y_ND
 
     @staticmethod
@@ -292,7 +301,10 @@ class SkillFFN(nn.Module):
         ]
         p_drop = self.activation_dropout if self.training else 0.0
         if self.gelu_approximate is not None and not torch.is_autocast_enabled(x.device.type):
-            y_ND = _FusedSkillMLP.apply(x_ND, self.gelu_approximate, p_drop, *params)
+            if torch.is_grad_enabled():
+                y_ND = _FusedSkillMLP.apply(x_ND, self.gelu_approximate, p_drop, *params)
+            else:  # evaluation and decoding: the same arithmetic without the autograd Function's overhead
+                y_ND = _fused_forward(x_ND, self.gelu_approximate, p_drop, params)[0]
         else:  # other activations, or autocast (which custom Functions would bypass): autograd on concat
             y_ND = _concat_skill_mlp(x_ND, self.act, len(ids), params, p_drop)
         return y_ND.view(x.shape)

@@ -211,3 +211,14 @@ def test_fused_kernel_dropout_forward_and_backward_match_autograd_with_the_same_
         if q.grad is not None:
             torch.testing.assert_close(got[2][n], q.grad, atol=1e-5, rtol=0, msg=n)
     assert set(got[2]) == {n for n, q in m.named_parameters() if q.grad is not None}
+
+
+def test_fused_path_without_grad_is_bit_identical_to_the_autograd_one():
+    torch.manual_seed(0)
+    m = SkillFFN(32, 64, 5, impl="fused").eval()
+    x = torch.randn(3, 7, 32)
+    route = SkillRouting.uniform([0, 2, 4])
+    y_grad = m(x, route)
+    with torch.no_grad():
+        y_nograd = m(x, route)
+    assert torch.equal(y_grad.detach(), y_nograd)
