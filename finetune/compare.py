@@ -83,6 +83,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--title", default="Multi-task methods compared", help="title of the report")
     p.add_argument("--no-plots", action="store_true", help="skip the pictures (no matplotlib needed)")
     p.add_argument("--dry-run", action="store_true", help="print the runs and their commands, run nothing")
+    p.add_argument("--in-process", action="store_true",
+                   help="run the one-process runs inside this process instead of a fresh interpreter each (saves "
+                        "the start-up of Python and the libraries per run, which dominates tiny runs)")
     return p
 
 
@@ -167,6 +170,45 @@ def run_command(a: argparse.Namespace, config: Path, row: Row, seed: int, rdir: 
         prefix = shlex.split(a.launcher) if a.launcher else ["deepspeed", "--num_gpus", str(a.nproc)]
         return [*prefix, str(REPO / "finetune" / "run.py"), *args, "--ds-config", ds]
     return [sys.executable, "-m", "skillnet.finetune.run", *args]
+
+
+def _run_in_process(cmd: list[str], rdir: Path) -> tuple[int, float]:
+    """The run of `cmd` (a plain `python -m skillnet.finetune.run ...`) in this process, its output in
+    run.log: no interpreter and library start-up per run (seconds each, which dominate tiny runs)."""
+    import contextlib
+    import logging
+
+    import torch
+    from skillnet.finetune import run as run_cli
+
+    rdir.mkdir(parents=True, exist_ok=True)
+    args = cmd[cmd.index("skillnet.finetune.run") + 1:]
+    t0 = time.time()
+    threads = torch.get_num_threads()
+    with open(rdir / "run.log", "a", encoding="utf-8") as logf:
+        logf.write(f"$ {shlex.join(cmd)}   (in process)\n")
+        logf.flush()
+        # Every log record of the run goes to its run.log: the root logger gets one handler on that file for
+        # the duration (the run's own logging.basicConfig is then a no-op), restored afterwards.
+        handler = logging.StreamHandler(logf)
+        handler.setFormatter(logging.Formatter("%(message)s"))
+        root = logging.getLogger()
+        saved = (root.handlers[:], root.level)
+        root.handlers[:] = [handler]
+        root.setLevel(logging.INFO)
+        try:
+            with contextlib.redirect_stdout(logf), contextlib.redirect_stderr(logf):
+                rc = run_cli.main(args)
+        except Exception:  # noqa: BLE001 (a failed run is reported like a failed subprocess)
+            import traceback
+
+            logf.write(traceback.format_exc())
+            rc = 1
+        finally:
+            root.handlers[:], level = saved
+            root.setLevel(level)
+            torch.set_num_threads(threads)
+    return rc, time.time() - t0
 
 
 def _run_one(cmd: list[str], rdir: Path) -> tuple[int, float]:
@@ -414,7 +456,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"{head}: {shlex.join(cmd)}", file=sys.stderr)
             continue
         print(f"{head}: running (log: {rdir / 'run.log'})", file=sys.stderr, flush=True)
-        rc, secs = _run_one(cmd, rdir)
+        in_process = a.in_process and cmd[:3] == [sys.executable, "-m", "skillnet.finetune.run"]
+        rc, secs = (_run_in_process if in_process else _run_one)(cmd, rdir)
         if rc != 0 or not (rdir / "results.json").is_file():
             tail = (rdir / "run.log").read_text(encoding="utf-8", errors="replace").splitlines()[-5:]
             print(f"{head}: FAILED (exit {rc}) after {secs:.0f} s; last lines of its log:\n  " + "\n  ".join(tail),

@@ -281,7 +281,8 @@ def save_model_dir(model: torch.nn.Module, path: Path, data: dict[str, TaskData]
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     model.save_pretrained(str(tmp))
-    tasks = {n: m for n, m in (inherited or {}).items() if n in model.heads}
+    known = model.heads if hasattr(model, "heads") else model.config.tasks  # BART's tasks share the LM head
+    tasks = {n: m for n, m in (inherited or {}).items() if n in known}
     tasks.update({n: d.meta() for n, d in data.items()})
     meta = {"tasks": tasks, "vocab": "vocab.txt", "lowercase": True}
     (tmp / META_FILE).write_text(json.dumps(meta, ensure_ascii=False, indent=2) + "\n", encoding="utf-8")

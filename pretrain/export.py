@@ -10,7 +10,7 @@ on the CPU, no GPUs or process group needed). What it writes follows from the ch
   objective trained (s4, s5, s6 by default) is initialised from the generic skill s7; the folder
   (skills, task -> skills map) loads with ``SkillNetBertForMultiTask.from_pretrained`` and ``finetune/``;
 * dense BERT (``pretrain/run.py --dense``): a plain HF ``BertForPreTraining`` folder (model_type "bert"),
-  the ``--init_from_dense`` of sparse pre-training and a dense ``model.init`` of fine-tuning;
+  the ``--init-from-dense`` of sparse pre-training and a dense ``model.init`` of fine-tuning;
 * dense BART (``pretrain/run.py --arch bart``): a plain HF ``BartForConditionalGeneration`` folder
   (model_type "bart"), which generation fine-tuning turns into SkillNet-BART (``skillnet_bart_from_dense``).
 

@@ -3,7 +3,7 @@
 A setting comes from, in this order:
 
 1. a command-line flag the user gave (a flag that contradicts the DeepSpeed JSON is an error: the JSON
-   is the single source for what it defines, as for batch sizes; except ``--max_steps``, which may stop
+   is the single source for what it defines, as for batch sizes; except ``--max-steps``, which may stop
    before or after the JSON scheduler's ``total_num_steps``: the decay still ends there);
 2. the DeepSpeed JSON (``optimizer`` / ``scheduler`` sections, ``gradient_clipping``);
 3. the recipe (``--recipe paper``), usable with any ZeRO config;

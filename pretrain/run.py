@@ -1,15 +1,15 @@
 """Pre-training: sparse MLM + NSP of SkillNet-BERT (skillnet-nlu.md §3.5, Appendix B), dense BERT, dense BART.
 
-    python pretrain/run.py --shards data/shards --preset small --output_dir runs/pt        # one process
-    deepspeed pretrain/run.py --ds_config ds_configs/zero2.json --shards ... --preset base  # ZeRO-2
-    python pretrain/run.py --dense --objectives mlm --shards ... --output_dir runs/bert    # dense BERT
-    python pretrain/run.py --arch bart --shards ... --output_dir runs/bart                 # BART denoising
+    python pretrain/run.py --shards data/shards --preset small --output-dir runs/pt        # one process
+    deepspeed pretrain/run.py --ds-config ds_configs/zero2.json --shards ... --preset base  # ZeRO-2
+    python pretrain/run.py --dense --objectives mlm --shards ... --output-dir runs/bert    # dense BERT
+    python pretrain/run.py --arch bart --shards ... --output-dir runs/bart                 # BART denoising
     python -m skillnet.pretrain.export --checkpoint runs/pt --out runs/pt/hf               # HF folder
 
 SkillNet-BERT: each optimizer step trains one objective drawn with equal chance (same draw on every rank):
 MLM activates {s2, s7}, NSP {s1, s3, s7}. Skills that a step did not use stay bit-identical (parameters
 and Adam moments) also under ZeRO-1/2, through training.optim.MaskedAdamW. --dense trains a plain BERT
-(no skill layers; exported as HF BertForPreTraining, the --init_from_dense of a sparse run). --arch bart
+(no skill layers; exported as HF BertForPreTraining, the --init-from-dense of a sparse run). --arch bart
 trains a dense BART with text infilling (exported as HF BartForConditionalGeneration).
 """
 
@@ -102,7 +102,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--dense",
         action="store_true",
         help="no skill layers: every layer keeps one FFN under HF's names, so the export is a plain HF "
-        "model (BertForPreTraining) that --init_from_dense and fine-tuning's model.init take "
+        "model (BertForPreTraining) that --init-from-dense and fine-tuning's model.init take "
         "(always on with --arch bart)",
     )
     m.add_argument(
@@ -134,7 +134,7 @@ def build_parser() -> argparse.ArgumentParser:
         choices=["sample", "both"],
         default="sample",
         help="'sample': one objective per step with equal chance (paper); 'both': every step "
-        "accumulates one micro-batch of each objective (--grad_accum a multiple of their number)",
+        "accumulates one micro-batch of each objective (--grad-accum a multiple of their number)",
     )
     o.add_argument(
         "--objective-weights",
@@ -266,7 +266,7 @@ def _model_overrides(args: argparse.Namespace) -> dict[str, Any]:
 def _check_vocab(model: torch.nn.Module, args: argparse.Namespace, vocab_size: int | None) -> None:
     if vocab_size is not None and model.config.vocab_size != vocab_size:
         raise SystemExit(
-            f"--init_from_dense {args.init_from_dense}: vocab_size {model.config.vocab_size} differs from the "
+            f"--init-from-dense {args.init_from_dense}: vocab_size {model.config.vocab_size} differs from the "
             f"shards' vocab_size {vocab_size}; build the shards with that model's vocab"
         )
 
@@ -380,14 +380,14 @@ def check_args(args: argparse.Namespace) -> None:
         )
     if args.objective_weights and len(args.objective_weights) != len(args.objectives):
         raise ValueError(
-            f"--objective_weights gives {len(args.objective_weights)} weights for {len(args.objectives)} "
+            f"--objective-weights gives {len(args.objective_weights)} weights for {len(args.objectives)} "
             f"objectives ({' '.join(args.objectives)})"
         )
     args.dense = args.dense or arch.always_dense
     denoise_only = {
-        "--mask_ratio": args.mask_ratio is not None,
-        "--poisson_lambda": args.poisson_lambda is not None,
-        "--permute_sentences": args.permute_sentences,
+        "--mask-ratio": args.mask_ratio is not None,
+        "--poisson-lambda": args.poisson_lambda is not None,
+        "--permute-sentences": args.permute_sentences,
     }
     if "denoise" not in args.objectives and any(denoise_only.values()):
         given = " ".join(k for k, v in denoise_only.items() if v)
@@ -396,7 +396,7 @@ def check_args(args: argparse.Namespace) -> None:
         if args.synthetic:
             raise ValueError("--arch bart needs --shards: the synthetic corpus has no text to denoise")
         if args.whole_word_mask:
-            raise ValueError("--whole_word_mask is an MLM option; --arch bart trains denoise")
+            raise ValueError("--whole-word-mask is an MLM option; --arch bart trains denoise")
         if args.recipe:
             raise ValueError(
                 f"--recipe {args.recipe} is SkillNet-NLU's BERT recipe; BART takes its settings from flags or "

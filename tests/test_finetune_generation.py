@@ -126,3 +126,18 @@ def test_generation_config_errors():
     cfg = FinetuneConfig.from_dict(bad)
     with pytest.raises(ConfigError, match="unknown skill 's1'"):
         cfg.check_model()
+
+
+def test_adapting_a_generation_export_to_a_new_task_keeps_the_old_ones(tmp_path):
+    first = gen_config(tmp_path / "mt")
+    first["tasks"] = first["tasks"][:1]  # fix only
+    run_cli.run(FinetuneConfig.from_dict(first), tensorboard=False, progress=False)
+    new = gen_config(tmp_path / "adapt", model={"init": str(tmp_path / "mt" / "export")},
+                     new_skills=[{"name": "new_task", "tasks": ["qa"]}])
+    new["tasks"] = new["tasks"][1:]  # qa only, a new task for that model
+    res = run_cli.run(FinetuneConfig.from_dict(new), tensorboard=False, progress=False)
+    assert set(res) == {"qa"}
+    meta = json.loads((tmp_path / "adapt" / "export" / "finetune_tasks.json").read_text())["tasks"]
+    assert set(meta) == {"fix", "qa"}  # the model can still run the task it learnt before
+    cfg = json.loads((tmp_path / "adapt" / "export" / "config.json").read_text())
+    assert "new_task" in cfg["tasks"]["qa"] and "new_task" not in cfg["tasks"]["fix"]

@@ -262,3 +262,21 @@ def test_compare_init_per_seed_and_every_row_checked_before_running(tmp_path, ca
                              "--output-dir", str(tmp_path / "cmp2")]) == 2
     assert "unknown skill 's99'" in capsys.readouterr().err
     assert not (tmp_path / "cmp2" / "skillnet").exists()
+
+
+def test_compare_in_process_gives_the_same_results_as_subprocesses(tmp_path, capsys):
+    cfg = tmp_path / "cfg.json"
+    d = tiny_config(tmp_path / "unused")
+    d["train"].update(max_steps=3, eval_every=3, log_every=3)
+    cfg.write_text(json.dumps(d, ensure_ascii=False), encoding="utf-8")
+    base = ["--config", str(cfg), "--methods", "skillnet", "dense_joint", "--seeds", "0", "--threads", "1",
+            "--no-plots"]
+    assert compare_cli.main([*base, "--output-dir", str(tmp_path / "sub")]) == 0
+    assert compare_cli.main([*base, "--output-dir", str(tmp_path / "inp"), "--in-process"]) == 0
+    for m in ("skillnet", "dense_joint"):
+        a = json.loads((tmp_path / "sub" / m / "seed0" / "results.json").read_text())["tasks"]
+        b = json.loads((tmp_path / "inp" / m / "seed0" / "results.json").read_text())["tasks"]
+        for t in a:
+            assert a[t]["dev"] == b[t]["dev"] and a[t]["test"] == b[t]["test"], (m, t)
+        log = (tmp_path / "inp" / m / "seed0" / "run.log").read_text()
+        assert "(in process)" in log and "method" in log  # the run's own output went to its log

@@ -40,7 +40,7 @@ def test_batch_size_is_derived_and_checked() -> None:
 
 
 def test_cli_values_that_contradict_the_json_are_an_error() -> None:
-    with pytest.raises(DsConfigError, match="--grad_accum 3"):
+    with pytest.raises(DsConfigError, match="--grad-accum 3"):
         resolve_ds_config({"gradient_accumulation_steps": 2}, TrainConfig(grad_accum=3), 1)
     ds, cfg = resolve_ds_config({"gradient_accumulation_steps": 2}, TrainConfig(micro_batch_size=5), 1)
     assert ds["train_micro_batch_size_per_gpu"] == 5

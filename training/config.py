@@ -110,8 +110,8 @@ def resolve_ds_config(
     gas = None if gas in _AUTO else int(gas)
 
     for name, cli, js, key in (
-        ("--micro_batch_size", cfg.micro_batch_size, mbs, "train_micro_batch_size_per_gpu"),
-        ("--grad_accum", cfg.grad_accum, gas, "gradient_accumulation_steps"),
+        ("--micro-batch-size", cfg.micro_batch_size, mbs, "train_micro_batch_size_per_gpu"),
+        ("--grad-accum", cfg.grad_accum, gas, "gradient_accumulation_steps"),
     ):
         if cli is not None and js is not None and cli != js:
             raise DsConfigError(

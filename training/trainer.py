@@ -65,8 +65,8 @@ def prepare(config: TrainConfig) -> tuple[TrainConfig, dict[str, Any] | None]:
         return cfg, ds
     if world > 1:
         raise RuntimeError(
-            f"launched with {world} ranks but no --ds_config: multi-process training goes through DeepSpeed, "
-            f"e.g. --ds_config ds_configs/zero2.json"
+            f"launched with {world} ranks but no --ds-config: multi-process training goes through DeepSpeed, "
+            f"e.g. --ds-config ds_configs/zero2.json"
         )
     cfg = TrainConfig.from_dict({**config.__dict__})
     cfg.micro_batch_size = cfg.micro_batch_size or 8
