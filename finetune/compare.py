@@ -237,13 +237,15 @@ def _score(r: dict[str, Any], split: str) -> float | None:
 
 
 def paired_test(a: Sequence[float], b: Sequence[float]) -> float | None:
-    """Two-sided paired t-test p-value over seeds (None with fewer than 2 pairs or zero spread)."""
+    """Two-sided paired t-test p-value over seeds; None with fewer than 2 pairs or when every seed gives the
+    same difference (no spread: the test is undefined, and two identical differences, e.g. two tied
+    predictions of a majority class, are no evidence either way). Equal values: p = 1."""
     if len(a) != len(b) or len(a) < 2:
         return None
     d = [x - y for x, y in zip(a, b)]
     sd = statistics.stdev(d)
     if sd == 0:
-        return 0.0 if statistics.fmean(d) != 0 else 1.0
+        return 1.0 if statistics.fmean(d) == 0 else None
     from scipy import stats
 
     return float(stats.ttest_rel(a, b).pvalue)

