@@ -3,12 +3,13 @@ PYTHON ?= python3
 PIP ?= $(PYTHON) -m pip
 STAMP := .setup.stamp
 
-.PHONY: setup test test-fast demo lint bench clean help
+.PHONY: setup test test-fast demo reproduce reproduce-quick lint bench clean help
 
 help:
 	@echo "make setup   install SkillNet + dev/data extras into the current Python (torch==2.13.0 pinned)"
 	@echo "make test    setup, then run the whole test suite (unit + integration, CPU fp32)"
-	@echo "make demo    setup, then run the small real end-to-end demo on packaged Chinese data"
+	@echo "make demo    setup, then the quick reproduction (~10 min): every stage on packaged Chinese data, a report"
+	@echo "make reproduce  setup, then the full CPU reproduction (~2 h, resumable): docs/report.md"
 	@echo "make lint    ruff"
 	@echo "make bench   run the benchmark scripts (slow)"
 
@@ -33,8 +34,14 @@ test: setup
 test-fast: setup
 	$(PYTHON) -m pytest -q -m "not slow" tests
 
-demo: setup
-	bash scripts/demo.sh
+demo: reproduce-quick
+
+# Every stage of the papers' experiments at tiny sizes; --check fails when a report section is empty.
+reproduce-quick: setup
+	$(PYTHON) scripts/reproduce.py --quick --out runs/reproduce-quick --check
+
+reproduce: setup
+	$(PYTHON) scripts/reproduce.py --check
 
 lint: setup
 	$(PYTHON) -m ruff check .

@@ -35,9 +35,31 @@ class Block:
     extra: Any = None
 
 
+EMPTY_MARKERS = ("Not run yet", "(none yet)", "No comparison has finished yet")
+
+
 class Doc:
     def __init__(self) -> None:
         self.blocks: list[Block] = []
+        self.missing_images: list[Path] = []
+
+    def problems(self) -> list[str]:
+        """What makes the report incomplete: a section with nothing in it or marked as not run, a picture
+        whose file is absent. `--check` fails on any."""
+        out = [f"picture missing: {p}" for p in self.missing_images]
+        sections: list[tuple[str, list[Block]]] = []
+        for b in self.blocks:
+            if b.kind == "h2":
+                sections.append((b.content, []))
+            elif sections and not b.kind.startswith("h"):
+                sections[-1][1].append(b)
+        for title, body in sections:
+            text = " ".join(str(b.content) for b in body if b.kind in ("p", "code", "list"))
+            if not body:
+                out.append(f"section empty: {title}")
+            elif any(m in text for m in EMPTY_MARKERS):
+                out.append(f"section not run: {title}")
+        return out
 
     def h(self, level: int, text: str) -> None:
         self.blocks.append(Block(f"h{level}", text))
@@ -51,6 +73,8 @@ class Doc:
     def img(self, path: Path, caption: str) -> None:
         if path.is_file():
             self.blocks.append(Block("img", path, caption))
+        else:
+            self.missing_images.append(path)
 
     def code(self, text: str) -> None:
         self.blocks.append(Block("code", text))
@@ -226,9 +250,10 @@ def _seconds(s: float | None) -> str:
 
 
 def build(out: Path, profile: Any, stages: list[Any], report: Path, title: str,
-          parts: tuple[str, ...] = ("nlu", "nlg")) -> Path:
-    """Write `report` (.md) and its .html twin. `parts`: which halves to include ("nlu", "nlg"); `stages`:
-    the stages whose wall time and commands are listed."""
+          parts: tuple[str, ...] = ("nlu", "nlg")) -> tuple[Path, list[str]]:
+    """Write `report` (.md) and its .html twin; return its path and what is missing from it (see
+    `Doc.problems`). `parts`: which halves to include ("nlu", "nlg"); `stages`: the stages whose wall time
+    and commands are listed."""
     cmp_dir = out / "compare"
     cmps = {n: _load(cmp_dir / n / "comparison.json") for n in
             ("nlu_main", "nlu_ablate", "nlu_alpha", "nlu_adapt", "nlg_main", "nlg_temp", "nlg_adapt")}
@@ -258,7 +283,7 @@ def build(out: Path, profile: Any, stages: list[Any], report: Path, title: str,
     stem = report.stem
     report.write_text(doc.markdown(report.parent / "img", f"{stem}_"), encoding="utf-8")
     report.with_suffix(".html").write_text(doc.html(title), encoding="utf-8")
-    return report
+    return report, doc.problems()
 
 
 def _nlu_part(doc: Doc, cmps: dict[str, Any], cmp_dir: Path, out: Path, findings: list[str]) -> None:
