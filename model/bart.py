@@ -97,6 +97,7 @@ def _size(d: int, layers: int, heads: int, ffn: int, positions: int) -> dict[str
 BART_PRESETS: dict[str, dict[str, Any]] = {
     "tiny": {**BERT_CHINESE_TOKENS, **_size(32, 2, 4, 64, 128)},
     "small": {**BERT_CHINESE_TOKENS, **_size(256, 3, 4, 1024, 512)},
+    "base": {**BERT_CHINESE_TOKENS, **_size(768, 6, 12, 3072, 1024)},  # BART-base's sizes
     "large": {**BERT_CHINESE_TOKENS, **_size(1024, 12, 16, 4096, 1024)},
 }
 

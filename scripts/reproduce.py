@@ -3,7 +3,8 @@ report (Markdown + one self-contained HTML page).
 
     python scripts/reproduce.py --quick                 # ~10 min on 2 CPU cores: every stage, tiny sizes
     python scripts/reproduce.py                         # the full CPU run (~2 h on 2 cores), docs/report.md
-    python scripts/reproduce.py --profile scale --gpus 8  # BERT-base / BART-base on GPUs (see docs/report.md)
+    python scripts/reproduce.py --profile scale --gpus 8  # BERT-base / BART-base on GPUs (expected time: docs/scale.md)
+    python scripts/reproduce.py --profile scale --estimate  # GPU-hours per stage, from FLOPs
     make reproduce / make reproduce-quick
 
 Stages (each writes <out>/stages/<name>.json when it finished; a rerun skips finished stages and the
@@ -445,6 +446,111 @@ def stage_nlg_adapt(r: Runner) -> dict[str, Any]:
     return {}
 
 
+# ------------------------------------------------------------------------------------------- GPU estimate
+# Assumptions of `estimate` (printed with it): dense tensor-core peaks from the data sheets and a model FLOPs
+# utilisation typical of BERT/BART training with mixed precision; nothing here ran on a GPU.
+GPU_PEAKS = {"V100 fp16": 125e12, "A100 bf16": 312e12}
+ASSUMED_MFU = 0.30
+
+
+def _bert_flops_per_token(c: dict[str, Any], seq: int, k: float, mlm: bool = False) -> float:
+    """Training FLOPs per token (forward + backward = 3 x forward, 2 FLOPs per multiply-add): attention
+    projections 4d^2 and k skill FFNs 2*d*f per layer, attention scores 4*seq*d per layer, and the MLM
+    decoder d*V on BERT's 15% masked positions."""
+    d, f, L, V = c["hidden_size"], c["intermediate_size"], c["num_hidden_layers"], c["vocab_size"]
+    fwd = 2 * L * (4 * d * d + k * 2 * d * f) + L * 4 * seq * d + (2 * 0.15 * d * V if mlm else 0)
+    return 3 * fwd
+
+
+def _bart_flops_per_pair(c: dict[str, Any], src: int, tgt: int, k: float) -> float:
+    """Training FLOPs of one (source, target) pair: encoder layers over src tokens, decoder layers (self and
+    cross attention) over tgt tokens, the LM head over tgt; skills in every other layer (width k*f there)."""
+    d, f, V = c["d_model"], c["encoder_ffn_dim"], c["vocab_size"]
+    Le, Ld = c["encoder_layers"], c["decoder_layers"]
+
+    def ffn(layers: int) -> float:
+        skill_layers = (layers + 1) // 2
+        return 2 * 2 * d * f * (skill_layers * k + (layers - skill_layers))
+
+    enc = src * (2 * Le * 4 * d * d + ffn(Le) + Le * 4 * src * d)
+    dec = tgt * (2 * Ld * 8 * d * d + ffn(Ld) + Ld * 4 * (tgt + src) * d + 2 * d * V)
+    return 3 * (enc + dec)
+
+
+def estimate(p: Profile) -> list[dict[str, Any]]:
+    """FLOPs of every stage of profile `p` from its sizes, steps and batches (sequences counted at their
+    maximum length: an upper bound), then GPU-hours at each assumed peak and MFU."""
+    from skillnet.model import SkillNetBartConfig, SkillNetBertConfig
+
+    bert = SkillNetBertConfig.preset("base" if not p.bert else "tiny", **p.bert).to_dict()
+    bart = SkillNetBartConfig.preset("base" if not p.bart else "tiny", **p.bart).to_dict()
+    k_task = {"skillnet": sum(len(t["skills"]) for _, _, t in NLU_TASKS.values()) / len(NLU_TASKS),
+              "moe": 2.0}
+    seq_nlu = sum(t["max_seq_len"] * (1 + t.get("num_negatives", 0)) for _, _, t in NLU_TASKS.values()) / len(NLU_TASKS)
+    gen = _gen_tasks()
+    k_gen = sum(len(gen[n].skills) for n in NLG_FORMATS) / len(NLG_FORMATS)
+    src_tgt = [NLG_LENGTHS[n] for n in NLG_FORMATS]
+    src, tgt = (sum(a for a, _ in src_tgt) / len(src_tgt), sum(b for _, b in src_tgt) / len(src_tgt))
+
+    def k_of(row: str) -> float:
+        m = row.split("=")[-1]
+        return k_task.get("skillnet" if m.startswith(("skillnet", "learnable")) else m, 1.0)
+
+    def nlu_runs(rows: list[str], seeds: list[int], steps: int) -> float:
+        return sum(steps * p.nlu_batch * seq_nlu * _bert_flops_per_token(bert, int(seq_nlu), k_of(r))
+                   for r in rows for _ in seeds)
+
+    def nlg_runs(rows: list[str], seeds: list[int], steps: int) -> float:
+        return sum(steps * p.nlg_batch * _bart_flops_per_pair(bart, int(src), int(tgt), k_gen if r.split("=")[-1]
+                                                              == "skillnet" else 2.0 if r == "moe" else 1.0)
+                   for r in rows for _ in seeds)
+
+    pt_tokens = p.pt_batch * p.ranks * p.pt_seq
+    flops = {
+        "dense_pt": p.dense_pt_steps * pt_tokens * _bert_flops_per_token(bert, p.pt_seq, 1, mlm=True),
+        "sparse_pt": p.sparse_pt_steps * pt_tokens * _bert_flops_per_token(bert, p.pt_seq, 2.5, mlm=True),
+        "nlu_main": nlu_runs(p.nlu_methods, p.seeds, p.nlu_steps),
+        "nlu_ablate": nlu_runs(["skillnet"] * (1 + len(p.ablate)), p.side_seeds, p.nlu_steps),
+        "nlu_alpha": nlu_runs(["skillnet"] * len(p.alphas), p.side_seeds, p.nlu_steps),
+        "nlu_adapt": nlu_runs(["skillnet"] * 3 + ["task_specific"], p.seeds, p.adapt_steps),
+        "bart_pt": p.bart_pt_steps * p.pt_batch * p.ranks * _bart_flops_per_pair(bart, p.pt_seq, p.pt_seq, 1),
+        "nlg_main": nlg_runs(p.nlg_methods, p.seeds, p.nlg_steps),
+        "nlg_temp": nlg_runs(["skillnet"] * len(p.temperatures), p.side_seeds, p.nlg_steps),
+        "nlg_adapt": nlg_runs(["skillnet", "skillnet", "task_specific"], p.seeds, p.adapt_steps),
+    }
+    return [{"stage": name, "pflop": v / 1e15, **{gpu: v / (peak * ASSUMED_MFU) / 3600 for gpu, peak in GPU_PEAKS.items()}}
+            for name, v in flops.items()]
+
+
+def write_estimate(p: Profile, path: Path | None) -> str:
+    rows = estimate(p)
+    gpus = list(GPU_PEAKS)
+    lines = [f"# Expected time of the `{p.name}` profile on GPUs", "",
+             f"Written by `python scripts/reproduce.py --profile {p.name} --estimate --write {path or '-'}`. Nothing "
+             "here ran on a GPU: training FLOPs are counted from the model sizes, steps and batches of the profile "
+             "(forward + backward = 3 x forward; sequences at their maximum length, so an upper bound), then "
+             "divided by an assumed throughput.", "",
+             "- Assumed peaks: " + ", ".join(f"{g} {v / 1e12:g} TFLOP/s" for g, v in GPU_PEAKS.items())
+             + f"; assumed MFU {ASSUMED_MFU:.0%} (mixed-precision BERT/BART training typically reaches 30-50%).",
+             "- Not included: beam-search evaluation of the generation runs, data loading stalls, checkpoint writes.",
+             f"- Pre-training stages run on {p.ranks} GPUs (`--gpus`); their wall time is the GPU-hours divided by "
+             "that. Fine-tuning runs are independent: their wall time is the GPU-hours divided by the number of "
+             "runs in flight.", "",
+             "| stage | PFLOP | " + " | ".join(f"{g} GPU-hours" for g in gpus) + " |",
+             "|---|---|" + "---|" * len(gpus)]
+    def num(v: float) -> str:
+        return f"{v:,.0f}" if v >= 100 else f"{v:.3g}"
+
+    for r in rows:
+        lines.append(f"| {r['stage']} | {num(r['pflop'])} | " + " | ".join(num(r[g]) for g in gpus) + " |")
+    lines.append("| **total** | " + f"{num(sum(r['pflop'] for r in rows))} | "
+                 + " | ".join(f"**{num(sum(r[g] for r in rows))}**" for g in gpus) + " |")
+    text = "\n".join(lines) + "\n"
+    if path is not None:
+        path.write_text(text, encoding="utf-8")
+    return text
+
+
 # ------------------------------------------------------------------------------------------- main
 STAGES: list[Stage] = [
     Stage("corpus", "raw text from the installed packages", stage_corpus),
@@ -494,6 +600,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--gpus", type=int, default=None, help="ranks for the DeepSpeed stages (default: 2)")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads per fine-tuning run")
     p.add_argument("--dry-run", action="store_true", help="print the commands of the pending stages, run nothing")
+    p.add_argument("--estimate", action="store_true",
+                   help="print the expected GPU-hours of every stage of the profile (from FLOPs; runs nothing)")
+    p.add_argument("--write", default=None, metavar="PATH", help="with --estimate: also write it as Markdown to PATH")
     p.add_argument("--check", action="store_true",
                    help="exit 1 if a section of the report is empty or not run, or a picture is missing (CI)")
     return p
@@ -506,6 +615,9 @@ def main(argv: list[str] | None = None) -> int:
         profile.ranks = a.gpus
     if a.threads:
         profile.threads = a.threads
+    if a.estimate:
+        print(write_estimate(profile, Path(a.write) if a.write else None), end="")
+        return 0
     out = Path(a.out or f"runs/reproduce-{profile.name}").resolve()
     doc_name, parts, part_stages = PARTS[a.part]
     report = Path(a.report or (REPO / "docs" / doc_name if profile.name == "full" else out / doc_name))

@@ -58,3 +58,38 @@ def test_check_exits_nonzero_on_an_incomplete_report(tmp_path):
                        cwd=REPO, capture_output=True, text=True, timeout=300)
     assert r.returncode == 1
     assert "error: report incomplete: section not run" in r.stderr
+
+
+@pytest.mark.parametrize("name", list(reproduce.PROFILES))
+def test_every_profile_writes_fine_tuning_configs_that_load(tmp_path, name):
+    """The scale profile names BERT-base and BART-base presets: each must exist for its architecture."""
+    from skillnet.finetune.config import FinetuneConfig
+
+    r = reproduce.Runner(tmp_path, reproduce.PROFILES[name], dry_run=True)
+    nlu = reproduce._nlu_config(r, {n: t for n, (_, _, t) in reproduce.NLU_TASKS.items()}, 10, "nlu")
+    nlg = reproduce._nlg_config(r, reproduce._nlg_train_tasks(), 10, "nlg")
+    for path in (nlu, nlg):  # the model config of the preset (the runs pass --init; bart_pt uses the preset)
+        cfg = FinetuneConfig.load(path)
+        assert cfg._model_config(str(path)) is not None
+
+
+def test_bart_base_preset_has_bart_base_sizes():
+    from skillnet.model import SkillNetBartConfig
+
+    c = SkillNetBartConfig.preset("base")
+    assert (c.d_model, c.encoder_layers, c.decoder_layers, c.encoder_ffn_dim, c.encoder_attention_heads) == (
+        768, 6, 6, 3072, 12)
+
+
+def test_flops_per_token_by_hand():
+    c = {"hidden_size": 4, "intermediate_size": 8, "num_hidden_layers": 2, "vocab_size": 10}
+    # per layer: 4*d^2 = 64 and k=2 FFNs of 2*d*f = 64 each -> 192 multiply-adds; scores 4*seq*d = 48 at seq 3
+    assert reproduce._bert_flops_per_token(c, seq=3, k=2) == 3 * (2 * 2 * 192 + 2 * 48)
+    assert reproduce._bert_flops_per_token(c, seq=3, k=2, mlm=True) == 3 * (2 * 2 * 192 + 2 * 48 + 2 * 0.15 * 40)
+
+
+def test_estimate_scales_with_the_profile():
+    full = {r["stage"]: r for r in reproduce.estimate(reproduce.PROFILES["full"])}
+    scale = {r["stage"]: r for r in reproduce.estimate(reproduce.PROFILES["scale"])}
+    assert set(full) == set(scale) == {s.name for s in reproduce.STAGES} - {"corpus", "shards", "nlu_tasks", "nlg_tasks"}
+    assert all(scale[k]["pflop"] > 100 * full[k]["pflop"] > 0 for k in full)
