@@ -361,8 +361,8 @@ def _nlu_part(doc: Doc, cmps: dict[str, Any], cmp_dir: Path, out: Path, findings
         score_table(doc, c, [(k, f"alpha = {k[6:]}") for k in c["methods"]], params=False)
         best = max(c["methods"], key=lambda k: c["methods"][k]["average"]["mean"])
         findings.append(f"Sampling: the best average here is at alpha = {best[6:]} (the paper: alpha = 1.0).")
-        _line_plot(c, "alpha", out / "report_alpha.png", "Average test score against the sampling rate alpha")
-        doc.img(out / "report_alpha.png", "Average test score against alpha (SkillNet w/o sparse pre-training)")
+        _line_plot(c, "alpha", cmp_dir / "nlu_alpha" / "sampling.png", "Average test score against the sampling rate alpha")
+        doc.img(cmp_dir / "nlu_alpha" / "sampling.png", "Average test score against alpha (SkillNet w/o sparse pre-training)")
 
 
 
@@ -400,9 +400,9 @@ def _nlg_part(doc: Doc, cmps: dict[str, Any], cmp_dir: Path, out: Path, findings
         score_table(doc, c, [(k, f"T = {k[2:]}") for k in c["methods"]], params=False)
         best = max(c["methods"], key=lambda k: c["methods"][k]["average"]["mean"])
         findings.append(f"Temperature: the best average here is at T = {best[2:]} (the paper: T = 4).")
-        _line_plot(c, "T", out / "report_temperature.png", "Average test score against the temperature T",
+        _line_plot(c, "T", cmp_dir / "nlg_temp" / "sampling.png", "Average test score against the temperature T",
                    logx=True)
-        doc.img(out / "report_temperature.png", "Average test score against T (SkillNet-NLG)")
+        doc.img(cmp_dir / "nlg_temp" / "sampling.png", "Average test score against T (SkillNet-NLG)")
 
 
 
@@ -477,7 +477,7 @@ def _pretrain_picture(run: Path) -> Path | None:
 
     if not (run / "log.jsonl").is_file():
         return None
-    path = run / "report_pretrain.png"
+    path = run / "curves.png"
     return path if pretrain_curves(_read_log(run), path) else None
 
 
