@@ -327,10 +327,26 @@ def stage_nlu_ablate(r: Runner) -> dict[str, Any]:
     return {}
 
 
+# The sampling studies need unbalanced tasks: the main tables cap every task at the same size, where every
+# alpha (or T) gives the same mix. These are the training-set sizes of the datasets each task stands in for
+# (SkillNet-NLU's dataset table; SkillNet-NLG Table 5), scaled so that the largest gets the profile's cap.
+NLU_PAPER_SIZES = {"sentiment": 9_600, "ner": 15_700, "domain": 53_300, "qa_match": 34_300, "span": 10_000}
+NLG_PAPER_SIZES = {"csc": 1_200_000, "insuranceqa_answer": 740_000, "insuranceqa_question": 2_160_000,
+                   "poetry_title": 114_000}
+
+
+def paper_ratio_caps(sizes: dict[str, int], cap: int) -> dict[str, int]:
+    top = max(sizes.values())
+    return {n: max(1, round(cap * v / top)) for n, v in sizes.items()}
+
+
 def stage_nlu_alpha(r: Runner) -> dict[str, Any]:
-    """Figure 3: the average score against the sampling rate alpha (SkillNet w/o sparse pre-training)."""
+    """Figure 3: the average score against the sampling rate alpha (SkillNet w/o sparse pre-training), on
+    training sets cut to the papers' relative task sizes."""
     P = _paths(r.out)
-    cfg = _nlu_config(r, {n: t for n, (_, _, t) in NLU_TASKS.items()}, r.p.nlu_steps, "nlu_main")
+    caps = paper_ratio_caps(NLU_PAPER_SIZES, r.p.nlu_train)
+    tasks = {n: {**t, "max_train_examples": caps[n]} for n, (_, _, t) in NLU_TASKS.items()}
+    cfg = _nlu_config(r, tasks, r.p.nlu_steps, "nlu_alpha")
     rows = [f"alpha_{a:g}=skillnet" for a in r.p.alphas]
     extra = [x for a in r.p.alphas for x in ("--args-for", f"alpha_{a:g}=--sampler proportional --alpha {a}")]
     _compare(r, cfg, P["cmp"] / "nlu_alpha", rows, r.p.side_seeds, P["dense_hf"], extra)
@@ -390,7 +406,8 @@ def stage_nlg_tasks(r: Runner) -> dict[str, Any]:
     return {"counts": counts}
 
 
-def _nlg_config(r: Runner, names: list[str], steps: int, name: str, **sampler: Any) -> Path:
+def _nlg_config(r: Runner, names: list[str], steps: int, name: str, caps: dict[str, int] | None = None,
+                **sampler: Any) -> Path:
     P = _paths(r.out)
     p = r.p
     info = _gen_tasks()
@@ -399,7 +416,8 @@ def _nlg_config(r: Runner, names: list[str], steps: int, name: str, **sampler: A
         src, tgt = NLG_LENGTHS[n]
         tasks.append({"name": n, "type": "generation", "spec": str(P["tasks"] / n / "task.json"),
                       "skills": list(info[n].skills), "metric": info[n].metric, "max_seq_len": src,
-                      "max_target_len": tgt, "num_beams": p.nlg_beams})
+                      "max_target_len": tgt, "num_beams": p.nlg_beams,
+                      **({"max_train_examples": caps[n]} if caps else {})})
     d = {
         "model": {"preset": "tiny" if p.bart else "base", "overrides": dict(p.bart)},
         "tasks": tasks,
@@ -426,7 +444,8 @@ def stage_nlg_main(r: Runner) -> dict[str, Any]:
 
 def stage_nlg_temp(r: Runner) -> dict[str, Any]:
     P = _paths(r.out)
-    cfg = _nlg_config(r, _nlg_train_tasks(), r.p.nlg_steps, "nlg_main")
+    cfg = _nlg_config(r, _nlg_train_tasks(), r.p.nlg_steps, "nlg_temp",
+                      caps=paper_ratio_caps(NLG_PAPER_SIZES, r.p.nlg_train))
     rows = [f"T_{t:g}=skillnet" for t in r.p.temperatures]
     extra = [x for t in r.p.temperatures for x in ("--args-for", f"T_{t:g}=--sampler temperature --temperature {t}")]
     _compare(r, cfg, P["cmp"] / "nlg_temp", rows, r.p.side_seeds, P["bart_hf"], extra)

@@ -311,16 +311,20 @@ def _nlu_part(doc: Doc, cmps: dict[str, Any], cmp_dir: Path, out: Path, findings
         maps = nlu.get("learned_maps") or {}
         if maps:
             doc.p("Learned task-skill maps: how many task x skill cells the training switched, per seed. Eq. 6 as "
-                  "written (sharpness 1e9) passes no gradient to the map in fp32, so it cannot move; the "
-                  "straight-through estimator can:")
+                  "written (sharpness 1e9) passes no gradient from the task losses to the map in fp32; only the "
+                  "orthogonality loss (Eq. 4) moves its skill embeddings, so the cells it switches are not chosen "
+                  "by the tasks. The straight-through estimator passes the task losses' gradient:")
             doc.table(["row", "estimator", "sharpness", "changed cells per seed"],
                       [[k, str(m["estimator"]), f"{m['sharpness']:g}",
                         ", ".join("-" if c is None else str(c) for c in m["changed_cells"]) + f" of {m['cells']}"]
                        for k, m in maps.items()])
             moved = {k: any(c for c in m["changed_cells"] if c) for k, m in maps.items()}
             findings.append("Learned map: " + "; ".join(
-                f"`{k}` ({maps[k]['estimator']}) {'moved away from' if v else 'stayed at'} its initial map"
-                for k, v in moved.items()) + ".")
+                f"`{k}` ({maps[k]['estimator']}) {'moved away from' if v else 'stayed at'} its initial map "
+                f"({', '.join('-' if c is None else str(c) for c in maps[k]['changed_cells'])} of "
+                f"{maps[k]['cells']} cells per seed)" for k, v in moved.items())
+                + (". Under Eq. 6 as written only the orthogonality loss moves the map." if "learnable_eq6" in maps
+                   else "."))
         doc.img(cmp_dir / "nlu_main" / "curves.png", "Dev score against step, per task and method (NLU)")
         doc.img(cmp_dir / "nlu_main" / "skill_map.png", "The learned task-skill map (learnable, first seed)")
     else:
@@ -358,6 +362,7 @@ def _nlu_part(doc: Doc, cmps: dict[str, Any], cmp_dir: Path, out: Path, findings
     doc.h(2, "Task sampling (Figure 3 of SkillNet-NLU)")
     if cmps["nlu_alpha"]:
         c = cmps["nlu_alpha"]
+        _study_sizes(doc, out / "configs" / "nlu_alpha.json", "alpha", "SkillNet-NLU's dataset table")
         score_table(doc, c, [(k, f"alpha = {k[6:]}") for k in c["methods"]], params=False)
         best = max(c["methods"], key=lambda k: c["methods"][k]["average"]["mean"])
         findings.append(f"Sampling: the best average here is at alpha = {best[6:]} (the paper: alpha = 1.0).")
@@ -397,6 +402,7 @@ def _nlg_part(doc: Doc, cmps: dict[str, Any], cmp_dir: Path, out: Path, findings
     doc.h(2, "Sampling temperature T (NLG §3.4)")
     if cmps["nlg_temp"]:
         c = cmps["nlg_temp"]
+        _study_sizes(doc, out / "configs" / "nlg_temp.json", "T", "SkillNet-NLG Table 5")
         score_table(doc, c, [(k, f"T = {k[2:]}") for k in c["methods"]], params=False)
         best = max(c["methods"], key=lambda k: c["methods"][k]["average"]["mean"])
         findings.append(f"Temperature: the best average here is at T = {best[2:]} (the paper: T = 4).")
@@ -449,6 +455,17 @@ def _cuts(profile: Any) -> list[str]:
         f"Seeds: {len(profile.seeds)} for the main tables, {len(profile.side_seeds)} for the ablation and sampling "
         "studies.",
     ]
+
+
+def _study_sizes(doc: Doc, config: Path, var: str, source: str) -> None:
+    """The training-set sizes of a sampling study, read from the config it ran."""
+    d = _load(config)
+    if not d:
+        return
+    sizes = ", ".join(f"{t['name']} {t.get('max_train_examples', 'all')}" for t in d["tasks"])
+    doc.p(f"Sampling only matters when tasks differ in size, so this study cuts each training set to the relative "
+          f"size of the dataset it stands in for ({source}): {sizes} examples. With the equal sizes of the main "
+          f"table every {var} gives the same task mix. One seed.")
 
 
 def _line_plot(c: dict[str, Any], var: str, path: Path, title: str, logx: bool = False) -> None:

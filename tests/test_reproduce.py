@@ -93,3 +93,17 @@ def test_estimate_scales_with_the_profile():
     scale = {r["stage"]: r for r in reproduce.estimate(reproduce.PROFILES["scale"])}
     assert set(full) == set(scale) == {s.name for s in reproduce.STAGES} - {"corpus", "shards", "nlu_tasks", "nlg_tasks"}
     assert all(scale[k]["pflop"] > 100 * full[k]["pflop"] > 0 for k in full)
+
+
+def test_sampling_studies_run_on_unbalanced_tasks(tmp_path):
+    """With equal task sizes every alpha (and T) gives the same mix: the studies cut the tasks to the papers'
+    relative sizes."""
+    import json
+
+    r = reproduce.Runner(tmp_path, reproduce.PROFILES["full"], dry_run=True)
+    for fn, name in ((reproduce.stage_nlu_alpha, "nlu_alpha"), (reproduce.stage_nlg_temp, "nlg_temp")):
+        fn(r)
+        caps = [t["max_train_examples"] for t in json.loads((tmp_path / "configs" / f"{name}.json").read_text())["tasks"]]
+        assert max(caps) == (r.p.nlu_train if name == "nlu_alpha" else r.p.nlg_train)
+        assert max(caps) / min(caps) > 5
+    assert reproduce.paper_ratio_caps({"a": 10, "b": 40}, 400) == {"a": 100, "b": 400}
