@@ -399,6 +399,7 @@ def _nlg_part(doc: Doc, cmps: dict[str, Any], cmp_dir: Path, out: Path, findings
         d = differences(doc, c, "a_existing", [])
         claim(findings, "On the new generation task, SkillNet-NLG beats task-specific fine-tuning (NLG Table 4)",
               d.get("task_specific", {}).get("average"), len(c["seeds"]))
+        _samples(doc, cmp_dir / "nlg_adapt")
     doc.h(2, "Sampling temperature T (NLG §3.4)")
     if cmps["nlg_temp"]:
         c = cmps["nlg_temp"]
@@ -499,20 +500,33 @@ def _pretrain_picture(run: Path) -> Path | None:
 
 
 def _samples(doc: Doc, cmp_dir: Path, n: int = 3) -> None:
-    """A few test inputs with the reference and each row's output (first seed), read from the runs."""
-    files = sorted(cmp_dir.glob("*/seed*/samples.json"))
-    if not files:
+    """A few test inputs with the reference and each row's output (first seed), read from the runs (a
+    task-specific row keeps one samples.json per task model)."""
+    by_row: dict[str, dict[str, Any]] = {}
+    for row_dir in sorted(p for p in cmp_dir.iterdir() if p.is_dir()) if cmp_dir.is_dir() else []:
+        seeds = sorted(row_dir.glob("seed*"))
+        if not seeds:
+            continue
+        files = [seeds[0] / "samples.json"] if (seeds[0] / "samples.json").is_file() else sorted(
+            seeds[0].glob("*/samples.json"))
+        merged: dict[str, Any] = {}
+        for f in files:
+            merged.update(json.loads(f.read_text(encoding="utf-8")))
+        if merged:
+            by_row[row_dir.name] = merged
+    if not by_row:
         return
-    by_row = {f.parent.parent.name: json.loads(f.read_text(encoding="utf-8")) for f in files
-              if f.parent.name == files[0].parent.name}
-    first = next(iter(by_row.values()))
-    doc.h(3, "Sample outputs (test split, first seed)")
-    for task, items in first.items():
+    tasks = list(dict.fromkeys(t for samp in by_row.values() for t in samp))
+    doc.h(3, f"Sample outputs (test split, first seed): {cmp_dir.name}")
+    for task in tasks:
+        first = next(samp[task] for samp in by_row.values() if task in samp)
         rows = []
-        for i, it in enumerate(items[:n]):
+        for i, it in enumerate(first[:n]):
             rows.append(["source", it["source"]])
             rows.append(["reference", it["reference"]])
             for row, samp in by_row.items():
-                rows.append([row, samp.get(task, [{}] * (i + 1))[i].get("output", "-")])
+                items = samp.get(task, [])
+                out = items[i].get("output", "-") if i < len(items) else "-"
+                rows.append([row, out if out.strip() else "(empty output)"])
         doc.p(f"**{task}**")
         doc.table(["", "text"], rows)
