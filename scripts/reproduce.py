@@ -85,6 +85,7 @@ class Profile:
     alphas: list[float]
     temperatures: list[float]
     ablate: list[str]
+    bart_pt_batch: int | None = None  # per rank; default pt_batch (BART's LM head runs over every target token)
     ranks: int = 2
     ds_config: str = "ds_configs/cpu_fp32.json"
     nlu_methods: list[str] = field(default_factory=lambda: [
@@ -114,10 +115,11 @@ PROFILES: dict[str, Profile] = {
     "full": Profile(
         name="full", corpus_docs=None,
         bert=_BERT_SMALL, bart=_BART_SMALL,
-        pt_seq=128, pt_batch=32, dense_pt_steps=1000, sparse_pt_steps=500, bart_pt_steps=800, pt_lr=1e-3,
+        pt_seq=128, pt_batch=32, dense_pt_steps=1000, sparse_pt_steps=500, bart_pt_steps=300, pt_lr=1e-3,
         nlu_train=4000, nlu_eval=300, nlu_steps=300, nlu_batch=32, nlu_lr=1e-3, nlu_eval_every=100,
         adapt_steps=150,
-        nlg_train=3000, nlg_eval=100, nlg_steps=400, nlg_batch=32, nlg_lr=1e-3, nlg_eval_every=200, nlg_beams=4,
+        nlg_train=3000, nlg_eval=50, nlg_steps=200, nlg_batch=16, nlg_lr=1e-3, nlg_eval_every=100, nlg_beams=4,
+        bart_pt_batch=16,
         seeds=[0, 1, 2], side_seeds=[0], alphas=[0.0, 0.5, 1.0], temperatures=[1.0, 4.0, 1024.0],
         ablate=["s1", "s2", "s3", "s4", "s5", "s6", "s7"],
     ),
@@ -377,7 +379,7 @@ def stage_bart_pt(r: Runner) -> dict[str, Any]:
     model = ["--model-config", str(cfg)] if cfg else ["--preset", "base"]
     args = ["--arch", "bart", "--shards", str(P["shards"]), *model, *_pt_common(r, r.p.bart_pt_steps),
             "--output-dir", str(P["bart"])]
-    r.run(r.deepspeed("pretrain/run.py", args, r.p.pt_batch))
+    r.run(r.deepspeed("pretrain/run.py", args, r.p.bart_pt_batch or r.p.pt_batch))
     r.run([PY, "-m", "skillnet.pretrain.export", "--checkpoint", str(P["bart"]), "--out", str(P["bart_hf"])])
     return {}
 
@@ -532,7 +534,8 @@ def estimate(p: Profile) -> list[dict[str, Any]]:
         "nlu_ablate": nlu_runs(["skillnet"] * (1 + len(p.ablate)), p.side_seeds, p.nlu_steps),
         "nlu_alpha": nlu_runs(["skillnet"] * len(p.alphas), p.side_seeds, p.nlu_steps),
         "nlu_adapt": nlu_runs(["skillnet"] * 3 + ["task_specific"], p.seeds, p.adapt_steps),
-        "bart_pt": p.bart_pt_steps * p.pt_batch * p.ranks * _bart_flops_per_pair(bart, p.pt_seq, p.pt_seq, 1),
+        "bart_pt": p.bart_pt_steps * (p.bart_pt_batch or p.pt_batch) * p.ranks
+        * _bart_flops_per_pair(bart, p.pt_seq, p.pt_seq, 1),
         "nlg_main": nlg_runs(p.nlg_methods, p.seeds, p.nlg_steps),
         "nlg_temp": nlg_runs(["skillnet"] * len(p.temperatures), p.side_seeds, p.nlg_steps),
         "nlg_adapt": nlg_runs(["skillnet", "skillnet", "task_specific"], p.seeds, p.adapt_steps),

@@ -445,7 +445,9 @@ def _cuts(profile: Any) -> list[str]:
         f"Pre-training: {profile.dense_pt_steps} dense + {profile.sparse_pt_steps} sparse steps of {profile.ranks} x "
         f"{profile.pt_batch} sequences of {profile.pt_seq} tokens on ~19 MB of packaged text (paper: 100k steps "
         "of 10,240 x 512 tokens on 800 GB); BART: "
-        f"{profile.bart_pt_steps} steps.",
+        f"{profile.bart_pt_steps} steps of {profile.ranks} x {profile.bart_pt_batch or profile.pt_batch} sequences "
+        "(its LM head over the whole 21,128-token vocabulary at every target position makes a BART step several times the "
+        "FLOPs of a BERT MLM step at this size).",
         f"Fine-tuning: {profile.nlu_steps} NLU steps (batch {profile.nlu_batch}) and {profile.nlg_steps} NLG steps "
         f"(batch {profile.nlg_batch}), on at most {profile.nlu_train} / {profile.nlg_train} training examples per "
         "task (paper: full datasets, 50k-100k steps).",
