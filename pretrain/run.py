@@ -109,7 +109,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--preset",
         default=None,
         help="model size preset: bert: model/config.py PRESETS tiny, small, base (default tiny; recipe "
-        "paper: base); bart: model/bart.py BART_PRESETS tiny, small, large (default tiny)",
+        "paper: base); bart: model/bart.py BART_PRESETS tiny, small, base, large (default tiny)",
     )
     m.add_argument(
         "--model-config", help="JSON file of SkillNetBertConfig / SkillNetBartConfig fields (overrides --preset)"
