@@ -433,6 +433,17 @@ def _nlg_part(doc: Doc, cmps: dict[str, Any], cmp_dir: Path, out: Path, findings
                   [[t, i.analogue + (" (the new task)" if i.held_out else ""), " ".join(i.skills), i.metric]
                    for t, i in GEN_TASKS.items()])
         score_table(doc, nlg, NLG_ROWS)
+        triv = _trivial(cmp_dir / "nlg_main", nlg)
+        if triv:
+            doc.p("The trivial baseline outputs the source unchanged (test split, same metric):")
+            doc.table(["baseline", *nlg["tasks"]], [["copy the source", *[f"{triv[t]:.1f}" for t in nlg["tasks"]]]])
+            best = {t: max(r["tasks"][t]["mean"] for r in nlg["methods"].values()) for t in nlg["tasks"]}
+            above = [t for t in nlg["tasks"] if best[t] > triv[t]]
+            findings.append(f"Generation at this size: the best row beats copying the source on {len(above)} of "
+                            f"{len(best)} tasks" + (f" ({', '.join(above)})" if above else "")
+                            + (". See the sample outputs: a model this small, pre-trained this briefly, mostly has "
+                               "not learnt to copy or to write fluent text, so the NLG comparison says little about "
+                               "the method." if 2 * len(above) < len(best) else "."))
         doc.p("Differences from SkillNet-NLG, paired over seeds (positive = SkillNet-NLG is better):")
         d = differences(doc, nlg, "skillnet", NLG_ROWS)
         n = len(nlg["seeds"])
@@ -529,6 +540,16 @@ def _cuts(profile: Any, parts: tuple[str, ...], records: dict[str, Any]) -> list
     out.append(f"Seeds: {len(profile.seeds)} for the main tables, {len(profile.side_seeds)} for the ablation and "
                "sampling studies.")
     return out
+
+
+def _trivial(cmp_dir: Path, cmp: dict[str, Any]) -> dict[str, float]:
+    """Each task's trivial test score (copy the source), from the first run that recorded it."""
+    out: dict[str, float] = {}
+    for f in sorted(cmp_dir.glob("*/seed*/results.json")) + sorted(cmp_dir.glob("*/seed*/*/results.json")):
+        for t, r in (_load(f) or {}).get("tasks", {}).items():
+            if t in cmp["tasks"] and t not in out and (r.get("trivial_test") or {}).get(r["metric"]) is not None:
+                out[t] = r["trivial_test"][r["metric"]]
+    return out if len(out) == len(cmp["tasks"]) else {}
 
 
 def _n_seeds(c: dict[str, Any]) -> str:
