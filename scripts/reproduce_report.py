@@ -452,7 +452,10 @@ def _nlg_part(doc: Doc, cmps: dict[str, Any], cmp_dir: Path, out: Path, findings
                           ("moe", "SkillNet-NLG beats the MoE on average (NLG Table 3)")):
             claim(findings, text, d.get(key, {}).get("average"), n, f"SkillNet-NLG minus {dict(NLG_ROWS)[key]}")
         doc.img(cmp_dir / "nlg_main" / "curves.png", "Dev score against step, per task and method (NLG)")
-        _samples(doc, cmp_dir / "nlg_main")
+        const, pairs = _constant_outputs(_samples(doc, cmp_dir / "nlg_main"))
+        if pairs:
+            findings.append(f"Generation outputs: in {const} of {pairs} (row, task) pairs the first seed's model gives "
+                            "one and the same text for every kept test input (a degenerate model; see the samples).")
     else:
         doc.p("Not run yet (stage nlg_main).")
     doc.h(2, "Adaptation to a new generation task (NLG Table 4 layout)")
@@ -466,7 +469,10 @@ def _nlg_part(doc: Doc, cmps: dict[str, Any], cmp_dir: Path, out: Path, findings
                                                ("task_specific", "task-specific")])
         claim(findings, "On the new generation task, SkillNet-NLG beats task-specific fine-tuning (NLG Table 4)",
               d.get("task_specific", {}).get("average"), len(c["seeds"]), "existing skills minus task-specific")
-        _samples(doc, cmp_dir / "nlg_adapt")
+        const, pairs = _constant_outputs(_samples(doc, cmp_dir / "nlg_adapt"))
+        if pairs:
+            findings.append(f"New generation task: in {const} of {pairs} rows the first seed's model gives one and the "
+                            "same text for every kept test input.")
     doc.h(2, "Sampling temperature T (NLG §3.4)")
     if cmps["nlg_temp"]:
         c = cmps["nlg_temp"]
@@ -612,7 +618,7 @@ def _pretrain_picture(run: Path) -> Path | None:
     return path if pretrain_curves(_read_log(run), path) else None
 
 
-def _samples(doc: Doc, cmp_dir: Path, n: int = 3) -> None:
+def _samples(doc: Doc, cmp_dir: Path, n: int = 3) -> dict[str, dict[str, Any]]:
     """A few test inputs with the reference and each row's output (first seed), read from the runs (a
     task-specific row keeps one samples.json per task model)."""
     by_row: dict[str, dict[str, Any]] = {}
@@ -628,7 +634,7 @@ def _samples(doc: Doc, cmp_dir: Path, n: int = 3) -> None:
         if merged:
             by_row[row_dir.name] = merged
     if not by_row:
-        return
+        return {}
     tasks = list(dict.fromkeys(t for samp in by_row.values() for t in samp))
     doc.h(3, f"Sample outputs (test split, first seed): {cmp_dir.name}")
     for task in tasks:
@@ -643,3 +649,10 @@ def _samples(doc: Doc, cmp_dir: Path, n: int = 3) -> None:
                 rows.append([row, out if out.strip() else "(empty output)"])
         doc.p(f"**{task}**")
         doc.table(["", "text"], rows)
+    return by_row
+
+
+def _constant_outputs(by_row: dict[str, dict[str, Any]]) -> tuple[int, int]:
+    """(row, task) pairs whose kept test outputs are one and the same text for every input, of all pairs."""
+    pairs = [[x.get("output") for x in items] for samp in by_row.values() for items in samp.values() if len(items) > 1]
+    return sum(len(set(p)) == 1 for p in pairs), len(pairs)
