@@ -147,8 +147,8 @@ def test_config_errors_name_the_key_and_the_valid_values():
         SkillNetBartConfig.preset("tiny", decoder_skill_layers="top:3")
     with pytest.raises(ValueError, match="skill_layernorm"):
         SkillNetBartConfig.preset("tiny", skill_layernorm="pre")
-    with pytest.raises(KeyError, match="valid presets: tiny, small, large"):
-        SkillNetBartConfig.preset("base")
+    with pytest.raises(KeyError, match="valid presets: tiny, small, base, large"):
+        SkillNetBartConfig.preset("huge")
     c = SkillNetBartConfig.preset("tiny")
     with pytest.raises(KeyError, match="valid tasks: text_summarization"):
         c.skill_ids("summarisation")

@@ -159,7 +159,7 @@ def test_bad_mode_settings_end_with_one_error_line(
         (["--shards", str(shards), "--objectives", "denoise"], "--arch bert trains mlm, nsp"),
         (["--shards", str(shards), "--permute_sentences"], "options of the denoise objective"),
         (["--shards", str(shards), "--objective_weights", "1"], "1 weights for 2 objectives"),
-        (["--arch", "bart", "--shards", str(shards), "--preset", "base"], "valid presets: tiny, small, large"),
+        (["--arch", "bart", "--shards", str(shards), "--preset", "huge"], "valid presets: tiny, small, base, large"),
         (["--arch", "bart", "--shards", str(shards), "--recipe", "paper"], "BERT recipe"),
     ]
     for argv, message in cases:
