@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import glob
 import os
 
 import torch
@@ -15,6 +17,7 @@ __all__ = [
     "barrier",
     "all_reduce_sum",
     "launched_world_size",
+    "release_shared_memory",
 ]
 
 
@@ -61,6 +64,21 @@ def is_main() -> bool:
 def barrier() -> None:
     if _active():
         dist.barrier()
+
+
+def release_shared_memory() -> None:
+    """Unlink this rank's /dev/shm buffer of DeepSpeed's CPU shared-memory allreduce
+    (``deepspeed_allreduce_buffer_*_<addr>_<port>_<rank>``, 66 MB per rank and launch, never removed by DeepSpeed).
+
+    Call only after a barrier that follows training: each rank maps every other rank's buffer when it first
+    communicates, spinning until the file exists, so an earlier unlink could hang a slower rank. Mappings stay
+    valid after the unlink, so later collectives of the run still work."""
+    addr, port = os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT")
+    if not (_active() and addr and port):
+        return
+    for path in glob.glob(f"/dev/shm/deepspeed_allreduce_buffer_*_{addr}_{port}_{rank()}"):
+        with contextlib.suppress(OSError):
+            os.unlink(path)
 
 
 def all_reduce_sum(x: torch.Tensor) -> torch.Tensor:

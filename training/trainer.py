@@ -206,9 +206,12 @@ class Trainer:
         # Wait for the ranks of an earlier run in this directory that may still be saving (see checkpoint.py).
         run_lock = hold_run_lock(checkpoint_root(cfg.output_dir), self.rank, D.barrier)
         try:
-            return self._train()
+            result = self._train()
         finally:
             run_lock.close()
+        D.barrier()  # every rank has communicated: the shared-memory buffers can go
+        D.release_shared_memory()
+        return result
 
     def _train(self) -> TrainResult:
         cfg = self.cfg
