@@ -192,7 +192,9 @@ def pretrain_curves(log: list[dict[str, Any]], path: Path) -> bool:
     if not objectives:
         return False
     plt = _plt()
-    fig, axes = plt.subplots(1, 3, figsize=(13, 3.3))
+    # A one-objective run (dense MLM, BART denoising) has no mix to show: two panels, not an empty third.
+    has_mix = any(k.startswith("mix/") for r in train for k in r)
+    fig, axes = plt.subplots(1, 3 if has_mix else 2, figsize=(13 if has_mix else 9, 3.3))
     for obj in objectives:
         pts = [(r["step"], r[f"{obj}/loss"]) for r in train if f"{obj}/loss" in r]
         axes[0].plot([s for s, _ in pts], [v for _, v in pts], label=obj)
@@ -200,9 +202,9 @@ def pretrain_curves(log: list[dict[str, Any]], path: Path) -> bool:
         if acc:
             axes[1].plot([s for s, _ in acc], [v for _, v in acc], label=obj)
         mix = [(r["step"], r[f"mix/{obj}"]) for r in train if f"mix/{obj}" in r]
-        if mix:
+        if mix and has_mix:
             axes[2].plot([s for s, _ in mix], [v for _, v in mix], label=obj)
-    for ax, title in zip(axes, ("loss per objective", "accuracy per objective (masked tokens / NSP pairs)",
+    for ax, title in zip(axes, ("loss per objective", "accuracy per objective (predicted tokens / NSP pairs)",
                                 "realised objective mix (share of steps so far)")):
         ax.set_title(title, fontsize=10)
         ax.set_xlabel("optimizer step")

@@ -74,3 +74,15 @@ def test_finetune_writes_hparams_with_the_final_scores_and_the_config(tmp_path):
     main = EventAccumulator(str(mains[0]))
     main.Reload()
     assert "config/text_summary" in main.Tags()["tensors"]
+
+
+def test_pretrain_picture_has_no_empty_mix_panel_for_one_objective(tmp_path):
+    """A dense MLM or BART denoising run has no objective mix: two panels, not a blank third one."""
+    import matplotlib.image as mpimg
+    from skillnet.finetune.report import pretrain_curves
+
+    one = [{"step": s, "denoise/loss": 5.0 / s, "denoise/acc": 0.01 * s, "split": "train"} for s in (1, 2, 3)]
+    two = [{**r, "nsp/loss": 0.7, "mix/denoise": 0.5, "mix/nsp": 0.5} for r in one]
+    assert pretrain_curves(one, tmp_path / "one.png") and pretrain_curves(two, tmp_path / "two.png")
+    w_one, w_two = mpimg.imread(tmp_path / "one.png").shape[1], mpimg.imread(tmp_path / "two.png").shape[1]
+    assert w_one < w_two * 0.8
