@@ -261,6 +261,8 @@ class SkillRoutingMixin:
 
         `batch_size`, when given, must equal the number of rows of a per-row choice.
         """
+        if task is None and skill_ids is None:
+            task = self.config.default_task  # an export's default task; None keeps the error below
         if (task is None) == (skill_ids is None):
             raise ValueError("pass exactly one of task= (a name or one name per row) or skill_ids=")
         if isinstance(task, str):

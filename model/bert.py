@@ -277,6 +277,8 @@ class SkillNetBertModel(SkillNetBertPreTrainedModel):
     ) -> EncoderOutput:
         if task is not None and not isinstance(task, str) and len(task) != input_ids.shape[0]:
             raise ValueError(f"{len(task)} tasks given for a batch of {input_ids.shape[0]} rows")
+        if task is None and skill_ids is None:
+            task = self.config.default_task  # an export's default task; None keeps the error below
         if routing is None:
             if self.config.router == "topk":  # the gate decides per token; the task only picks the head
                 keep = attention_mask.bool() if attention_mask is not None else None

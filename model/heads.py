@@ -13,9 +13,13 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torchcrf import CRF
 from transformers.activations import ACT2FN
 from transformers.utils import ModelOutput
+
+try:
+    from torchcrf import CRF
+except ImportError:  # an export loaded with plain transformers: the same parameters and likelihood
+    from .crf import CRF
 
 from .bert import SkillNetBertModel, SkillNetBertPreTrainedModel
 from .config import HEAD_TYPES, SkillNetBertConfig

@@ -48,6 +48,8 @@ class SkillLayoutMixin:
         ``ceil(factor * top_k * tokens / experts)``; tokens over capacity get 0 from the FFN and ride the
         residual. ``factor >= experts / top_k`` never drops a token; ``moe_eval_capacity_factor=None``
         means exactly that (no capacity limit in evaluation).
+    default_task: the task a call without ``task=`` / ``skill_ids=`` runs (an export's; set by
+        ``export --task``). ``None``: such a call is an error.
     """
 
     # Declared by the backbone (its own defaults and tables).
@@ -67,6 +69,7 @@ class SkillLayoutMixin:
     moe_aux_loss_coef: float = 0.01
     moe_capacity_factor: float = 1.0
     moe_eval_capacity_factor: float | None = 2.0
+    default_task: str | None = None
 
     def __post_init__(self, **kwargs: Any) -> None:
         # A dense config's dict passed as kwargs says model_type="bert"/"bart": the class's own type must
@@ -122,6 +125,8 @@ class SkillLayoutMixin:
                     raise KeyError(self._unknown_skill_msg(s, f"task {task!r}"))
             if not self._task_skill_names(task):
                 raise ValueError(f"task {task!r} activates no skill (and no generic skill is set)")
+        if self.default_task is not None and self.default_task not in self.tasks:
+            raise KeyError(f"default_task {self.default_task!r} is not a task; valid tasks: {', '.join(self.tasks)}")
         if self.ffn_impl not in FFN_IMPLS:
             raise ValueError(f"ffn_impl={self.ffn_impl!r}; valid: {FFN_IMPLS}")
         if self.skill_layernorm not in SKILL_LAYERNORMS:

@@ -14,8 +14,11 @@ on the CPU, no GPUs or process group needed). What it writes follows from the ch
 * dense BART (``pretrain/run.py --arch bart``): a plain HF ``BartForConditionalGeneration`` folder
   (model_type "bart"), which generation fine-tuning turns into SkillNet-BART (``skillnet_bart_from_dense``).
 
-Every folder gets the tokenizer of the shards (vocab.txt, tokenizer files) and export_info.json (source
-checkpoint, step, architecture, objectives, and which skills were copied from which).
+Every folder gets the tokenizer of the shards (vocab.txt, tokenizer files, ``model_max_length`` = the
+model's positions), export_info.json (source checkpoint, step, architecture, objectives, and which skills
+were copied from which) and a model card (README.md, from model_card.json). A SkillNet-BERT export's
+``default_task`` (``--task``; default ``mlm``) is what a call without ``task=`` runs, and its ``auto_map``
+names the fill-mask class (docs/hf.md).
 """
 
 from __future__ import annotations
@@ -205,8 +208,10 @@ def export(
     tag: str | None = None,
     init_unused: bool = True,
     dense: bool = False,
+    task: str | None = None,
 ) -> Path:
-    """Write the HF folder of a checkpoint (see the module docstring); `dense=True` requires a dense one."""
+    """Write the HF folder of a checkpoint (see the module docstring); `dense=True` requires a dense one.
+    `task`: the default task of a SkillNet export (default: ``mlm``, the MLM head's skills)."""
     root, tag = locate_checkpoint(checkpoint, tag)
     cfg_file = root / tag / "model_config.json"
     if not cfg_file.is_file():
@@ -237,7 +242,7 @@ def export(
     run_args = json.loads(args_file.read_text()) if args_file.is_file() else {}
     _save_tokenizer(tmp, run_args.get("shards"), saved.config.vocab_size)
     info = {
-        "source": str((root / tag).resolve()),
+        "source": f"{run_dir.name}/{root.name}/{tag}",  # relative: an export moves
         "step": step,
         "kind": kind,
         "exported_as": EXPORT_KINDS[kind],
@@ -245,6 +250,11 @@ def export(
         **facts,
     }
     (tmp / "export_info.json").write_text(json.dumps(info, indent=2))
+    from skillnet.model.card import finish_export
+
+    training = {"stage": "pre-training", "step": step, "objectives": run_args.get("objectives"),
+                "data": Path(run_args["shards"]).name if run_args.get("shards") else "synthetic"}
+    finish_export(saved, tmp, final=out, default_task=task, training=training)
     if out.exists():
         shutil.rmtree(out)
     os.replace(tmp, out)
@@ -264,6 +274,11 @@ def build_parser() -> Parser:
         help="SkillNet-BERT: keep the untrained skills as they are instead of copying the generic skill into them",
     )
     p.add_argument(
+        "--task",
+        help="SkillNet-BERT: the default task, what a call without task= runs (any task of the model's config; "
+        "default: mlm, which fill-mask and feature-extraction pipelines then use)",
+    )
+    p.add_argument(
         "--dense",
         action="store_true",
         help="require a dense checkpoint (pretrain/run.py --dense or --arch bart) and write a plain HF folder; "
@@ -276,8 +291,9 @@ def main(argv: list[str] | None = None) -> int:
     p = build_parser()
     args = p.parse_args(argv)
     try:
-        out = export(args.checkpoint, args.out, args.tag, init_unused=not args.no_init_unused, dense=args.dense)
-    except (FileNotFoundError, ValueError) as e:
+        out = export(args.checkpoint, args.out, args.tag, init_unused=not args.no_init_unused, dense=args.dense,
+                     task=args.task)
+    except (FileNotFoundError, ValueError, KeyError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     print(json.dumps({"event": "exported", "out": str(out)}))
