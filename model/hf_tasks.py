@@ -191,7 +191,8 @@ class SkillNetText2TextPipeline(Pipeline):
     def preprocess(self, text: str, task: str | None = None) -> dict[str, torch.Tensor]:
         task = task or self.model.config.default_task
         prefix = (getattr(self.model.config, "task_prefixes", None) or {}).get(task, "")
-        return self.tokenizer(prefix + text, return_tensors="pt", truncation=True)
+        enc = self.tokenizer(prefix + text, return_tensors="pt", truncation=True)
+        return {k: v for k, v in enc.items() if k != "token_type_ids"}  # BART has no segments
 
     def _forward(self, inputs: dict[str, torch.Tensor], **generate_kwargs: Any) -> dict[str, torch.Tensor]:
         return {"ids": self.model.generate(**inputs, **generate_kwargs)}

@@ -143,21 +143,21 @@ def save_tokenizer(folder: str | os.PathLike, vocab_file: str | os.PathLike | No
     from transformers import AutoTokenizer, BertTokenizer
 
     folder = Path(folder)
+    cfg_path = folder / "config.json"
+    model_cfg = json.loads(cfg_path.read_text(encoding="utf-8")) if cfg_path.is_file() else {}
+    # BART has no segments: without this, generate(**tok(text)) fails on token_type_ids.
+    extra = {"model_input_names": ["input_ids", "attention_mask"]} if "bart" in str(model_cfg.get("model_type")) else {}
     if source is not None and (Path(source) / "tokenizer_config.json").is_file():
-        tok = AutoTokenizer.from_pretrained(str(source))
+        tok = AutoTokenizer.from_pretrained(str(source), **extra)
     else:
         if vocab_file is None:
             if source is None or not (Path(source) / "vocab.txt").is_file():
                 raise FileNotFoundError(f"no tokenizer to save: {source} has neither tokenizer_config.json "
                                         "nor vocab.txt, and no vocab file was given")
             vocab_file = Path(source) / "vocab.txt"
-        tok = BertTokenizer(vocab=str(vocab_file), do_lower_case=lowercase, tokenize_chinese_chars=True)
-    cfg_path = folder / "config.json"
-    positions = None
-    if cfg_path.is_file():
-        positions = json.loads(cfg_path.read_text(encoding="utf-8")).get("max_position_embeddings")
-    if positions:  # truncation=True (and every pipeline) then stops at what the model can embed
-        tok.model_max_length = int(positions)
+        tok = BertTokenizer(vocab=str(vocab_file), do_lower_case=lowercase, tokenize_chinese_chars=True, **extra)
+    if model_cfg.get("max_position_embeddings"):  # truncation=True (and every pipeline) then fits the model
+        tok.model_max_length = int(model_cfg["max_position_embeddings"])
     tok.save_pretrained(str(folder))
     for src_dir, name in ((Path(vocab_file).parent if vocab_file else None, Path(vocab_file).name if vocab_file
                            else None), (Path(source) if source else None, "vocab.txt")):
