@@ -87,8 +87,10 @@ def _params(model: torch.nn.Module, tasks: list[str]) -> dict[str, Any]:
 
 
 def finish_export(model: torch.nn.Module, folder: str | os.PathLike, *, final: str | os.PathLike | None = None,
-                  default_task: str | None = None, training: dict[str, Any] | None = None) -> str | None:
-    """Complete an export written to `folder` (to be renamed `final`); returns its default task."""
+                  default_task: str | None = None, training: dict[str, Any] | None = None,
+                  run_dir: str | os.PathLike | None = None) -> str | None:
+    """Complete an export written to `folder` (to be renamed `final`); returns its default task. `run_dir`:
+    the fine-tuning run it came from (default: found above `final`)."""
     folder = Path(folder)
     final = Path(final) if final is not None else folder
     cfg_path = folder / "config.json"
@@ -105,6 +107,9 @@ def finish_export(model: torch.nn.Module, folder: str | os.PathLike, *, final: s
         if labels and (meta.get(task) or {}).get("type") != "regression":
             cfg["id2label"] = {str(i): str(x) for i, x in enumerate(labels)}
             cfg["label2id"] = {str(x): i for i, x in enumerate(labels)}
+        else:  # no labels of an earlier default task may stay behind
+            cfg.pop("id2label", None)
+            cfg.pop("label2id", None)
         if model_type == "skillnet-bart":
             cfg["task_prefixes"] = {n: m.get("prefix", "") for n, m in meta.items() if m.get("type") == "generation"}
             gen_path = folder / "generation_config.json"
@@ -114,7 +119,7 @@ def finish_export(model: torch.nn.Module, folder: str | os.PathLike, *, final: s
                 gen["max_new_tokens"] = int(meta[task]["max_target_len"])
                 _write(gen_path, gen)
         _write(cfg_path, cfg)
-    run_dir = _run_dir(final)
+    run_dir = Path(run_dir) if run_dir is not None else _run_dir(final)
     if training is None and run_dir is not None:
         training = _finetune_training(run_dir)
     tasks = list(meta) if meta else ([t for t in ("mlm", "nsp") if t in cfg.get("tasks", {})] if skillnet else [])

@@ -212,6 +212,8 @@ def export(
 ) -> Path:
     """Write the HF folder of a checkpoint (see the module docstring); `dense=True` requires a dense one.
     `task`: the default task of a SkillNet export (default: ``mlm``, the MLM head's skills)."""
+    if (Path(checkpoint) / "config.json").is_file() and not (Path(checkpoint) / "checkpoints").is_dir():
+        return reexport(checkpoint, out, task)
     root, tag = locate_checkpoint(checkpoint, tag)
     cfg_file = root / tag / "model_config.json"
     if not cfg_file.is_file():
@@ -261,10 +263,43 @@ def export(
     return out
 
 
+def reexport(folder: str | Path, out: str | Path, task: str | None) -> Path:
+    """Copy a SkillNet export (e.g. a fine-tuning run's export/) with another default task: the pipelines,
+    labels, generation settings and model card then follow that task."""
+    import transformers
+    from skillnet.model.card import _run_dir, finish_export
+
+    folder, out = Path(folder), Path(out)
+    cfg = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+    if cfg.get("model_type") not in ("skillnet-bert", "skillnet-bart"):
+        raise ValueError(f"{folder}: model_type {cfg.get('model_type')!r} is not a SkillNet export: nothing to re-export")
+    if task is None:
+        raise ValueError(f"{folder} is an HF export: pass --task NAME to give it another default task")
+    arch = (cfg.get("architectures") or [""])[0]
+    import skillnet.model as sm
+
+    model_cls = getattr(sm, arch, None) or getattr(transformers, arch, None)
+    if model_cls is None:
+        raise ValueError(f"{folder}: unknown architecture {arch!r}")
+    model = model_cls.from_pretrained(str(folder)).eval()
+    tmp = out.with_name(out.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    shutil.copytree(folder, tmp)
+    finish_export(model, tmp, final=out, default_task=task, run_dir=_run_dir(folder),
+                  training=json.loads((folder / "model_card.json").read_text(encoding="utf-8")).get("training")
+                  if (folder / "model_card.json").is_file() else None)
+    if out.exists():
+        shutil.rmtree(out)
+    os.replace(tmp, out)
+    return out
+
+
 def build_parser() -> Parser:
     p = Parser("skillnet.pretrain.export", description=__doc__)
     p.add_argument(
-        "--checkpoint", required=True, help="run dir (uses checkpoints/latest), checkpoints dir or step_* dir"
+        "--checkpoint", required=True,
+        help="run dir (uses checkpoints/latest), checkpoints dir or step_* dir; or a SkillNet HF export (e.g. a "
+        "fine-tuning run's export/), copied to --out with the default task --task",
     )
     p.add_argument("--tag", help="checkpoint tag (step_XXXXXXXX); default: latest")
     p.add_argument("--out", required=True, help="output folder (written atomically)")

@@ -4,11 +4,15 @@ a subprocess whose import path cannot see this project, each checked against the
 Rows: fill-mask pipeline, AutoModelForMaskedLM, feature-extraction / AutoModel without task=,
 text-classification, token-classification (CRF decode), truncation, model card; plus the QA class and the
 SkillNet-BART text2text pipeline (a custom pipeline: transformers 5 has none for text2text).
+
+``SKILLNET_PLAIN_PYTHON=/path/to/venv/bin/python`` runs the loading side in another interpreter, e.g. a venv
+with only torch, transformers and safetensors (no torchcrf, no project dependencies).
 """
 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -43,7 +47,8 @@ def run_plain(tmp: Path, folder: Path, body: str) -> dict:
     script = tmp / "plain.py"
     script.write_text(f"REPO = {str(REPO)!r}\n" + _PRELUDE + body + _POST, encoding="utf-8")
     out = tmp / "plain_out.json"
-    r = subprocess.run([sys.executable, str(script), str(folder), str(out)], cwd=tmp, capture_output=True,
+    py = os.environ.get("SKILLNET_PLAIN_PYTHON") or sys.executable
+    r = subprocess.run([py, str(script), str(folder), str(out)], cwd=tmp, capture_output=True,
                        text=True, env={**subprocess_env(), "PYTHONPATH": ""}, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
     res = json.loads(out.read_text(encoding="utf-8"))
@@ -241,3 +246,22 @@ gen = pipeline("text2text-generation", model=folder, trust_remote_code=True)
 res["out"] = [gen(s)[0]["generated_text"] for s in {srcs!r}]
 """)
     assert res["out"] == want
+
+
+def test_export_task_picks_the_default_and_no_default_keeps_the_error(ft_run, tmp_path):
+    from skillnet.model import SkillNetBertConfig, SkillNetBertModel
+    from skillnet.pretrain.export import main
+    from transformers import AutoModel
+
+    assert main(["--checkpoint", str(ft_run / "export"), "--out", str(tmp_path / "ner"), "--task", "ner"]) == 0
+    cfg = json.loads((tmp_path / "ner" / "config.json").read_text())
+    assert cfg["default_task"] == "ner" and cfg["id2label"]["0"] == "O"
+    assert "**Default task:** `ner`" in (tmp_path / "ner" / "README.md").read_text(encoding="utf-8")
+    m = AutoModel.from_pretrained(str(tmp_path / "ner")).eval()
+    ids = torch.tensor([[101, 4374, 758, 102]])
+    with torch.no_grad():
+        torch.testing.assert_close(m(ids).last_hidden_state, m(ids, task="ner").last_hidden_state)
+    assert main(["--checkpoint", str(ft_run / "export"), "--out", str(tmp_path / "x"), "--task", "nope"]) == 2
+    plain = SkillNetBertModel(SkillNetBertConfig.preset("tiny")).eval()  # no default task
+    with pytest.raises(ValueError, match="pass exactly one of task="):
+        plain(ids)
