@@ -28,11 +28,12 @@ import torch
 CARD_FACTS = "model_card.json"
 FINETUNE_META = "finetune_tasks.json"
 _PAPERS = {
-    "skillnet-bert": ("SkillNet-BERT", "SkillNet-NLU: a sparsely activated model for general-purpose natural "
-                      "language understanding (Zhang et al., *One Model, Multiple Tasks: Pathways for Natural "
-                      "Language Understanding*, 2022)"),
-    "skillnet-bart": ("SkillNet-BART", "SkillNet-NLG (Liao et al., *SkillNet-NLG: General-Purpose Natural "
-                      "Language Generation with a Sparsely Activated Approach*, 2022)"),
+    "skillnet-bert": ("SkillNet-BERT", "SkillNet-NLU, a sparsely activated BERT whose FFNs are banks of skills "
+                      "(Zhang, Tang et al., *SkillNet-NLU: A Sparsely Activated Model for General-Purpose Natural "
+                      "Language Understanding*, Tencent AI Lab, 2022)"),
+    "skillnet-bart": ("SkillNet-BART", "SkillNet-NLG, a sparsely activated BART whose FFNs are banks of skills "
+                      "(Liao, Tang et al., *SkillNet-NLG: General-Purpose Natural Language Generation with a "
+                      "Sparsely Activated Approach*, Tencent AI Lab, 2022)"),
     "bert": ("BERT (dense)", "a dense BERT pre-trained by this project's pipeline (the starting point of "
              "SkillNet-BERT's skill surgery)"),
     "bart": ("BART (dense)", "a dense BART pre-trained by this project's pipeline (the starting point of "
@@ -198,10 +199,14 @@ def render_card(facts: dict[str, Any], scores: dict[str, Any] | None = None) -> 
                   "files of this folder: read them before trusting them).", ""]
         lines += [f"**Default task:** `{default}` (a call without `task=` runs it; `task=` picks any task below).",
                   "", "## Tasks and their skills", "", "| task | type | skills | labels |", "|---|---|---|---|"]
-        for t, f in tasks.items():
+        for t, f in sorted(tasks.items(), key=lambda kv: kv[0] != default):
             labels = ", ".join(map(str, f.get("labels") or [])) or "-"
             mark = " (default)" if t == default else ""
             lines.append(f"| `{t}`{mark} | {f.get('type')} | {', '.join(f['skills'])} | {labels} |")
+        others = {t: sk for t, sk in (facts.get("all_tasks") or {}).items() if t not in tasks}
+        if others:
+            lines += ["", "The config also maps these tasks to skills (no head yet; fine-tuning adds one): "
+                      + "; ".join(f"`{t}` {', '.join(sk)}" for t, sk in others.items()) + "."]
         lines += ["", "Skills: " + "; ".join(f"`{k}` {v}" for k, v in skill_desc.items()) + ".", ""]
     p = facts.get("params") or {}
     lines += ["## Parameters", "", f"Total: {_fmt(p.get('total'))} ({p.get('total'):,})."]
