@@ -202,7 +202,7 @@ tok = AutoTokenizer.from_pretrained(folder)
 m = AutoModel.from_pretrained(folder, trust_remote_code=True).eval()
 enc = tok("好" * 2000, truncation=True, return_tensors="pt")
 with torch.no_grad():
-    res["shape"] = list(m(**enc).last_hidden_state.shape)
+    res["shape"] = list(m(**enc, task="mlm").last_hidden_state.shape)
 res["max"] = tok.model_max_length
 """)
     assert res["max"] == cfg["max_position_embeddings"]
