@@ -201,7 +201,12 @@ class SkillNetBertPreTrainedModel(PreTrainedModel):
 
     def save_pretrained(self, save_directory: str | os.PathLike, *args: Any, **kwargs: Any) -> None:
         """HF save, plus the modeling code and ``auto_map`` (plain transformers loads the folder with
-        ``trust_remote_code=True``) and the tokenizer of the checkpoint this model came from, if it had one."""
+        ``trust_remote_code=True``) and the tokenizer of the checkpoint this model came from, if it had one.
+        A learned task-skill map is first written into ``config.tasks``, so the saved config names exactly
+        the skills the map selects now (what counts, exports and metadata read)."""
+        base = self.base_model
+        if getattr(base, "skill_map", None) is not None:
+            base.sync_learned_map()
         super().save_pretrained(save_directory, *args, **kwargs)
         if not kwargs.get("is_main_process", True):
             return
