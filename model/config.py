@@ -11,7 +11,8 @@ from typing import Any
 from huggingface_hub.dataclasses import strict
 from transformers import BertConfig
 
-from .skill_layout import ROUTERS, SkillLayoutMixin, layer_ids_from_spec
+from .routers import LEARNED_ESTIMATORS
+from .skill_layout import SkillLayoutMixin, layer_ids_from_spec
 
 # Table 1 of skillnet-nlu.md.
 DEFAULT_SKILLS: list[dict[str, str]] = [
@@ -37,7 +38,6 @@ DEFAULT_TASKS: dict[str, list[str]] = {
 }
 
 HEAD_TYPES = ("classification", "regression", "token_crf", "span", "matching")
-LEARNED_ESTIMATORS = ("ste", "eq6")
 
 # Named sizes. "tiny" is for tests (2 layers, hidden 64); "small" trains on a CPU in minutes;
 # "base" is BERT-base as in the paper. Vocab defaults to bert-base-chinese (21,128).
@@ -92,7 +92,6 @@ class SkillNetBertConfig(SkillLayoutMixin, BertConfig):
     default_skills = DEFAULT_SKILLS
     default_tasks = DEFAULT_TASKS
     presets = PRESETS
-    routers = ROUTERS
 
     generic_skill: str | None = "s7"
     task_heads: dict | None = None

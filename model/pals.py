@@ -16,10 +16,13 @@ each layer), see `pals_parameter_count`.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from .extras import LayerHook, TaskExtras, register_extras
 
 
 class ProjectedSelfAttention(nn.Module):
@@ -58,8 +61,10 @@ class TaskPAL(nn.Module):
         return F.gelu(self.up(self.layers[layer](self.down(h_BTD), mask_B11T)))
 
 
-class ProjectedAttentionLayers(nn.Module):
-    """``pals.{task}``: a `TaskPAL` per fine-tuning task. Rows of a mixed-task batch use their own task's."""
+@register_extras("pals")
+class ProjectedAttentionLayers(TaskExtras, nn.Module):
+    """``pals.tasks.{task}``: a `TaskPAL` per fine-tuning task. Rows of a mixed-task batch use their own
+    task's. Built when ``config.pals_dim`` > 0, for the config's tasks with heads."""
 
     def __init__(self, tasks: Sequence[str], hidden: int, dim: int, heads: int, num_layers: int,
                  dropout: float) -> None:
@@ -67,9 +72,30 @@ class ProjectedAttentionLayers(nn.Module):
         self.shape = (hidden, dim, heads, num_layers, dropout)
         self.tasks = nn.ModuleDict({t: TaskPAL(*self.shape) for t in tasks})
 
-    def add_task(self, task: str) -> TaskPAL:
+    @classmethod
+    def from_config(cls, config: Any) -> ProjectedAttentionLayers | None:
+        if not getattr(config, "pals_dim", 0):
+            return None
+        return cls(list(config.task_heads), config.hidden_size, config.pals_dim, config.pals_heads,
+                   config.num_hidden_layers, config.attention_probs_dropout_prob)
+
+    def task_modules(self) -> dict[str, nn.Module]:
+        return dict(self.tasks.items())
+
+    def add_task(self, task: str, *args: Any) -> TaskPAL:
         self.tasks[task] = TaskPAL(*self.shape)
         return self.tasks[task]
+
+    def layer_hook(self, task: str | Sequence[str] | None, mask_B11T: torch.Tensor | None,
+                   device: torch.device | str) -> LayerHook | None:
+        rows = {t: (None if r is None else r.to(device)) for t, r in task_rows(task).items()}
+        if not rows:
+            return None
+
+        def hook(layer: int, h_BTD: torch.Tensor) -> torch.Tensor | None:
+            return self(layer, h_BTD, mask_B11T, rows)
+
+        return hook
 
     def __call__(self, layer: int, h_BTD: torch.Tensor, mask_B11T: torch.Tensor | None,
                  rows: dict[str, torch.Tensor | None]) -> torch.Tensor | None:
