@@ -1,8 +1,8 @@
 """The built-in routers (routers.py) and task extras (pals.py) in one place: importing this module
 registers every one of them, so a model built from a config finds the names its config stores."""
 
-from . import pals as _builtin_extras  # noqa: F401  (registers its extras)
 from .extras import EXTRAS, build_extras, register_extras
+from .pals import ProjectedAttentionLayers  # noqa: F401  (importing it registers it)
 from .routers import ROUTERS, Router, build_router, register_router, router_class
 
 __all__ = ["EXTRAS", "ROUTERS", "Router", "build_extras", "build_router", "register_extras", "register_router",
