@@ -649,7 +649,7 @@ def test_moe_bart_unused_experts_get_no_gradient(batch):
     for r in log:
         bank = r["bank"]
         keep = None if r["mask"] is None else r["mask"].reshape(-1)
-        g = top_k_gating(bank.gate(r["x"].reshape(-1, r["x"].shape[-1])), 2, 100.0, keep)
+        g = top_k_gating(bank.gate.logits(r["x"].reshape(-1, r["x"].shape[-1])), 2, 100.0, keep)
         chosen = g.dispatch_NE.any(0)
         for e, skill in enumerate(bank.skills):
             grads = [p.grad for p in skill.parameters()]
