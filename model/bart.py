@@ -1,4 +1,4 @@
-"""SkillNet-BART (skillnet-nlg.md §2.2): HF BART whose FFNs in some encoder and decoder layers are banks of
+"""SkillNet-BART (SkillNet-NLG §2.2): HF BART whose FFNs in some encoder and decoder layers are banks of
 skills, of which a task activates a few.
 
 Everything but the FFN is transformers' BART (embeddings, attention, masks, cache, `GenerationMixin`), so
@@ -56,7 +56,7 @@ from .routers import task_routing
 from .skill_ffn import Skill, SkillFFN, SkillRouting
 from .skill_layout import SkillLayoutMixin, layer_ids_from_spec
 
-# Table 1 of skillnet-nlg.md, in its order.
+# Table 1 of SkillNet-NLG, in its order.
 NLG_SKILLS: list[dict[str, str]] = [
     {"name": "open_end", "description": "open-ended text generation"},
     {"name": "non_open_end", "description": "non-open-ended text generation"},
@@ -115,7 +115,7 @@ class SkillNetBartConfig(SkillLayoutMixin, BartConfig):
     ``ffn_impl``, ``skill_layernorm``, ``router``, ``moe_*``) are `SkillLayoutMixin`'s fields, with the
     same meaning as for SkillNet-BERT; defaults here: Table 1's skills, Table 2's tasks,
     ``generic_skill="general"``, skills in layers 0, 2, 4, ... (``"every_other"``) of the encoder and of
-    the decoder. ``router`` is ``"task"`` (SkillNet-NLG) or ``"topk"`` (the MoE baseline: a token gate in
+    the decoder. ``router`` is ``"task"`` (SkillNet-NLG) or ``"topk"`` (a token gate in
     every skill layer of both stacks; padding, from the encoder and decoder attention masks or the labels,
     takes no part). BART also has:
 
@@ -310,7 +310,7 @@ def _token_mask(mask: torch.Tensor | None, seq_len: int) -> torch.Tensor | None:
     if mask is None:
         return None
     if mask.dim() != 2:
-        raise ValueError(f"the MoE router needs a 2-D [batch, tokens] attention mask, got shape {tuple(mask.shape)}")
+        raise ValueError(f"a token-routing router needs a 2-D [batch, tokens] attention mask, got shape {tuple(mask.shape)}")
     return mask[:, mask.shape[1] - seq_len :].bool()
 
 

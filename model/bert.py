@@ -1,4 +1,4 @@
-"""SkillNet-BERT: a BERT encoder whose FFNs are banks of skills (skillnet-nlu.md §3.1).
+"""SkillNet-BERT: a BERT encoder whose FFNs are banks of skills (SkillNet-NLU §3.1).
 
 Parameter names follow HF ``BertModel`` (``embeddings.*``, ``encoder.layer.{i}.attention.*``,
 ``encoder.layer.{i}.output.LayerNorm``, ``pooler.dense``) so dense checkpoints load; a skill layer holds
@@ -24,8 +24,9 @@ from transformers.utils import ModelOutput
 from .config import SkillNetBertConfig
 from .extras import LayerHook, TaskExtras, combine_hooks
 from .hub import has_tokenizer, save_tokenizer, write_remote_code
+from .learned_map import LearnedSkillMap
 from .registry import Router, build_extras, build_router
-from .routers import LearnedSkillMap, task_routing
+from .routers import task_routing
 from .skill_ffn import Skill, SkillFFN, SkillRouting
 
 
@@ -141,7 +142,7 @@ class Layer(nn.Module):
         else:
             h = self.skill_ffn(a_BTD, routing)
         h = self.output.dropout(h) + a_BTD
-        if extra is not None:  # task extras: inside the FFN residual, before the LayerNorm (Bert-n-PALs)
+        if extra is not None:  # task extras: inside the FFN residual, before the LayerNorm (as the public Bert-n-PAL code)
             e_BTD = extra(x_BTD)
             if e_BTD is not None:
                 h = h + e_BTD

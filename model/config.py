@@ -11,10 +11,10 @@ from typing import Any
 from huggingface_hub.dataclasses import strict
 from transformers import BertConfig
 
-from .routers import LEARNED_ESTIMATORS
+from .learned_map import LEARNED_ESTIMATORS
 from .skill_layout import SkillLayoutMixin, layer_ids_from_spec
 
-# Table 1 of skillnet-nlu.md.
+# Table 1 of SkillNet-NLU.
 DEFAULT_SKILLS: list[dict[str, str]] = [
     {"name": "s1", "description": "get the semantic meaning of a sequence"},
     {"name": "s2", "description": "get the semantic meaning of a token"},
@@ -79,10 +79,10 @@ class SkillNetBertConfig(SkillLayoutMixin, BertConfig):
     pre-training objectives, ``generic_skill="s7"``, skills in ``"all"`` layers. BERT also has:
 
     task_heads: fine-tuning head per task, e.g. ``{"type": "classification", "num_labels": 2}``.
-    router: also ``"learned"`` (learnable skill combination: a task-skill map learned from task and skill
-        embeddings, learnable-skill-combination.md Eq. 1-8); with ``"topk"`` the task only picks the head.
+    router: also ``"learned"`` (a task-skill map learned from task and skill embeddings, the learned skill
+        combination's Eq. 1-8; learned_map.py); with ``"topk"`` the task only picks the head.
     learned_*: the learned map: embedding size d, threshold s_t, estimator (``"ste"``: hard threshold
-        forward, gradient of sigmoid(sharpness*(alpha - s_t)) backward; ``"eq6"``: Eq. 6 as written),
+        forward, gradient of sigmoid(sharpness*(alpha - s_t)) backward; the other estimator: Eq. 6 as written),
         sharpness (Eq. 6's alpha; the paper uses 1e9), and the orthogonality loss weight beta (Eq. 11).
     pals_dim: projected attention layers (the second seam: what a task adds beside the shared layers):
         0 = none; else the projected size d_m (204 at hidden 768), ``pals_heads`` attention heads.
@@ -119,7 +119,7 @@ class SkillNetBertConfig(SkillLayoutMixin, BertConfig):
         if self.learned_estimator not in LEARNED_ESTIMATORS:
             raise ValueError(f"learned_estimator={self.learned_estimator!r}; valid: {LEARNED_ESTIMATORS}")
         if self.pals_dim < 0 or (self.pals_dim and self.pals_dim % self.pals_heads):
-            raise ValueError(f"pals_dim={self.pals_dim} must be 0 (no PALs) or a multiple of pals_heads={self.pals_heads}")
+            raise ValueError(f"pals_dim={self.pals_dim} must be 0 (no projected attention layers) or a multiple of pals_heads={self.pals_heads}")
 
     def validate_skill_layers(self) -> None:
         self.skill_layer_ids()  # raises on a bad spec

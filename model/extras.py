@@ -1,7 +1,7 @@
 """Task extras: what a task adds beside the shared layers, the second method seam.
 
 A `TaskExtras` module holds one sub-module per task (only that task's rows use it): task heads are one
-kind, projected attention layers (pals.py) another. The backbone builds the extras its config asks for
+kind, projected attention layers another. The backbone builds the extras its config asks for
 from `EXTRAS` (the registry name is the module's attribute name, so checkpoints keep their parameter
 names), gives every layer the extras' hook, and counts (counts.py) charge each task with its own
 extras' parameters. Adding a kind of extra is one subclass and one `register_extras` line.

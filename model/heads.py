@@ -1,4 +1,4 @@
-"""Task heads on top of SkillNet-BERT (skillnet-nlu.md §3.2, §3.5, §4.3) and the task-level models.
+"""Task heads on top of SkillNet-BERT (SkillNet-NLU §3.2, §3.5, §4.3) and the task-level models.
 
 `SkillNetBertForPreTraining` keeps HF's ``cls.predictions`` / ``cls.seq_relationship`` names so a dense
 ``BertForPreTraining`` checkpoint loads; each step runs one objective (``task="mlm"`` or ``"nsp"``) with

@@ -1,4 +1,4 @@
-"""Projected attention layers (BERT and PALs, bert-pals-annealed-sampling.md §3; the second method seam:
+"""Projected attention layers (BERT and PALs, Stickland & Murray 2019, §3; the second method seam:
 what a task adds beside the shared layers).
 
 Per task: one encoder projection V^E (d -> d_m) and one decoder projection V^D (d_m -> d), shared by all

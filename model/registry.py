@@ -1,7 +1,8 @@
-"""The built-in routers (routers.py) and task extras (pals.py) in one place: importing this module
-registers every one of them, so a model built from a config finds the names its config stores."""
+"""The built-in routers (routers.py, learned_map.py) and task extras (pals.py) in one place: importing this
+module registers every one of them, so a model built from a config finds the names its config stores."""
 
 from .extras import EXTRAS, build_extras, register_extras
+from .learned_map import LearnedMapRouter  # noqa: F401  (importing it registers it)
 from .pals import ProjectedAttentionLayers  # noqa: F401  (importing it registers it)
 from .routers import ROUTERS, Router, build_router, register_router, router_class
 

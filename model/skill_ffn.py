@@ -13,7 +13,7 @@ plain PyTorch optimizer skips them.
 
 Skill choice is data: a `SkillRouting` (groups of rows, each with its tuple of skill ids) built once per
 forward by the model's router (routers.py) and shared by all layers. A bank built with a ``gate`` (a token
-gate, the MoE router) lets the gate pick its experts per token instead, and returns the gate's auxiliary
+gate, as the ``"topk"`` router builds) lets the gate pick its experts per token instead, and returns the gate's auxiliary
 loss through the routing (``routing.aux``), so no loss lives in module state.
 """
 
@@ -45,7 +45,7 @@ class SkillRouting:
 
     groups: tuple[SkillGroup, ...]
     inverse: torch.Tensor | None  # restores batch order after the groups are concatenated
-    # Token gate (MoE): [B, T] bool, False at padding, which takes no part in routing or balancing.
+    # Token gate: [B, T] bool, False at padding, which takes no part in routing or balancing.
     token_mask: torch.Tensor | None = None
     # What the layers of this forward return beside their output (a token gate's balancing loss per
     # layer, in layer order); the model hands it to its router, which reduces and weights it.
@@ -78,7 +78,7 @@ class SkillRouting:
 
     @staticmethod
     def token_gate(num_skills: int, token_mask_BT: torch.Tensor | None) -> SkillRouting:
-        """Every FFN is a candidate; the layer's gate picks per token (the MoE router)."""
+        """Every FFN is a candidate; the layer's gate picks per token."""
         return SkillRouting((SkillGroup(None, tuple(range(num_skills))),), None, token_mask_BT)
 
     def active_skills(self) -> set[int]:

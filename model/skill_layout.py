@@ -3,7 +3,7 @@ where skills live, and which router picks the FFNs (routers.py).
 
 `SkillLayoutMixin` is a dataclass mixed into an HF config dataclass (``class SkillNetBertConfig(
 SkillLayoutMixin, BertConfig)``). It contributes the fields both backbones share with the same meaning
-(skills, tasks, FFN implementation, LayerNorm placement, router and MoE settings), and holds the queries
+(skills, tasks, FFN implementation, LayerNorm placement, router and token-gate settings), and holds the queries
 (``skill_ids(task)`` ...), the edits (``add_skill`` ...) and their validation, so SkillNet-BERT and
 SkillNet-BART name, check and edit skills the same way. A backbone declares its own defaults
 (``generic_skill``, ``skill_layers``), its default tables (``default_skills``, ``default_tasks``), its

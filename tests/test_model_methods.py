@@ -8,8 +8,9 @@ import math
 import pytest
 import torch
 from skillnet.model import PRESETS, SkillNetBertConfig, SkillNetBertForMultiTask, count_parameters
+from skillnet.model.learned_map import LearnedSkillMap
 from skillnet.model.pals import pals_parameter_count
-from skillnet.model.routers import LearnedSkillMap, TokenGate, top_k_gating
+from skillnet.model.routers import TokenGate, top_k_gating
 from skillnet.model.skill_ffn import SkillFFN, SkillRouting
 from skillnet.training.optim import MaskedAdamW
 
