@@ -1,19 +1,22 @@
-"""The multi-task methods compared in skillnet-nlu.md §4.1 (Tables 3-5), the learnable skill combination
-and BERT-PALs, as one registry: a method is a config value that picks a router and the task extras.
+"""The multi-task methods compared in SkillNet-NLU §4.1 (Tables 3-5), the learnable skill combination
+and BERT-PALs, as one registry: a method is a config value that picks a router (model/routers.py) and the
+task extras (model/extras.py), and nothing else. Every router registered anywhere is also a method of its
+own name (that router, no extras), so a new router is one class and one ``register_router`` line.
 
 Every method starts from the same *reference* model: a SkillNet-BERT with the config's tasks and heads,
 built from ``model.init`` (a SkillNet export as it is, a dense HF BERT with every skill a copy of its
 FFN, or a preset with random weights drawn from the run's seed). A method then derives its model from
 the reference by copying weights under a new config, so embeddings, attention, heads and FFN weights
-start identical across methods and only what a method adds (a gate, a task-skill map, PALs) is new:
+start identical across methods and only what a method adds (a gate, a task-skill map, PALs) is new
+(the router's ``derive`` says which config changes and new parameters; the extras add their own):
 
 =================  ============================================================================
 method             model derived from the reference
 =================  ============================================================================
 ``skillnet``       the reference itself: each task runs its skills (Table 2), averaged (Eq. 1-2)
-``dense_joint``    one FFN shared by all tasks = the reference's generic skill (MT-DNN style)
+``dense_joint``    one FFN shared by all tasks = the reference's generic skill (router ``dense``, MT-DNN style)
 ``task_specific``  one dense model per task, each trained on its task alone (see ``run.py``)
-``moe``            top-2 token gate over as many FFNs as there are skills; expert i = skill i
+``moe``            top-2 token gate over as many FFNs as there are skills; expert i = skill i (``topk``)
 ``learnable``      the skills of the reference, a learned task-skill map (router ``learned``)
 ``learnable_eq6``  the same with Eq. 6 as written (sharpness 1e9), which passes no gradient to the map
 ``pals``           ``dense_joint`` plus a projected attention layer per task in every layer

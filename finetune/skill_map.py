@@ -16,7 +16,8 @@ def snapshot(model: torch.nn.Module, tasks: list[str]) -> dict[str, Any] | None:
     """{"tasks", "skills", "active" [task][skill] bool, "alpha", "threshold", ...} of a model whose router
     learns its task-skill map; None for every other model (its map is the config's, fixed)."""
     enc = getattr(model, "base_model", model)
-    lm = getattr(enc, "skill_map", None)
+    router = getattr(enc, "router", None)
+    lm = None if router is None else router.learned_map(enc)
     if lm is None:
         return None
     cfg = enc.config

@@ -7,10 +7,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 import torch
 from safetensors.torch import load_file
 from skillnet.finetune import run as run_cli
-from skillnet.model.registry import Router, register_router
+from skillnet.model.registry import ROUTERS, Router, register_router
 
 from tests.test_finetune_e2e import tiny_config
 
@@ -22,7 +23,11 @@ class FirstSkill(Router):
         return self.config.skill_ids(task)[:1]
 
 
-register_router("first_skill")(FirstSkill)
+@pytest.fixture
+def first_skill_router():
+    register_router("first_skill")(FirstSkill)  # the one registry line
+    yield
+    del ROUTERS["first_skill"]  # registered for this test only: other tests see the built-in routers
 
 
 def _save_init(path: Path) -> dict[str, torch.Tensor]:
@@ -35,7 +40,7 @@ def _save_init(path: Path) -> dict[str, torch.Tensor]:
     return {k: v.clone() for k, v in m.state_dict().items()}
 
 
-def test_a_router_defined_outside_the_model_package_trains_through_the_cli(tmp_path):
+def test_a_router_defined_outside_the_model_package_trains_through_the_cli(tmp_path, first_skill_router):
     init = _save_init(tmp_path / "init")
     out = tmp_path / "run"
     d = tiny_config(out, model={"init": str(tmp_path / "init")})
