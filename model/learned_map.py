@@ -5,6 +5,7 @@ the threshold's gradient (straight-through, or Eq. 6 as written)."""
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -14,6 +15,28 @@ from .routers import Derivation, Router, SkillIdsArg, TaskArg, register_router
 from .skill_ffn import SkillGroup, SkillRouting
 
 LEARNED_ESTIMATORS = ("ste", "eq6")
+
+
+@dataclass(kw_only=True, repr=False, eq=False)
+class LearnedMapSettings:
+    r"""The ``"learned"`` router's config fields (SkillNet-BERT's config mixes them in).
+
+    learned_embed_dim / learned_threshold: embedding size d and threshold s_t of the map.
+    learned_estimator: ``"ste"`` (hard threshold forward, gradient of sigmoid(sharpness*(alpha - s_t))
+        backward) or ``"eq6"`` (Eq. 6 as written).
+    learned_sharpness: Eq. 6's alpha (the paper uses 1e9).
+    orth_loss_coef: the orthogonality loss weight beta (Eq. 11).
+    """
+
+    learned_embed_dim: int = 64
+    learned_threshold: float = 0.35
+    learned_estimator: str = "ste"
+    learned_sharpness: float = 10.0
+    orth_loss_coef: float = 1e-3
+
+    def validate_learned_map_settings(self) -> None:
+        if self.learned_estimator not in LEARNED_ESTIMATORS:
+            raise ValueError(f"learned_estimator={self.learned_estimator!r}; valid: {LEARNED_ESTIMATORS}")
 
 
 class _StraightThrough(torch.autograd.Function):

@@ -16,6 +16,7 @@ each layer), see `pals_parameter_count`.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -59,6 +60,27 @@ class TaskPAL(nn.Module):
 
     def forward(self, layer: int, h_BTD: torch.Tensor, mask_B11T: torch.Tensor | None) -> torch.Tensor:
         return F.gelu(self.up(self.layers[layer](self.down(h_BTD), mask_B11T)))
+
+
+@dataclass(kw_only=True, repr=False, eq=False)
+class ProjectedAttentionSettings:
+    r"""The projected attention layers' config fields (SkillNet-BERT's config mixes them in).
+
+    pals_dim: 0 = none; else the projected size d_m (204 at hidden 768), ``pals_heads`` attention heads.
+    """
+
+    pals_dim: int = 0
+    pals_heads: int = 6
+
+    def validate_projected_attention_settings(self) -> None:
+        if self.pals_dim < 0 or (self.pals_dim and self.pals_dim % self.pals_heads):
+            raise ValueError(f"pals_dim={self.pals_dim} must be 0 (no PALs) or a multiple of "
+                             f"pals_heads={self.pals_heads}")
+
+    @staticmethod
+    def pals_dim_for(hidden_size: int, heads: int = 6) -> int:
+        """d_m scaled from the paper's 204 at hidden 768, rounded up to a multiple of the heads."""
+        return max(heads, -(-round(hidden_size * 204 / 768) // heads) * heads)
 
 
 @register_extras("pals")

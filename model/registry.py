@@ -2,9 +2,9 @@
 module registers every one of them, so a model built from a config finds the names its config stores."""
 
 from .extras import EXTRAS, build_extras, register_extras
-from .learned_map import LearnedMapRouter  # noqa: F401  (importing it registers it)
-from .pals import ProjectedAttentionLayers  # noqa: F401  (importing it registers it)
-from .routers import ROUTERS, Router, build_router, register_router, router_class
+from .learned_map import LearnedMapRouter, LearnedMapSettings  # noqa: F401  (importing registers the router)
+from .pals import ProjectedAttentionLayers, ProjectedAttentionSettings  # noqa: F401  (importing registers it)
+from .routers import ROUTERS, Router, TokenGateSettings, build_router, register_router, router_class
 
-__all__ = ["EXTRAS", "ROUTERS", "Router", "build_extras", "build_router", "register_extras", "register_router",
+__all__ = ["EXTRAS", "ROUTERS", "LearnedMapSettings", "ProjectedAttentionSettings", "Router", "TokenGateSettings", "build_extras", "build_router", "register_extras", "register_router",
            "router_class"]

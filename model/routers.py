@@ -255,6 +255,25 @@ def top_k_gating(logits_NE: torch.Tensor, k: int, capacity_factor: float,
     return GateOutput(combine.to(logits_NE.dtype), dispatch.bool(), aux, capacity, dropped)
 
 
+@dataclass(kw_only=True, repr=False, eq=False)
+class TokenGateSettings:
+    r"""The ``"topk"`` router's config fields, mixed into both backbones' configs (`SkillLayoutMixin`).
+
+    moe_top_k: FFNs each token runs (of as many as there are skills).
+    moe_aux_loss_coef: weight of the load-balancing loss (computed per layer, averaged over layers)
+        added to the training loss.
+    moe_capacity_factor / moe_eval_capacity_factor: expert capacity in training / evaluation,
+        ``ceil(factor * top_k * tokens / experts)``; tokens over capacity get 0 from the FFN and ride the
+        residual. ``factor >= experts / top_k`` never drops a token; ``moe_eval_capacity_factor=None``
+        means exactly that (no capacity limit in evaluation).
+    """
+
+    moe_top_k: int = 2
+    moe_aux_loss_coef: float = 0.01
+    moe_capacity_factor: float = 1.0
+    moe_eval_capacity_factor: float | None = 2.0
+
+
 class TokenGate(nn.Linear):
     """One skill layer's gate: a bias-free linear map to expert logits, then top-k with capacity
     (`top_k_gating`); training and evaluation have their own capacity factor."""

@@ -17,14 +17,14 @@ import copy
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from .registry import build_router
+from .registry import TokenGateSettings, build_router
 
 FFN_IMPLS = ("fused", "loop")
 SKILL_LAYERNORMS = ("shared", "per_skill")
 
 
 @dataclass(kw_only=True, repr=False, eq=False)
-class SkillLayoutMixin:
+class SkillLayoutMixin(TokenGateSettings):
     r"""Skill layout and router fields shared by SkillNet-BERT and SkillNet-BART.
 
     skills: ordered list of ``{"name", "description"}``; a skill's id is its position. A bare name is
@@ -40,14 +40,8 @@ class SkillLayoutMixin:
         residual and its own LayerNorm; the outputs are averaged after the LayerNorms).
     router: which FFNs a token uses: a name in ``routers.ROUTERS``: ``"task"`` (SkillNet: the task picks
         the skills), ``"dense"`` (one FFN for every task), ``"topk"`` (a learned gate per skill layer picks
-        the top ``moe_top_k`` FFNs per token, fairseq-style capacity, padding excluded; tasks do not
-        choose FFNs) or ``"learned"`` (the learned task-skill map; SkillNet-BERT only).
-    moe_aux_loss_coef: weight of the load-balancing loss (computed per layer, averaged over layers)
-        added to the training loss.
-    moe_capacity_factor / moe_eval_capacity_factor: expert capacity in training / evaluation,
-        ``ceil(factor * top_k * tokens / experts)``; tokens over capacity get 0 from the FFN and ride the
-        residual. ``factor >= experts / top_k`` never drops a token; ``moe_eval_capacity_factor=None``
-        means exactly that (no capacity limit in evaluation).
+        the top k FFNs per token; its fields are `TokenGateSettings`') or ``"learned"`` (the learned
+        task-skill map; SkillNet-BERT only).
     """
 
     # Declared by the backbone (its own defaults and tables).
@@ -62,10 +56,6 @@ class SkillLayoutMixin:
     ffn_impl: str = "fused"
     skill_layernorm: str = "shared"
     router: str = "task"
-    moe_top_k: int = 2
-    moe_aux_loss_coef: float = 0.01
-    moe_capacity_factor: float = 1.0
-    moe_eval_capacity_factor: float | None = 2.0
 
     def __post_init__(self, **kwargs: Any) -> None:
         # A dense config's dict passed as kwargs says model_type="bert"/"bart": the class's own type must
