@@ -270,6 +270,7 @@ def save_model_dir(model: torch.nn.Module, path: Path, data: dict[str, TaskData]
 
     `inherited`: task metadata of the checkpoint this run started from, so an adapted model can still
     predict the tasks it learnt before (their heads are in the weights)."""
+    from skillnet.model.card import finish_export
     from skillnet.model.hub import save_tokenizer
     from transformers.utils import logging as hf_logging
 
@@ -285,6 +286,7 @@ def save_model_dir(model: torch.nn.Module, path: Path, data: dict[str, TaskData]
     meta = {"tasks": tasks, "vocab": "vocab.txt", "lowercase": True}
     (tmp / META_FILE).write_text(json.dumps(meta, ensure_ascii=False, indent=2) + "\n", encoding="utf-8")
     save_tokenizer(tmp, vocab, lowercase=True)
+    finish_export(model, tmp, final=path)  # default task, pipeline labels/prompts, model card
     old = path.with_name(f".{path.name}.old")
     shutil.rmtree(old, ignore_errors=True)
     if path.exists():
@@ -579,6 +581,7 @@ def run(cfg: FinetuneConfig, *, ds_config: str | None = None, resume: str | None
 
 def _run_joint(cfg: FinetuneConfig, *, ds_config: str | None, resume: str | None, tensorboard: bool,
                progress: bool, data: dict[str, TaskData] | None = None, write: bool = True) -> dict[str, Any]:
+    from skillnet.model.card import refresh_model_cards
     from skillnet.training import dist as D
 
     t_start = time.time()
@@ -610,6 +613,7 @@ def _run_joint(cfg: FinetuneConfig, *, ds_config: str | None, resume: str | None
                    "params": st.params, "tasks": results}
         if write:
             _write_results(out, summary)
+            refresh_model_cards(out)  # the exports' cards, now with the scores
             print(_mix_table(mix_t, mix_r), file=sys.stderr)
         if tensorboard:
             write_hparams(out, cfg, summary)

@@ -32,6 +32,8 @@ class SkillRoutingMixin:
     ) -> SkillRouting:
         """Skill routing from a task name, one task per row (by the config's task map), or skill ids ([k] or
         [B, k], -1 pads). `batch_size`, when given, must equal the number of rows of a per-row choice."""
+        if task is None and skill_ids is None:
+            task = self.config.default_task  # an export's default task; None keeps the routing's error
         return task_routing(self.config, task, skill_ids, device, batch_size, self.config.skill_ids)
 
     def stack_routing(
@@ -45,6 +47,8 @@ class SkillRoutingMixin:
     ) -> SkillRouting:
         """The router's routing of one stack (encoder or decoder) over its `seq_len` new tokens; padding
         (False in `token_mask_BT`) takes no part where the router routes tokens."""
+        if task is None and skill_ids is None:
+            task = self.config.default_task
         router = self.router
         keep = _token_mask(token_mask_BT, seq_len) if router.routes_tokens else None
         return router.route(self, task, skill_ids, token_mask_BT=keep, device=device, batch_size=batch_size)

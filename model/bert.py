@@ -266,6 +266,8 @@ class SkillNetBertModel(SkillNetBertPreTrainedModel):
     ) -> EncoderOutput:
         if task is not None and not isinstance(task, str) and len(task) != input_ids.shape[0]:
             raise ValueError(f"{len(task)} tasks given for a batch of {input_ids.shape[0]} rows")
+        if task is None and skill_ids is None:
+            task = self.config.default_task  # an export's default task; None keeps the error below
         router = self.router
         if routing is None:
             keep = attention_mask.bool() if attention_mask is not None and router.routes_tokens else None

@@ -13,9 +13,13 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torchcrf import CRF
 from transformers.activations import ACT2FN
 from transformers.utils import ModelOutput
+
+try:
+    from torchcrf import CRF
+except ImportError:  # an export loaded with plain transformers: the same parameters and likelihood
+    from .crf import CRF
 
 from .bert import SkillNetBertModel, SkillNetBertPreTrainedModel
 from .config import HEAD_TYPES, SkillNetBertConfig
@@ -210,12 +214,12 @@ class TokenCRFHead(nn.Module):
         self.crf = CRF(num_labels, batch_first=True)
         if labels is not None and len(labels) != num_labels:
             raise ValueError(f"token_crf head: {len(labels)} labels {labels} for num_labels={num_labels}")
-        start_L, trans_LL = (iob2_allowed_transitions(list(labels)) if labels is not None
-                             else (torch.ones(num_labels, dtype=torch.bool),
-                                   torch.ones(num_labels, num_labels, dtype=torch.bool)))
-        # Derived from the config's label list, so not part of the checkpoint (persistent=False).
-        self.register_buffer("start_penalty_L", (~start_L).float() * _FORBIDDEN, persistent=False)
-        self.register_buffer("trans_penalty_LL", (~trans_LL).float() * _FORBIDDEN, persistent=False)
+        # The IOB2 penalties derive from the label list, so they are not part of the checkpoint. Not buffers
+        # either, built on first use: transformers 5's from_pretrained builds the model on the meta device
+        # and refills non-persistent buffers with empty memory.
+        self._labels = list(labels) if labels is not None else None
+        self._num_labels = num_labels
+        self._penalties: tuple[torch.Tensor, torch.Tensor] | None = None
 
     def _valid(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         if batch.get("word_mask") is not None:
@@ -225,8 +229,15 @@ class TokenCRFHead(nn.Module):
         raise ValueError("token_crf head needs `word_mask` (or `labels`) to know which tokens are words")
 
     def _transitions(self) -> dict[str, torch.Tensor]:
-        return {"start_transitions": self.crf.start_transitions + self.start_penalty_L,
-                "transitions": self.crf.transitions + self.trans_penalty_LL,
+        if self._penalties is None:
+            with torch.device("cpu"):
+                L = self._num_labels
+                start_L, trans_LL = (iob2_allowed_transitions(self._labels) if self._labels is not None
+                                     else (torch.ones(L, dtype=torch.bool), torch.ones(L, L, dtype=torch.bool)))
+            self._penalties = ((~start_L).float() * _FORBIDDEN, (~trans_LL).float() * _FORBIDDEN)
+        start_p, trans_p = (p.to(self.crf.transitions) for p in self._penalties)
+        return {"start_transitions": self.crf.start_transitions + start_p,
+                "transitions": self.crf.transitions + trans_p,
                 "end_transitions": self.crf.end_transitions}
 
     def forward(self, enc: Any, batch: dict[str, torch.Tensor]) -> TaskOutput:

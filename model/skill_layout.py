@@ -42,6 +42,8 @@ class SkillLayoutMixin(TokenGateSettings):
         the skills), ``"dense"`` (one FFN for every task), ``"topk"`` (a learned gate per skill layer picks
         the top k FFNs per token; its fields are `TokenGateSettings`') or ``"learned"`` (the learned
         task-skill map; SkillNet-BERT only).
+    default_task: the task a call without ``task=`` / ``skill_ids=`` runs (an export's; set by
+        ``export --task``). ``None``: such a call is an error.
     """
 
     # Declared by the backbone (its own defaults and tables).
@@ -56,6 +58,7 @@ class SkillLayoutMixin(TokenGateSettings):
     ffn_impl: str = "fused"
     skill_layernorm: str = "shared"
     router: str = "task"
+    default_task: str | None = None
 
     def __post_init__(self, **kwargs: Any) -> None:
         # A dense config's dict passed as kwargs says model_type="bert"/"bart": the class's own type must
@@ -97,6 +100,8 @@ class SkillLayoutMixin(TokenGateSettings):
                     raise KeyError(self._unknown_skill_msg(s, f"task {task!r}"))
             if not self._task_skill_names(task):
                 raise ValueError(f"task {task!r} activates no skill (and no generic skill is set)")
+        if self.default_task is not None and self.default_task not in self.tasks:
+            raise KeyError(f"default_task {self.default_task!r} is not a task; valid tasks: {', '.join(self.tasks)}")
         if self.ffn_impl not in FFN_IMPLS:
             raise ValueError(f"ffn_impl={self.ffn_impl!r}; valid: {FFN_IMPLS}")
         if self.skill_layernorm not in SKILL_LAYERNORMS:
