@@ -98,11 +98,11 @@ def ffns_per_task(model: Any, tasks: Sequence[str]) -> dict[str, float]:
 
 
 @cache
-def activated_ffns(arch: str, method: str) -> float:
+def activated_ffns(arch: str, method: str, seeds: tuple[int, ...] = (0,)) -> float:
     """FFNs per token per skill layer of `method`, averaged over the reproduction's tasks of `arch` (the NLU
-    tasks for "bert", the generation tasks for "bart"). The method's model is built as fine-tuning builds
-    it (`finetune.methods`) from a tiny reference with those tasks: the count depends on the task map and
-    the router, not on the sizes."""
+    tasks for "bert", the generation tasks for "bart") and over `seeds`. The method's model is built as
+    fine-tuning builds each seed's (`finetune.methods`, same seeds) from a tiny reference with those tasks:
+    the count depends on the task map and the router, not on the sizes."""
     import torch
     from skillnet.finetune.archs import ARCHS
     from skillnet.finetune.methods import METHODS
@@ -110,18 +110,20 @@ def activated_ffns(arch: str, method: str) -> float:
     a = ARCHS[arch]
     tasks = ({n: t["skills"] for n, (_, _, t) in NLU_TASKS.items()} if arch == "bert"
              else {n: list(gen_tasks()[n].skills) for n in NLG_FORMATS})
-    with torch.random.fork_rng():
-        torch.manual_seed(0)
-        ref = a.model_cls()(a.config_cls().preset("tiny"))
-        for name, skills in tasks.items():
-            if a.has_heads:
-                ref.add_task(name, skills, {"type": "classification", "num_labels": 2})
-            else:
-                ref.config.set_task(name, skills)
-        # drawn as fine-tuning draws seed 0's (finetune.run): a learned map starts from its random draw
-        torch.manual_seed(7919)
-        model = METHODS[method].build(ref)
-    return statistics.fmean(ffns_per_task(model, list(tasks)).values())
+    per_seed = []
+    for seed in seeds:
+        with torch.random.fork_rng():
+            torch.manual_seed(seed)
+            ref = a.model_cls()(a.config_cls().preset("tiny"))
+            for name, skills in tasks.items():
+                if a.has_heads:
+                    ref.add_task(name, skills, {"type": "classification", "num_labels": 2})
+                else:
+                    ref.config.set_task(name, skills)
+            torch.manual_seed(seed + 7919)  # as finetune.run draws what a method adds (a learned map starts there)
+            model = METHODS[method].build(ref)
+        per_seed.append(statistics.fmean(ffns_per_task(model, list(tasks)).values()))
+    return statistics.fmean(per_seed)
 
 
 def pretrain_ffns() -> float:
@@ -153,11 +155,12 @@ def estimate(p: Profile) -> list[dict[str, Any]]:
 
     def nlu_runs(rows: list[str], seeds: list[int], steps: int) -> float:
         return sum(steps * p.nlu_batch * seq_nlu * bert_flops_per_token(bert, int(seq_nlu),
-                                                                        activated_ffns("bert", _method(r)))
+                                                                        activated_ffns("bert", _method(r), tuple(seeds)))
                    for r in rows for _ in seeds)
 
     def nlg_runs(rows: list[str], seeds: list[int], steps: int) -> float:
-        return sum(steps * p.nlg_batch * bart_flops_per_pair(bart, int(src), int(tgt), activated_ffns("bart", _method(r)))
+        return sum(steps * p.nlg_batch * bart_flops_per_pair(bart, int(src), int(tgt),
+                                                             activated_ffns("bart", _method(r), tuple(seeds)))
                    for r in rows for _ in seeds)
 
     pt_tokens = p.pt_batch * p.ranks * p.pt_seq
