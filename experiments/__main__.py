@@ -47,7 +47,8 @@ from skillnet.experiments.stages import PARTS, STAGES
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python scripts/reproduce.py", description=__doc__.split("\n\n")[0],
+    prog = "skillnet-reproduce" if Path(sys.argv[0]).name == "skillnet-reproduce" else "python scripts/reproduce.py"
+    p = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0],
                                 epilog=__doc__.split("\n\n", 1)[1], formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--profile", choices=list(PROFILES), default="full",
                    help="sizes and budgets: quick (~10 min, CPU), full (~2 h, CPU), scale (BERT-base/BART-base, GPUs)"
