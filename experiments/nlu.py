@@ -79,7 +79,7 @@ def stage_nlu_main(r: Runner) -> dict[str, Any]:
     P = paths(r.out)
     cfg = nlu_config(r, {n: t for n, (_, _, t) in NLU_TASKS.items()}, r.p.nlu_steps, "nlu_main")
     rows = r.p.nlu_methods
-    sparse_rows = [x for x in rows if x.split("=")[0] in ("skillnet", "learnable", "learnable_eq6")]
+    sparse_rows = [x for x in rows if x.split("=")[0] in r.p.nlu_sparse_rows]
     extra = [arg for x in sparse_rows for arg in ("--init-for", f"{x.split('=')[0]}={P['sparse_hf']}")]
     compare(r, cfg, P["cmp"] / "nlu_main", rows, r.p.seeds, P["dense_hf"], extra)
     return {}

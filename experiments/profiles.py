@@ -47,6 +47,8 @@ class Profile:
     nlu_methods: list[str] = field(default_factory=lambda: [
         "skillnet", "skillnet_dense=skillnet", "task_specific", "dense_joint", "moe", "learnable",
         "learnable_eq6", "pals"])
+    # rows of nlu_main that start from the sparsely pre-trained BERT (the others: from the dense one, §4.2)
+    nlu_sparse_rows: tuple[str, ...] = ("skillnet", "learnable", "learnable_eq6")
     nlg_methods: list[str] = field(default_factory=lambda: ["skillnet", "task_specific", "dense_joint", "moe"])
     threads: int | None = None
     in_process: bool = True  # one-process fine-tuning runs inside compare (no start-up per run)
