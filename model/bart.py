@@ -428,8 +428,10 @@ class SkillNetBartModel(SkillNetBartPreTrainedModel, BartModel):
                 dec_routing = self.stack_routing(None, None, dec_mask, dec_len, device, batch)
             else:
                 enc_routing = dec_routing = router.route(self, task, skill_ids, device=device, batch_size=batch)
-        if routings_out is not None:
-            routings_out.extend([enc_routing] if enc_routing is dec_routing else [enc_routing, dec_routing])
+        for r in {id(enc_routing): enc_routing, id(dec_routing): dec_routing}.values():
+            r.aux.clear()  # a routing passed in again: only this forward's losses count
+            if routings_out is not None:
+                routings_out.append(r)
         if encoder_outputs is None and enc_routing is not dec_routing:
             encoder_outputs = self.encoder(
                 input_ids=input_ids, attention_mask=attention_mask, inputs_embeds=inputs_embeds,

@@ -272,6 +272,7 @@ class SkillNetBertModel(SkillNetBertPreTrainedModel):
         if routing is None:
             keep = attention_mask.bool() if attention_mask is not None and router.routes_tokens else None
             routing = router.route(self, task, skill_ids, token_mask_BT=keep, device=input_ids.device)
+        routing.aux.clear()  # a routing passed in again: only this forward's losses count
         x = self.embeddings(input_ids, token_type_ids)
         mask = None
         if attention_mask is not None:

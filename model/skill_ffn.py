@@ -48,7 +48,8 @@ class SkillRouting:
     # Token gate: [B, T] bool, False at padding, which takes no part in routing or balancing.
     token_mask: torch.Tensor | None = None
     # What the layers of this forward return beside their output (a token gate's balancing loss per
-    # layer, in layer order); the model hands it to its router, which reduces and weights it.
+    # layer, in layer order); the model empties it when a forward starts and hands it to its router after,
+    # which reduces and weights it.
     aux: list[torch.Tensor] = field(default_factory=list, compare=False)
 
     @property
