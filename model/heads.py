@@ -1,4 +1,4 @@
-"""Task heads on top of SkillNet-BERT (skillnet-nlu.md §3.2, §3.5, §4.3) and the task-level models.
+"""Task heads on top of SkillNet-BERT (SkillNet-NLU §3.2, §3.5, §4.3) and the task-level models.
 
 `SkillNetBertForPreTraining` keeps HF's ``cls.predictions`` / ``cls.seq_relationship`` names so a dense
 ``BertForPreTraining`` checkpoint loads; each step runs one objective (``task="mlm"`` or ``"nsp"``) with
@@ -23,6 +23,7 @@ except ImportError:  # an export loaded with plain transformers: the same parame
 
 from .bert import SkillNetBertModel, SkillNetBertPreTrainedModel
 from .config import HEAD_TYPES, SkillNetBertConfig
+from .extras import TaskExtras
 
 
 @dataclass
@@ -370,23 +371,35 @@ def build_head(config: SkillNetBertConfig, spec: dict[str, Any]) -> nn.Module:
     return HEADS[kind](config, num_labels, dropout, **extra)
 
 
+class TaskHeads(TaskExtras, nn.ModuleDict):
+    """``heads.{task}``: one head per task, the first kind of task extra."""
+
+    def task_modules(self) -> dict[str, nn.Module]:
+        return dict(self.items())
+
+    def add_task(self, task: str, *args: Any) -> nn.Module:
+        config, spec = args
+        self[task] = build_head(config, spec)
+        return self[task]
+
+
 class SkillNetBertForMultiTask(SkillNetBertPreTrainedModel):
     """One encoder, one head per task (``config.task_heads``); each forward runs one task's skills."""
 
     def __init__(self, config: SkillNetBertConfig) -> None:
         super().__init__(config)
         self.bert = SkillNetBertModel(config)
-        self.heads = nn.ModuleDict({t: build_head(config, spec) for t, spec in config.task_heads.items()})
+        self.heads = TaskHeads({t: build_head(config, spec) for t, spec in config.task_heads.items()})
         self.post_init()
 
     def add_task(self, task: str, skills: list[str], head: dict[str, Any]) -> None:
-        """Register a new task: its skills (in the config) and a freshly initialised head."""
+        """Register a new task: its skills (in the config), a freshly initialised head and whatever else the
+        backbone's task extras give each task."""
         self.config.set_task(task, skills, head)
-        new = build_head(self.config, head).to(self.device)
-        new.apply(self._init_weights)
-        self.heads[task] = new
-        if self.bert.pals is not None and task not in self.bert.pals.tasks:
-            self.bert.pals.add_task(task).to(self.device).apply(self._init_weights)
+        self.heads.add_task(task, self.config, head).to(self.device).apply(self._init_weights)
+        for extras in self.bert.task_extras():
+            if task not in extras.task_modules():
+                extras.add_task(task).to(self.device).apply(self._init_weights)
 
     def _head(self, task: str) -> nn.Module:
         if task not in self.heads:
