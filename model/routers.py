@@ -150,7 +150,10 @@ class Router:
 def task_routing(config: Any, task: TaskArg, skill_ids: SkillIdsArg, device: torch.device | str,
                  batch_size: int | None, ids_of: Callable[[str], list[int]]) -> SkillRouting:
     """Skill routing from a task name, one task per row, or explicit skill ids ([k] or [B, k], -1 pads).
-    `batch_size`, when given, must equal the number of rows of a per-row choice."""
+    `batch_size`, when given, must equal the number of rows of a per-row choice. Neither given: the
+    config's ``default_task`` (an export's), else the error."""
+    if task is None and skill_ids is None:
+        task = getattr(config, "default_task", None)
     if (task is None) == (skill_ids is None):
         raise ValueError("pass exactly one of task= (a name or one name per row) or skill_ids=")
     if isinstance(task, str):
