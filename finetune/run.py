@@ -429,8 +429,8 @@ def final_scores(model: torch.nn.Module, cfg: FinetuneConfig, data: dict[str, Ta
                 r[split] = d.score(split, preds)
                 r[f"trivial_{split}"] = d.trivial_baseline(split)
                 r[f"{split}_examples"] = len(d.records[split])
-                if d.cfg.type == "generation":  # what a reader wants to see of a generation model
-                    samples[name] = [{"source": x["source"], "reference": x["target"], "output": y}
+                if d.codec.shows_samples:  # what a reader wants to see of a generation model
+                    samples[name] = [d.codec.sample(x, y)
                                      for x, y in zip(d.records[split][:SAMPLES], preds[:SAMPLES])]
         results[name] = r
     model.load_state_dict(final_state)
