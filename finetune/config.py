@@ -58,15 +58,15 @@ GEN_LANGS = ("zh", "en")
 
 
 def _codec(task_type: str) -> Any:
-    """The codec of a task type (finetune/codecs/): its data kinds, metrics, head and head options. Imported
+    """The codec of a task type (finetune/task_types/): its data kinds, metrics, head and head options. Imported
     here, not at the top, so that reading a config does not import torch until a task is checked."""
-    from .codecs import codec_for
+    from .task_types import codec_for
 
     return codec_for(task_type)
 
 
 def _task_types() -> list[str]:
-    from .codecs import task_types
+    from .task_types import task_types
 
     return task_types()
 

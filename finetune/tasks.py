@@ -1,5 +1,5 @@
 """Task data for fine-tuning: loading (via data_prep.tasks), the features cache, the batch order, and the
-calls into the task type's codec (finetune/codecs/: encoding, batches, decoding and scoring), one
+calls into the task type's codec (finetune/task_types/: encoding, batches, decoding and scoring), one
 `TaskData` per task.
 
 Chinese text with the bert-base-chinese vocab is tokenised one character per token, so NER tags and
@@ -26,9 +26,9 @@ from skillnet.data_prep.tasks.schema import (
     load_task_file,
 )
 
-from .codecs import Encoded, TaskCodec, codec_for
-from .codecs.base import stable_hash as _stable_hash
 from .config import FinetuneConfig, TaskConfig
+from .task_types import Encoded, TaskCodec, codec_for
+from .task_types.base import stable_hash as _stable_hash
 
 __all__ = ["Encoded", "TaskData"]
 

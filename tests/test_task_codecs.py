@@ -1,4 +1,4 @@
-"""Task types are codecs in a registry (finetune/codecs/): a task type defined here, outside the package, is
+"""Task types are codecs in a registry (finetune/task_types/): a task type defined here, outside the package, is
 one class and one `register` call, and the command line then trains, evaluates, exports and predicts it."""
 
 from __future__ import annotations
@@ -10,11 +10,11 @@ from typing import Any
 
 import pytest
 import torch
-from skillnet.finetune import codecs
 from skillnet.finetune import predict as predict_cli
 from skillnet.finetune import run as run_cli
-from skillnet.finetune.codecs.base import Encoded, TaskCodec, bert_inputs, pair, piece_ids
+from skillnet.finetune import task_types
 from skillnet.finetune.config import ConfigError, FinetuneConfig
+from skillnet.finetune.task_types.base import Encoded, TaskCodec, bert_inputs, pair, piece_ids
 
 FIX = Path(__file__).resolve().parent / "fixtures" / "finetune"
 TOY = "toy_reversed"
@@ -66,9 +66,9 @@ class ReversedTextCodec(TaskCodec):
 @pytest.fixture
 def toy_type():
     CALLS.clear()
-    codecs.register(ReversedTextCodec())
+    task_types.register(ReversedTextCodec())
     yield TOY
-    codecs.unregister(TOY)
+    task_types.unregister(TOY)
 
 
 def _config(out: Path, typ: str) -> dict[str, Any]:
@@ -108,6 +108,6 @@ def test_a_type_registered_from_outside_trains_through_the_cli(tmp_path, toy_typ
 
 def test_the_registry_refuses_a_second_codec_of_a_type(toy_type):
     with pytest.raises(ValueError, match="already registered"):
-        codecs.register(ReversedTextCodec())
-    assert codecs.codec_for(toy_type).name == toy_type
-    assert {"classification", "regression", "ner", "span", "matching", "generation"} <= set(codecs.task_types())
+        task_types.register(ReversedTextCodec())
+    assert task_types.codec_for(toy_type).name == toy_type
+    assert {"classification", "regression", "ner", "span", "matching", "generation"} <= set(task_types.task_types())
