@@ -12,7 +12,7 @@ from its last checkpoint, so the command can be stopped and rerun at any point. 
 whenever every run has finished: ``comparison.md`` / ``comparison.json`` (per-task test scores as mean ±
 std over seeds, the average, parameters total / trainable / activated per task, wall time), and the
 pictures ``curves.png`` (dev metric against step, per task and method) and ``skill_map.png`` (the
-learned task-skill map, if ``learnable`` ran).
+learned task-skill map of the first row that learned one).
 
 Differences: every method sees the same seeds, and a seed fixes the initial weights, the task sequence
 and the data order, so methods are compared seed by seed (paired). A difference is called beyond the
@@ -37,10 +37,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-if __package__ in (None, ""):
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
 from skillnet.finetune.config import ConfigError, FinetuneConfig
+from skillnet.finetune.document import Document, copied_to, paired_test
 from skillnet.finetune.methods import METHODS
 from skillnet.training.cli import Parser
 
@@ -236,21 +234,6 @@ def _score(r: dict[str, Any], split: str) -> float | None:
     return None if not isinstance(v, dict) else v.get(r["metric"])
 
 
-def paired_test(a: Sequence[float], b: Sequence[float]) -> float | None:
-    """Two-sided paired t-test p-value over seeds; None with fewer than 2 pairs or when every seed gives the
-    same difference (no spread: the test is undefined, and two identical differences, e.g. two tied
-    predictions of a majority class, are no evidence either way). Equal values: p = 1."""
-    if len(a) != len(b) or len(a) < 2:
-        return None
-    d = [x - y for x, y in zip(a, b)]
-    sd = statistics.stdev(d)
-    if sd == 0:
-        return 1.0 if statistics.fmean(d) == 0 else None
-    from scipy import stats
-
-    return float(stats.ttest_rel(a, b).pvalue)
-
-
 def aggregate(out: Path, methods: list[str], seeds: list[int], split: str = "test") -> dict[str, Any]:
     rows: dict[str, Any] = {}
     tasks: list[str] = []
@@ -300,58 +283,55 @@ def _fmt(ms: dict[str, Any]) -> str:
     return f"{ms['mean']:.1f} ± {ms['std']:.1f}"
 
 
-def markdown(agg: dict[str, Any], diffs: dict[str, Any], reference: str, title: str,
-             pictures: dict[str, str], command: str) -> str:
+def document(agg: dict[str, Any], diffs: dict[str, Any], reference: str, title: str, pictures: dict[str, Path],
+             command: str) -> Document:
+    """The comparison as a document: scores, parameters, differences from the reference, variant rows,
+    learned maps and the pictures (caption -> file)."""
     tasks, rows = agg["tasks"], agg["methods"]
     n = len(agg["seeds"])
     metric = {t: next(iter(rows.values()))["tasks"][t]["metric"] for t in tasks}
-    lines = [f"# {title}", "",
-             f"Written by `{command}`. Scores are on the **{agg['split']}** split, one checkpoint per run "
-             f"(selected by the mean dev score over tasks), as mean ± standard deviation over {n} seeds "
-             f"({', '.join(map(str, agg['seeds']))}).", "",
-             "| method | " + " | ".join(f"{t} ({metric[t]})" for t in tasks) + " | average | steps | wall time / run |",
-             "|---" * (len(tasks) + 4) + "|"]
-    for m, row in rows.items():
-        cells = [_fmt(row["tasks"][t]) for t in tasks]
-        lines.append(f"| {m} | " + " | ".join(cells) + f" | {_fmt(row['average'])} | {row['steps']} | "
-                     f"{row['seconds']['mean']:.0f} s |")
-    lines += ["", "Parameters (Tables 4 and 6: *activated* = what one task's forward pass uses):", "",
-              "| method | total | trainable | " + " | ".join(f"activated: {t}" for t in tasks) + " |",
-              "|---" * (len(tasks) + 3) + "|"]
-    for m, row in rows.items():
-        p = row["params"]
-        lines.append(f"| {m} | {p['total']:,} | {p['trainable']:,} | "
-                     + " | ".join(f"{p['activated'][t]:,}" for t in tasks) + " |")
+    doc = Document()
+    doc.h(1, title)
+    doc.p(f"Written by `{command}`. Scores are on the **{agg['split']}** split, one checkpoint per run "
+          f"(selected by the mean dev score over tasks), as mean ± standard deviation over {n} seeds "
+          f"({', '.join(map(str, agg['seeds']))}).")
+    doc.table(["method", *(f"{t} ({metric[t]})" for t in tasks), "average", "steps", "wall time / run"],
+              [[m, *(_fmt(row["tasks"][t]) for t in tasks), _fmt(row["average"]), str(row["steps"]),
+                f"{row['seconds']['mean']:.0f} s"] for m, row in rows.items()])
+    doc.p("Parameters (Tables 4 and 6: *activated* = what one task's forward pass uses):")
+    doc.table(["method", "total", "trainable", *(f"activated: {t}" for t in tasks)],
+              [[m, f"{row['params']['total']:,}", f"{row['params']['trainable']:,}",
+                *(f"{row['params']['activated'][t]:,}" for t in tasks)] for m, row in rows.items()])
     if diffs:
-        lines += ["", f"Differences from **{reference}** (method − {reference}; paired over seeds; "
-                      "**bold** = beyond the spread, paired t-test p < 0.05):", "",
-                  "| method | " + " | ".join(tasks) + " | average |", "|---" * (len(tasks) + 2) + "|"]
+        doc.p(f"Differences from **{reference}** (method − {reference}; paired over seeds; "
+              "**bold** = beyond the spread, paired t-test p < 0.05):")
+        table = []
         for m, entry in diffs.items():
             cells = []
             for key in [*tasks, "average"]:
                 e = entry[key]
                 s = f"{e['diff']:+.1f}" + (f" (p={e['p']:.2f})" if e["p"] is not None else "")
                 cells.append(f"**{s}**" if e["beyond_noise"] else s)
-            lines.append(f"| {m} | " + " | ".join(cells) + " |")
+            table.append([m, *cells])
+        doc.table(["method", *tasks, "average"], table)
         beyond = [(m, k) for m, e in diffs.items() for k, v in e.items() if v["beyond_noise"]]
-        lines += ["", ("Beyond the spread: " + ", ".join(f"{m} on {k}" for m, k in beyond) + ".") if beyond
-                  else "No difference from the reference lies beyond the spread over seeds."]
+        doc.p(("Beyond the spread: " + ", ".join(f"{m} on {k}" for m, k in beyond) + ".") if beyond
+              else "No difference from the reference lies beyond the spread over seeds.")
     variants = {lab: r for lab, r in agg.get("rows", {}).items() if lab != r["method"] or r["init"] or r["args"]}
     if variants:
-        lines += ["", "Rows that are variants (method, initial weights, extra options):", ""]
-        for lab, r in variants.items():
-            extra = f", options `{' '.join(r['args'])}`" if r["args"] else ""
-            lines.append(f"- **{lab}**: method `{r['method']}`, init `{r['init'] or 'the preset, random'}`{extra}")
+        doc.p("Rows that are variants (method, initial weights, extra options):")
+        doc.bullets([f"**{lab}**: method `{r['method']}`, init `{r['init'] or 'the preset, random'}`"
+                     + (f", options `{' '.join(r['args'])}`" if r["args"] else "") for lab, r in variants.items()])
     maps = agg.get("learned_maps") or {}
     if maps:
-        lines += ["", "Learned task-skill maps: task x skill cells whose selection changed during training "
-                      "(per seed):", "", "| row | estimator | sharpness | changed cells |", "|---|---|---|---|"]
-        for lab, m in maps.items():
-            ch = ", ".join("-" if c is None else str(c) for c in m["changed_cells"])
-            lines.append(f"| {lab} | {m['estimator']} | {m['sharpness']:g} | {ch} of {m['cells']} |")
+        doc.p("Learned task-skill maps: task x skill cells whose selection changed during training (per seed):")
+        doc.table(["row", "estimator", "sharpness", "changed cells"],
+                  [[lab, str(m["estimator"]), f"{m['sharpness']:g}",
+                    ", ".join("-" if c is None else str(c) for c in m["changed_cells"]) + f" of {m['cells']}"]
+                   for lab, m in maps.items()])
     for caption, path in pictures.items():
-        lines += ["", f"![{caption}]({path})", "", f"*{caption}*"]
-    return "\n".join(lines) + "\n"
+        doc.img(path, caption)
+    return doc
 
 
 # ---------------------------------------------------------------------------------------- pictures
@@ -405,16 +385,15 @@ def learned_maps(out: Path, rows: list[Row], seeds: list[int]) -> dict[str, Any]
     return res
 
 
-def learned_map_picture(out: Path, rows: list[Row], seeds: list[int], dest: Path) -> Path | None:
-    """The learned task-skill map of the first learnable run (written by that run as skill_map.png)."""
+def learned_map_picture(out: Path, rows: list[Row], seeds: list[int], dest: Path) -> str | None:
+    """The learned task-skill map of the first row whose run drew one (skill_map.png, written by every run
+    with a learned map, whatever its method), copied to `dest`; returns that row's label."""
     for r in rows:
-        if r.method != "learnable":
-            continue
         for s in seeds:
             src = run_dir(out, r.label, s) / "skill_map.png"
             if src.is_file():
                 shutil.copyfile(src, dest)
-                return dest
+                return r.label
     return None
 
 
@@ -486,25 +465,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not a.no_plots:
         plot_curves(agg, out / "curves.png")
         pictures["Dev score against training step, per task and method"] = out / "curves.png"
-        if learned_map_picture(out, rows, a.seeds, out / "skill_map.png"):
-            pictures["Learned task-skill map (learnable, first seed): alpha per task and skill, selected cells "
+        label = learned_map_picture(out, rows, a.seeds, out / "skill_map.png")
+        if label:
+            pictures[f"Learned task-skill map ({label}, first seed): alpha per task and skill, selected cells "
                      "marked"] = out / "skill_map.png"
     command = "python -m skillnet.finetune.compare " + shlex.join(list(argv) if argv is not None else sys.argv[1:])
     (out / "comparison.json").write_text(json.dumps({"reference": reference, **agg, "differences": diffs},
                                                     indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
-    md = markdown(agg, diffs, reference, a.title, {k: v.name for k, v in pictures.items()}, command)
+    doc = document(agg, diffs, reference, a.title, pictures, command)
+    md = doc.markdown()
     (out / "comparison.md").write_text(md, encoding="utf-8")
     if a.report:
         rep = Path(a.report)
-        img = rep.parent / "img"
-        img.mkdir(parents=True, exist_ok=True)
         stem = rep.stem
-        rel = {}
-        for caption, p in pictures.items():
-            dst = img / f"{stem}_{p.name}"
-            shutil.copyfile(p, dst)
-            rel[caption] = f"img/{dst.name}"
-        rep.write_text(markdown(agg, diffs, reference, a.title, rel, command), encoding="utf-8")
+        rep.write_text(doc.markdown(copied_to(rep.parent / "img", lambda p: f"{stem}_{p.name}")), encoding="utf-8")
     print(md, file=sys.stderr)
     print(f"[compare] {len(plan)} runs, {time.time() - t_all:.0f} s; table: {out / 'comparison.md'}", file=sys.stderr)
     return 0

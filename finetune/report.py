@@ -17,8 +17,6 @@ loss and accuracy per objective and the realised objective mix.
 
 from __future__ import annotations
 
-import base64
-import html
 import json
 import math
 import sys
@@ -26,10 +24,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from skillnet.finetune.document import Document
 from skillnet.training.cli import Parser
-
-if __package__ in (None, ""):
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
 def _plt() -> Any:
@@ -41,7 +37,8 @@ def _plt() -> Any:
     return plt
 
 
-def _read_log(run: Path) -> list[dict[str, Any]]:
+def read_log(run: Path) -> list[dict[str, Any]]:
+    """The records of a run's log.jsonl, the last one of each (split, step), in step order."""
     path = run / "log.jsonl"
     if not path.is_file():
         return []
@@ -217,88 +214,66 @@ def pretrain_curves(log: list[dict[str, Any]], path: Path) -> bool:
     return True
 
 
-# ------------------------------------------------------------------------------------- html
-def _img(path: Path, caption: str) -> str:
-    data = base64.b64encode(path.read_bytes()).decode("ascii")
-    return (f'<figure><img src="data:image/png;base64,{data}" alt="{html.escape(caption)}">'
-            f"<figcaption>{html.escape(caption)}</figcaption></figure>")
-
-
-def _table(rows: list[list[str]]) -> str:
-    head, *body = rows
-    out = ["<table><tr>" + "".join(f"<th>{html.escape(c)}</th>" for c in head) + "</tr>"]
-    out += ["<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in r) + "</tr>" for r in body]
-    return "\n".join(out) + "</table>"
-
-
-def _results_table(results: dict[str, Any]) -> str:
-    rows = [["task", "metric", "selected step", "dev", "test", "trivial dev", "trivial test"]]
-
+# ------------------------------------------------------------------------------------- the page
+def _results_rows(results: dict[str, Any]) -> list[list[str]]:
     def f(r: dict[str, Any], key: str) -> str:
         v = (r.get(key) or {}).get(r["metric"])
         return "-" if v is None else f"{v:.1f}"
 
-    for name, r in results["tasks"].items():
-        rows.append([name, r["metric"], str(r.get("best_step") or "-"), f(r, "dev"), f(r, "test"),
-                     f(r, "trivial_dev"), f(r, "trivial_test")])
-    return _table(rows)
+    return [[name, r["metric"], str(r.get("best_step") or "-"), f(r, "dev"), f(r, "test"), f(r, "trivial_dev"),
+             f(r, "trivial_test")] for name, r in results["tasks"].items()]
 
 
-def _comparison_table(cmp: dict[str, Any]) -> str:
+def _comparison_rows(cmp: dict[str, Any]) -> list[list[str]]:
     tasks = cmp["tasks"]
-    rows = [["row", *tasks, "average"]]
-    for m, r in cmp["methods"].items():
-        cells = [f"{r['tasks'][t]['mean']:.1f} ± {r['tasks'][t]['std']:.1f}" for t in tasks]
-        rows.append([m, *cells, f"{r['average']['mean']:.1f} ± {r['average']['std']:.1f}"])
-    return _table(rows)
-
-
-_CSS = ("body{font-family:sans-serif;max-width:1100px;margin:2em auto;color:#222}img{max-width:100%}"
-        "table{border-collapse:collapse;margin:1em 0}td,th{border:1px solid #ccc;padding:3px 8px;text-align:right}"
-        "th{background:#f3f3f3}td:first-child,th:first-child{text-align:left}figcaption{color:#555;font-size:.9em}")
+    return [[m, *(f"{r['tasks'][t]['mean']:.1f} ± {r['tasks'][t]['std']:.1f}" for t in tasks),
+             f"{r['average']['mean']:.1f} ± {r['average']['std']:.1f}"] for m, r in cmp["methods"].items()]
 
 
 def build(run: Path, out: Path | None = None) -> Path:
     run = Path(run)
     out = Path(out) if out else run / "report"
     out.mkdir(parents=True, exist_ok=True)
-    parts: list[str] = [f"<h1>Report: {html.escape(run.name)}</h1>", f"<p>Source: <code>{html.escape(str(run))}"
-                        "</code>. Every number and picture here is read from that directory.</p>"]
+    doc = Document()
+    doc.h(1, f"Report: {run.name}")
+    doc.p(f"Source: `{run}`. Every number and picture here is read from that directory.")
     if (run / "comparison.json").is_file():
         cmp = json.loads((run / "comparison.json").read_text(encoding="utf-8"))
-        parts += [f"<h2>Comparison ({html.escape(cmp['split'])} split, seeds {cmp['seeds']})</h2>",
-                  _comparison_table(cmp)]
+        doc.h(2, f"Comparison ({cmp['split']} split, seeds {cmp['seeds']})")
+        doc.table(["row", *cmp["tasks"], "average"], _comparison_rows(cmp))
         comparison_bars(cmp, out / "comparison.png")
-        parts.append(_img(out / "comparison.png", "Average score per row (mean, seeds and spread) and parameters"))
+        doc.img(out / "comparison.png", "Average score per row (mean, seeds and spread) and parameters")
         for name, cap in (("curves.png", "Dev score against step, per task and row"),
                           ("skill_map.png", "Learned task-skill map (first seed)")):
             if (run / name).is_file():
-                parts.append(_img(run / name, cap))
+                doc.img(run / name, cap)
     elif (run / "results.json").is_file():
         results = json.loads((run / "results.json").read_text(encoding="utf-8"))
-        parts += [f"<h2>Results: method {html.escape(str(results.get('method')))}, {results.get('steps')} steps, "
-                  f"{results.get('seconds', 0):.0f} s</h2>", _results_table(results)]
+        doc.h(2, f"Results: method {results.get('method')}, {results.get('steps')} steps, "
+                 f"{results.get('seconds', 0):.0f} s")
+        doc.table(["task", "metric", "selected step", "dev", "test", "trivial dev", "trivial test"],
+                  _results_rows(results))
         if results["tasks"] and "dev_curve" in next(iter(results["tasks"].values())):
             dev_curves(results, out / "dev_curves.png")
-            parts.append(_img(out / "dev_curves.png", "Dev curve per task; the dashed line marks the checkpoint "
-                                                      "whose scores are reported"))
+            doc.img(out / "dev_curves.png", "Dev curve per task; the dashed line marks the checkpoint whose scores "
+                                            "are reported")
         if results.get("task_mix"):
             task_mix(results, out / "task_mix.png")
-            parts.append(_img(out / "task_mix.png", "Target task mix of the sampler against the realised mix"))
+            doc.img(out / "task_mix.png", "Target task mix of the sampler against the realised mix")
         if task_skill_map(run, results, out / "skill_map.png"):
-            parts.append(_img(out / "skill_map.png", "Which skills each task activates"))
+            doc.img(out / "skill_map.png", "Which skills each task activates")
         if results.get("params", {}).get("tasks"):
             parameters(results["params"], out / "parameters.png")
-            parts.append(_img(out / "parameters.png", "Activated and trainable parameters per task"))
+            doc.img(out / "parameters.png", "Activated and trainable parameters per task")
     else:
-        log = _read_log(run)
+        log = read_log(run)
         if not pretrain_curves(log, out / "pretrain.png"):
             raise FileNotFoundError(f"{run}: no results.json, comparison.json or per-objective log.jsonl to draw")
-        parts += ["<h2>Pre-training</h2>", _img(out / "pretrain.png", "Loss, accuracy and mix per objective")]
+        doc.h(2, "Pre-training")
+        doc.img(out / "pretrain.png", "Loss, accuracy and mix per objective")
         last = [r for r in log if r.get("split", "train") == "train"][-1]
-        parts.append(f"<p>Last logged step: {last['step']}.</p>")
-    page = f"<!doctype html><meta charset='utf-8'><title>{html.escape(run.name)}</title><style>{_CSS}</style>"
-    (out / "report.html").write_text(page + "\n".join(parts) + "\n", encoding="utf-8")
+        doc.p(f"Last logged step: {last['step']}.")
+    (out / "report.html").write_text(doc.html(run.name), encoding="utf-8")
     return out / "report.html"
 
 

@@ -270,12 +270,11 @@ def save_model_dir(model: torch.nn.Module, path: Path, data: dict[str, TaskData]
 
     `inherited`: task metadata of the checkpoint this run started from, so an adapted model can still
     predict the tasks it learnt before (their heads are in the weights)."""
+    from skillnet.model.card import finish_export
     from skillnet.model.hub import save_tokenizer
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()
-    if _learned(model):
-        model.bert.sync_learned_map()  # the saved config names exactly the skills the map selects now
     path = Path(path)
     tmp = path.with_name(f".{path.name}.tmp")
     shutil.rmtree(tmp, ignore_errors=True)
@@ -287,6 +286,7 @@ def save_model_dir(model: torch.nn.Module, path: Path, data: dict[str, TaskData]
     meta = {"tasks": tasks, "vocab": "vocab.txt", "lowercase": True}
     (tmp / META_FILE).write_text(json.dumps(meta, ensure_ascii=False, indent=2) + "\n", encoding="utf-8")
     save_tokenizer(tmp, vocab, lowercase=True)
+    finish_export(model, tmp, final=path)  # default task, pipeline labels/prompts, model card
     old = path.with_name(f".{path.name}.old")
     shutil.rmtree(old, ignore_errors=True)
     if path.exists():
@@ -371,8 +371,9 @@ class DevEvaluator:
                     save_model_dir(model, self.out / "best", self.data, self.vocab, self.inherited)
             else:
                 self.bad_evals += 1
-        if _learned(model):
-            res.update(skill_map.scalars(skill_map.snapshot(model, list(self.data))))
+        snap = skill_map.snapshot(model, list(self.data))
+        if snap is not None:
+            res.update(skill_map.scalars(snap))
         target, real = self.source.target_mix(), self.source.realised_mix()
         for t in target:
             res[f"mix_target/{t}"] = target[t]
@@ -580,11 +581,12 @@ def run(cfg: FinetuneConfig, *, ds_config: str | None = None, resume: str | None
 
 def _run_joint(cfg: FinetuneConfig, *, ds_config: str | None, resume: str | None, tensorboard: bool,
                progress: bool, data: dict[str, TaskData] | None = None, write: bool = True) -> dict[str, Any]:
+    from skillnet.model.card import refresh_model_cards
     from skillnet.training import dist as D
 
     t_start = time.time()
     st = setup(cfg, ds_config=ds_config, resume=resume, tensorboard=tensorboard, progress=progress, data=data)
-    initial_map = skill_map.snapshot(st.model, list(st.data)) if _learned(st.model) else None
+    initial_map = skill_map.snapshot(st.model, list(st.data))
     result = st.trainer.train()
     if result.stopped_by_signal and not st.evaluator.early_stopped:
         # Interrupted (SIGTERM/SIGINT), not early-stopped: the checkpoint is saved, resume with --resume auto.
@@ -595,9 +597,10 @@ def _run_joint(cfg: FinetuneConfig, *, ds_config: str | None, resume: str | None
     if st.rank == 0:
         out, source = st.out, st.source
         save_model_dir(st.model, out / "export", st.data, st.vocab, st.evaluator.inherited)
-        if _learned(st.model):
+        final_map = skill_map.snapshot(st.model, list(st.data))
+        if final_map is not None:
             # initial_map is rebuilt after a resume from the same seed: it is the map the run started from
-            skill_map.write(out, skill_map.snapshot(st.model, list(st.data)), initial_map)
+            skill_map.write(out, final_map, initial_map)
         results = final_scores(st.model, cfg, st.data, out, st.evaluator, progress)
         for name, r in results.items():
             metric = f"{name}/{r['metric']}"
@@ -610,6 +613,7 @@ def _run_joint(cfg: FinetuneConfig, *, ds_config: str | None, resume: str | None
                    "params": st.params, "tasks": results}
         if write:
             _write_results(out, summary)
+            refresh_model_cards(out)  # the exports' cards, now with the scores
             print(_mix_table(mix_t, mix_r), file=sys.stderr)
         if tensorboard:
             write_hparams(out, cfg, summary)
@@ -646,10 +650,6 @@ def write_hparams(out: Path, cfg: FinetuneConfig, summary: dict[str, Any]) -> No
             w._get_file_writer().add_summary(summary_pb)
         for k, v in metrics.items():
             w.add_scalar(k, v)
-
-
-def _learned(model: torch.nn.Module) -> bool:
-    return getattr(getattr(model, "bert", None), "skill_map", None) is not None
 
 
 def _write_results(out: Path, summary: dict[str, Any]) -> None:

@@ -12,26 +12,26 @@ from typing import Any
 import torch
 
 
-def snapshot(model: torch.nn.Module, tasks: list[str]) -> dict[str, Any]:
-    """{"tasks", "skills", "active" [task][skill] bool, "alpha" (learned map only), "threshold"}."""
-    enc = model.bert
+def snapshot(model: torch.nn.Module, tasks: list[str]) -> dict[str, Any] | None:
+    """{"tasks", "skills", "active" [task][skill] bool, "alpha", "threshold", ...} of a model whose router
+    learns its task-skill map; None for every other model (its map is the config's, fixed)."""
+    enc = getattr(model, "base_model", model)
+    router = getattr(enc, "router", None)
+    lm = None if router is None else router.learned_map(enc)
+    if lm is None:
+        return None
     cfg = enc.config
     skills = cfg.skill_names
-    snap: dict[str, Any] = {"tasks": list(tasks), "skills": skills, "router": cfg.router}
-    lm = getattr(enc, "skill_map", None)
-    if lm is not None:
-        with torch.no_grad():
-            alpha = lm.alpha()
-            hard = lm.hard_map()
-        rows = [lm.task_index(t) for t in tasks]
-        snap["alpha"] = [[round(float(alpha[j, i]), 4) for i in range(len(skills))] for j in rows]
-        snap["active"] = [[bool(hard[j, i]) for i in range(len(skills))] for j in rows]
-        snap["threshold"] = lm.threshold
-        snap["estimator"] = lm.estimator
-        snap["sharpness"] = lm.sharpness
-    else:
-        snap["active"] = [[s in cfg.task_skill_names(t) for s in skills] for t in tasks]
-    return snap
+    with torch.no_grad():
+        alpha = lm.alpha()
+        hard = lm.hard_map()
+    rows = [lm.task_index(t) for t in tasks]
+    return {
+        "tasks": list(tasks), "skills": skills, "router": cfg.router,
+        "alpha": [[round(float(alpha[j, i]), 4) for i in range(len(skills))] for j in rows],
+        "active": [[bool(hard[j, i]) for i in range(len(skills))] for j in rows],
+        "threshold": lm.threshold, "estimator": lm.estimator, "sharpness": lm.sharpness,
+    }
 
 
 def scalars(snap: dict[str, Any]) -> dict[str, float]:

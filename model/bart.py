@@ -1,4 +1,4 @@
-"""SkillNet-BART (skillnet-nlg.md §2.2): HF BART whose FFNs in some encoder and decoder layers are banks of
+"""SkillNet-BART (SkillNet-NLG §2.2): HF BART whose FFNs in some encoder and decoder layers are banks of
 skills, of which a task activates a few.
 
 Everything but the FFN is transformers' BART (embeddings, attention, masks, cache, `GenerationMixin`), so
@@ -13,13 +13,13 @@ with -1 pads). One `SkillRouting` per forward serves the encoder and the decoder
 skills travel as a [B, k] ``skill_ids`` tensor, which HF expands with the inputs (beams, returned
 sequences), so each beam keeps its row's skills for the whole generation.
 
-With ``config.router == "topk"`` (the MoE baseline) every skill layer has a token gate instead: the encoder
-and the decoder each get a `SkillRouting.token_gate` over their own tokens, padding excluded (the encoder's
-attention mask; the decoder's attention mask, or ``labels != -100`` when training without one). The
-per-layer balancing losses are averaged over the layers of both stacks and added to the LM loss
-(``aux_loss``, weighted; ``aux_losses``/``metrics``, raw). In `generate` the gate routes the new token of
-every beam at every decoding step, in evaluation mode: ``moe_eval_capacity_factor`` sets the capacity, and
-its default here (None) drops no token, so cached decoding equals decoding without a cache.
+The config's router (routers.py) builds each stack's routing. A router that routes tokens (a token gate in
+every skill layer) gets each stack's own tokens, padding excluded (the encoder's attention mask; the
+decoder's attention mask, or ``labels != -100`` when training without one). Auxiliary losses come back
+through the two routings; the router reduces and weights them, and the weighted sum is added to the LM loss
+(``aux_loss``, weighted; ``aux_losses``/``metrics``, raw). In `generate` a token gate routes the new token of
+every beam at every decoding step, in evaluation mode: its evaluation capacity factor, by default here
+None, drops no token, so cached decoding equals decoding without a cache.
 """
 
 from __future__ import annotations
@@ -50,11 +50,13 @@ from transformers.models.bart.modeling_bart import (
 )
 from transformers.utils import ModelOutput
 
+from .bart_routing import SkillRoutingMixin, _batch_size, _seq_len
 from .hub import has_tokenizer, save_tokenizer, write_remote_code
+from .registry import build_router
 from .skill_ffn import Skill, SkillFFN, SkillRouting
 from .skill_layout import SkillLayoutMixin, layer_ids_from_spec
 
-# Table 1 of skillnet-nlg.md, in its order.
+# Table 1 of SkillNet-NLG, in its order.
 NLG_SKILLS: list[dict[str, str]] = [
     {"name": "open_end", "description": "open-ended text generation"},
     {"name": "non_open_end", "description": "non-open-ended text generation"},
@@ -113,7 +115,7 @@ class SkillNetBartConfig(SkillLayoutMixin, BartConfig):
     ``ffn_impl``, ``skill_layernorm``, ``router``, ``moe_*``) are `SkillLayoutMixin`'s fields, with the
     same meaning as for SkillNet-BERT; defaults here: Table 1's skills, Table 2's tasks,
     ``generic_skill="general"``, skills in layers 0, 2, 4, ... (``"every_other"``) of the encoder and of
-    the decoder. ``router`` is ``"task"`` (SkillNet-NLG) or ``"topk"`` (the MoE baseline: a token gate in
+    the decoder. ``router`` is ``"task"`` (SkillNet-NLG) or ``"topk"`` (a token gate in
     every skill layer of both stacks; padding, from the encoder and decoder attention masks or the labels,
     takes no part). BART also has:
 
@@ -126,7 +128,6 @@ class SkillNetBartConfig(SkillLayoutMixin, BartConfig):
     default_skills = NLG_SKILLS
     default_tasks = NLG_TASKS
     presets = BART_PRESETS
-    routers = ("task", "topk")
 
     generic_skill: str | None = "general"
     skill_layers: str | list | None = "every_other"
@@ -163,10 +164,9 @@ class _FFNSublayer:
         per_skill_ln = config.skill_layernorm == "per_skill"
         if per_skill_ln:
             del self.final_layer_norm
-        top_k = config.moe_top_k if config.router == "topk" else 0
         self.skill_ffn = SkillFFN(
             config.d_model, ffn_dim, config.num_skills, config.activation_function, config.ffn_impl,
-            per_skill_ln, _LAYER_NORM_EPS, config.dropout, top_k, *config.moe_capacity_factors(),
+            per_skill_ln, _LAYER_NORM_EPS, config.dropout, build_router(config).layer_gate(config.d_model),
             activation_dropout=float(config.activation_dropout or 0.0),
         )
 
@@ -242,93 +242,6 @@ class SkillNetBartDecoderLayer(_FFNSublayer, BartDecoderLayer):
             hidden_states = F.dropout(hidden_states, p=self.dropout, training=self.training)
             hidden_states = self.encoder_attn_layer_norm(residual + hidden_states)
         return self._ffn(hidden_states, routing)
-
-
-# ---- routing ----------------------------------------------------------------------------------------
-class SkillRoutingMixin:
-    """Task names / skill ids -> `SkillRouting`, for any module with a `SkillNetBartConfig` at `.config`."""
-
-    config: SkillNetBartConfig
-
-    def routing(
-        self,
-        task: str | Sequence[str] | None = None,
-        skill_ids: Sequence[int] | Sequence[Sequence[int]] | torch.Tensor | None = None,
-        device: torch.device | str = "cpu",
-        batch_size: int | None = None,
-    ) -> SkillRouting:
-        """Skill routing from a task name, one task per row, or skill ids ([k] or [B, k], -1 pads).
-
-        `batch_size`, when given, must equal the number of rows of a per-row choice.
-        """
-        if (task is None) == (skill_ids is None):
-            raise ValueError("pass exactly one of task= (a name or one name per row) or skill_ids=")
-        if isinstance(task, str):
-            return SkillRouting.uniform(self.config.skill_ids(task))
-        if task is not None:
-            rows = [self.config.skill_ids(t) for t in task]
-        else:
-            ids = skill_ids.tolist() if isinstance(skill_ids, torch.Tensor) else list(skill_ids)
-            rows = ids if ids and isinstance(ids[0], (list, tuple)) else None
-            bad = [i for r in (rows or [ids]) for i in r if i >= self.config.num_skills]
-            if bad:
-                n = self.config.num_skills
-                raise ValueError(f"skill ids {bad} out of range: the model has {n} skills")
-            if rows is None:
-                return SkillRouting.uniform(ids)
-        if batch_size is not None and len(rows) != batch_size:
-            raise ValueError(f"skills given for {len(rows)} rows, but the batch has {batch_size} rows")
-        return SkillRouting.per_row(rows, device)
-
-    def stack_routing(
-        self,
-        task: str | Sequence[str] | None,
-        skill_ids: Sequence[int] | Sequence[Sequence[int]] | torch.Tensor | None,
-        token_mask_BT: torch.Tensor | None,
-        seq_len: int,
-        device: torch.device | str,
-        batch_size: int | None,
-    ) -> SkillRouting:
-        """The routing of one stack (encoder or decoder) over its `seq_len` new tokens: the task's skills,
-        or with the MoE router a token gate whose padding (False in `token_mask_BT`) takes no part."""
-        if self.config.router != "topk":
-            return self.routing(task, skill_ids, device, batch_size)
-        if task is not None:  # tasks do not choose FFNs here, but a misspelt one is still an error
-            for t in [task] if isinstance(task, str) else task:
-                self.config.task_skill_names(t)
-        return SkillRouting.token_gate(self.config.num_skills, _token_mask(token_mask_BT, seq_len))
-
-    def skill_id_rows(self, tasks: Sequence[str]) -> torch.Tensor:
-        """[B, k] skill ids of one task per row, -1 padded: the form that survives HF's beam expansion."""
-        rows = [self.config.skill_ids(t) for t in tasks]
-        out = torch.full((len(rows), max(map(len, rows))), -1, dtype=torch.long)
-        for i, r in enumerate(rows):
-            out[i, : len(r)] = torch.tensor(r)
-        return out
-
-
-def _batch_size(*tensors: torch.Tensor | None) -> tuple[int | None, torch.device]:
-    for t in tensors:
-        if t is not None:
-            return t.shape[0], t.device
-    return None, torch.device("cpu")
-
-
-def _seq_len(*tensors: torch.Tensor | None) -> int:
-    for t in tensors:
-        if t is not None:
-            return t.shape[1]
-    return 0
-
-
-def _token_mask(mask: torch.Tensor | None, seq_len: int) -> torch.Tensor | None:
-    """[B, seq_len] bool, False at padding, from a [B, T] attention mask. With a KV cache the decoder's mask
-    covers the cached tokens too ([B, past + new]): the new tokens are its last `seq_len` columns."""
-    if mask is None:
-        return None
-    if mask.dim() != 2:
-        raise ValueError(f"the MoE router needs a 2-D [batch, tokens] attention mask, got shape {tuple(mask.shape)}")
-    return mask[:, mask.shape[1] - seq_len :].bool()
 
 
 # ---- encoder / decoder -------------------------------------------------------------------------------
@@ -455,13 +368,6 @@ class SkillNetBartPreTrainedModel(SkillRoutingMixin, BartPreTrainedModel):
         k = self.config.skill_index(name)
         return [bank.skills[k] for bank in self.skill_banks()]
 
-    def aux_losses(self) -> dict[str, torch.Tensor]:
-        """Raw auxiliary losses of the last forward: ``moe_balance``, the MoE balancing loss of every gated
-        layer that ran (both stacks), averaged. Per layer, then averaged: a loss over all layers' tokens
-        concatenated would let one layer's imbalance hide behind another's (transformers #28255)."""
-        moe = [b.aux_loss for b in self.skill_banks() if b.gate is not None and b.aux_loss is not None]
-        return {"moe_balance": torch.stack(moe).mean()} if moe else {}
-
 
 @dataclass
 class SkillNetSeq2SeqLMOutput(Seq2SeqLMOutput):
@@ -502,24 +408,30 @@ class SkillNetBartModel(SkillNetBartPreTrainedModel, BartModel):
         skill_ids: Sequence[int] | Sequence[Sequence[int]] | torch.Tensor | None = None,
         routing: SkillRouting | None = None,
         decoder_token_mask: torch.Tensor | None = None,
+        routings_out: list[SkillRouting] | None = None,
         **kwargs: Any,
     ) -> Seq2SeqModelOutput:
         """HF `BartModel.forward` plus the skill choice (`task=` or `skill_ids=`), one routing for both
-        stacks. With the MoE router each stack gates its own tokens: padding from `attention_mask` in the
-        encoder and from `decoder_token_mask` (else `decoder_attention_mask`) in the decoder."""
+        stacks. A router that routes tokens gets each stack's own: padding from `attention_mask` in the
+        encoder and from `decoder_token_mask` (else `decoder_attention_mask`) in the decoder. The routings
+        used are appended to `routings_out`: what the layers returned through them (auxiliary losses) is
+        there after the forward (a stack that did not run, such as a cached encoder, added nothing)."""
         enc_routing = dec_routing = routing
         if routing is None:
             batch, device = _batch_size(decoder_input_ids, decoder_inputs_embeds, input_ids, inputs_embeds)
-            if self.config.router == "topk":
-                for bank in self.skill_banks():
-                    bank.aux_loss = None  # a stack that does not run (cached encoder) reports nothing
+            router = self.router
+            if router.routes_tokens:
                 dec_len = _seq_len(decoder_input_ids, decoder_inputs_embeds, input_ids, inputs_embeds)
                 enc_len = _seq_len(input_ids, inputs_embeds)
                 dec_mask = decoder_token_mask if decoder_token_mask is not None else decoder_attention_mask
                 enc_routing = self.stack_routing(task, skill_ids, attention_mask, enc_len, device, batch)
                 dec_routing = self.stack_routing(None, None, dec_mask, dec_len, device, batch)
             else:
-                enc_routing = dec_routing = self.routing(task, skill_ids, device, batch)
+                enc_routing = dec_routing = router.route(self, task, skill_ids, device=device, batch_size=batch)
+        for r in {id(enc_routing): enc_routing, id(dec_routing): dec_routing}.values():
+            r.aux.clear()  # a routing passed in again: only this forward's losses count
+            if routings_out is not None:
+                routings_out.append(r)
         if encoder_outputs is None and enc_routing is not dec_routing:
             encoder_outputs = self.encoder(
                 input_ids=input_ids, attention_mask=attention_mask, inputs_embeds=inputs_embeds,
@@ -564,23 +476,24 @@ class SkillNetBartForConditionalGeneration(SkillNetBartPreTrainedModel, BartForC
         routing: SkillRouting | None = None,
         **kwargs: Any,
     ) -> SkillNetSeq2SeqLMOutput:
-        """HF `BartForConditionalGeneration.forward` plus the skill choice (`task=` or `skill_ids=`), and
-        with the MoE router the weighted balancing loss added to the LM loss."""
-        moe = self.config.router == "topk"
-        if moe and labels is not None and decoder_attention_mask is None and decoder_input_ids is None:
+        """HF `BartForConditionalGeneration.forward` plus the skill choice (`task=` or `skill_ids=`), and the
+        router's weighted auxiliary losses added to the LM loss."""
+        router = self.router
+        if router.routes_tokens and labels is not None and decoder_attention_mask is None and decoder_input_ids is None:
             # HF builds the decoder inputs from the labels: their padding (-100) is the decoder's padding.
             kwargs["decoder_token_mask"] = labels != -100
+        routings: list[SkillRouting] = []
         out = super().forward(
             input_ids=input_ids, attention_mask=attention_mask, decoder_input_ids=decoder_input_ids,
             decoder_attention_mask=decoder_attention_mask, encoder_outputs=encoder_outputs,
             past_key_values=past_key_values, inputs_embeds=inputs_embeds,
             decoder_inputs_embeds=decoder_inputs_embeds, labels=labels, use_cache=use_cache, task=task,
-            skill_ids=skill_ids, routing=routing, **kwargs,
+            skill_ids=skill_ids, routing=routing, routings_out=routings, **kwargs,
         )
         if not isinstance(out, ModelOutput):  # return_dict=False
             return out
-        aux = self.model.aux_losses() if moe else {}
-        weighted = self.config.moe_aux_loss_coef * aux["moe_balance"] if aux else None
+        aux = router.aux_losses(self.model, routings)
+        weighted = router.weighted(aux)
         loss = out.loss if weighted is None or out.loss is None else out.loss + weighted
         metrics = None
         if aux and labels is not None:

@@ -1,4 +1,4 @@
-"""SkillNet-BERT: a BERT encoder whose FFNs are banks of skills (skillnet-nlu.md §3.1).
+"""SkillNet-BERT: a BERT encoder whose FFNs are banks of skills (SkillNet-NLU §3.1).
 
 Parameter names follow HF ``BertModel`` (``embeddings.*``, ``encoder.layer.{i}.attention.*``,
 ``encoder.layer.{i}.output.LayerNorm``, ``pooler.dense``) so dense checkpoints load; a skill layer holds
@@ -22,9 +22,11 @@ from transformers.activations import ACT2FN
 from transformers.utils import ModelOutput
 
 from .config import SkillNetBertConfig
+from .extras import LayerHook, TaskExtras, combine_hooks
 from .hub import has_tokenizer, save_tokenizer, write_remote_code
-from .pals import ProjectedAttentionLayers, task_rows
-from .routers import LearnedSkillMap
+from .learned_map import LearnedSkillMap
+from .registry import Router, build_extras, build_router
+from .routers import task_routing
 from .skill_ffn import Skill, SkillFFN, SkillRouting
 
 
@@ -105,7 +107,7 @@ class Attention(nn.Module):
 class Layer(nn.Module):
     """Attention, then either a skill FFN bank (skill layer) or HF's dense FFN (shared layer)."""
 
-    def __init__(self, config: SkillNetBertConfig, has_skills: bool) -> None:
+    def __init__(self, config: SkillNetBertConfig, has_skills: bool, router: Router) -> None:
         super().__init__()
         self.has_skills = has_skills
         self.attention = Attention(config)
@@ -117,10 +119,9 @@ class Layer(nn.Module):
         )
         per_skill_ln = has_skills and config.skill_layernorm == "per_skill"
         if has_skills:
-            top_k = config.moe_top_k if config.router == "topk" else 0
             self.skill_ffn = SkillFFN(
-                d, f, config.num_skills, config.hidden_act, config.ffn_impl, per_skill_ln, eps, p, top_k,
-                *config.moe_capacity_factors(),
+                d, f, config.num_skills, config.hidden_act, config.ffn_impl, per_skill_ln, eps, p,
+                router.layer_gate(d),
             )
         else:
             self.act = ACT2FN[config.hidden_act]
@@ -131,7 +132,7 @@ class Layer(nn.Module):
 
     def forward(
         self, x_BTD: torch.Tensor, mask_B11T: torch.Tensor | None, routing: SkillRouting,
-        pal: Callable[[torch.Tensor], torch.Tensor | None] | None = None,
+        extra: Callable[[torch.Tensor], torch.Tensor | None] | None = None,
     ) -> torch.Tensor:
         a_BTD = self.attention(x_BTD, mask_B11T)
         if not self.has_skills:
@@ -141,10 +142,10 @@ class Layer(nn.Module):
         else:
             h = self.skill_ffn(a_BTD, routing)
         h = self.output.dropout(h) + a_BTD
-        if pal is not None:  # PALs: inside the FFN residual, before the LayerNorm (Bert-n-PALs)
-            p_BTD = pal(x_BTD)
-            if p_BTD is not None:
-                h = h + p_BTD
+        if extra is not None:  # task extras: inside the FFN residual, before the LayerNorm (as the public Bert-n-PAL code)
+            e_BTD = extra(x_BTD)
+            if e_BTD is not None:
+                h = h + e_BTD
         return self.output.LayerNorm(h)
 
 
@@ -152,7 +153,9 @@ class Encoder(nn.Module):
     def __init__(self, config: SkillNetBertConfig) -> None:
         super().__init__()
         skill_layers = set(config.skill_layer_ids())
-        self.layer = nn.ModuleList(Layer(config, i in skill_layers) for i in range(config.num_hidden_layers))
+        router = build_router(config)
+        self.layer = nn.ModuleList(
+            Layer(config, i in skill_layers, router) for i in range(config.num_hidden_layers))
 
 
 class Pooler(nn.Module):
@@ -169,8 +172,8 @@ class EncoderOutput(ModelOutput):
     last_hidden_state: torch.Tensor | None = None
     pooler_output: torch.Tensor | None = None
     hidden_states: tuple[torch.Tensor, ...] | None = None
-    # Auxiliary losses of the method (MoE load balance, learned-map orthogonality): raw values by name,
-    # and their weighted sum, which the task models add to the task loss.
+    # Auxiliary losses of the router (e.g. a token gate's load balance): raw values by name, and their
+    # weighted sum, which the task models add to the task loss.
     aux_losses: dict[str, torch.Tensor] | None = None
     aux_loss: torch.Tensor | None = None
 
@@ -201,7 +204,10 @@ class SkillNetBertPreTrainedModel(PreTrainedModel):
 
     def save_pretrained(self, save_directory: str | os.PathLike, *args: Any, **kwargs: Any) -> None:
         """HF save, plus the modeling code and ``auto_map`` (plain transformers loads the folder with
-        ``trust_remote_code=True``) and the tokenizer of the checkpoint this model came from, if it had one."""
+        ``trust_remote_code=True``) and the tokenizer of the checkpoint this model came from, if it had one.
+        The router first brings the config up to date (a learned task-skill map is written into
+        ``config.tasks``, so the saved config names exactly the skills the map selects now)."""
+        self.router.before_save(self.base_model)
         super().save_pretrained(save_directory, *args, **kwargs)
         if not kwargs.get("is_main_process", True):
             return
@@ -211,30 +217,20 @@ class SkillNetBertPreTrainedModel(PreTrainedModel):
             save_tokenizer(save_directory, source=src)
 
     # ---- routing ---------------------------------------------------------------------------------
+    @property
+    def router(self) -> Router:
+        """The config's router (routers.py): routing, auxiliary losses, counts."""
+        return build_router(self.config)
+
     def routing(
         self,
         task: str | Sequence[str] | None = None,
         skill_ids: Sequence[int] | Sequence[Sequence[int]] | torch.Tensor | None = None,
         device: torch.device | str = "cpu",
     ) -> SkillRouting:
-        """Skill routing from a task name, one task per row, or explicit skill ids ([k] or [B, k], -1 pads)."""
-        if (task is None) == (skill_ids is None):
-            raise ValueError("pass exactly one of task= (a name or one name per row) or skill_ids=")
-        if task is not None:
-            if isinstance(task, str):
-                return SkillRouting.uniform(self.config.skill_ids(task))
-            return SkillRouting.per_row([self.config.skill_ids(t) for t in task], device)
-        if isinstance(skill_ids, torch.Tensor):
-            skill_ids = skill_ids.tolist()
-        if len(skill_ids) and isinstance(skill_ids[0], (list, tuple)):
-            rows = skill_ids
-        else:
-            rows = None
-        ids = [i for r in (rows or [skill_ids]) for i in r if i >= 0]
-        bad = [i for i in ids if i >= self.config.num_skills]
-        if bad:
-            raise ValueError(f"skill ids {bad} out of range: the model has {self.config.num_skills} skills")
-        return SkillRouting.per_row(rows, device) if rows is not None else SkillRouting.uniform(skill_ids)
+        """Skill routing from a task name, one task per row (by the config's task map), or explicit skill
+        ids ([k] or [B, k], -1 pads). A forward routes through its router (`router.route`)."""
+        return task_routing(self.config, task, skill_ids, device, None, self.config.skill_ids)
 
 
 class SkillNetBertModel(SkillNetBertPreTrainedModel):
@@ -243,18 +239,11 @@ class SkillNetBertModel(SkillNetBertPreTrainedModel):
         self.embeddings = Embeddings(config)
         self.encoder = Encoder(config)
         self.pooler = Pooler(config) if add_pooling_layer else None
-        # Method extras (shared/DESIGN.md): a learned task-skill map, projected attention layers per task.
-        self.skill_map = None
-        if config.router == "learned":
-            gen = config.skill_index(config.generic_skill) if config.generic_skill is not None else None
-            self.skill_map = LearnedSkillMap(
-                list(config.task_heads) or list(config.tasks), config.num_skills, config.learned_embed_dim, gen,
-                config.learned_threshold, config.learned_estimator, config.learned_sharpness)
-        self.pals = None
-        if config.pals_dim:
-            self.pals = ProjectedAttentionLayers(
-                list(config.task_heads), config.hidden_size, config.pals_dim, config.pals_heads,
-                config.num_hidden_layers, config.attention_probs_dropout_prob)
+        # The router's own modules (a learned task-skill map), then the task extras the config asks for,
+        # each under the attribute name its parameters are saved with.
+        self.router.attach(self)
+        for name, module in build_extras(config).items():
+            self.add_module(name, module)
         self.post_init()
 
     def get_input_embeddings(self) -> nn.Embedding:
@@ -277,69 +266,56 @@ class SkillNetBertModel(SkillNetBertPreTrainedModel):
     ) -> EncoderOutput:
         if task is not None and not isinstance(task, str) and len(task) != input_ids.shape[0]:
             raise ValueError(f"{len(task)} tasks given for a batch of {input_ids.shape[0]} rows")
+        if task is None and skill_ids is None:
+            task = self.config.default_task  # an export's default task; None keeps the error below
+        router = self.router
         if routing is None:
-            if self.config.router == "topk":  # the gate decides per token; the task only picks the head
-                keep = attention_mask.bool() if attention_mask is not None else None
-                routing = SkillRouting.token_gate(self.config.num_skills, keep)
-            elif self.skill_map is not None and skill_ids is None:
-                if task is None:
-                    raise ValueError("the learned skill map routes by task: pass task= (or explicit skill_ids=)")
-                routing = self.skill_map.routing(task, input_ids.device)
-            else:
-                routing = self.routing(task, skill_ids, input_ids.device)
+            keep = attention_mask.bool() if attention_mask is not None and router.routes_tokens else None
+            routing = router.route(self, task, skill_ids, token_mask_BT=keep, device=input_ids.device)
+        routing.aux.clear()  # a routing passed in again: only this forward's losses count
         x = self.embeddings(input_ids, token_type_ids)
         mask = None
         if attention_mask is not None:
             # Additive mask: 0 where attended, dtype-min where padded (as HF BERT).
             mask = (1.0 - attention_mask[:, None, None, :].to(x.dtype)) * torch.finfo(x.dtype).min
-        rows = {}
-        if self.pals is not None:
-            rows = {t: (None if r is None else r.to(input_ids.device)) for t, r in task_rows(task).items()}
+        hook = self._extras_hook(task, mask, input_ids.device)
         hidden = [x] if output_hidden_states else None
         for i, layer in enumerate(self.encoder.layer):
-            pal = None
-            if rows:
-                def pal(h: torch.Tensor, i: int = i) -> torch.Tensor | None:
-                    return self.pals(i, h, mask, rows)
-            x = layer(x, mask, routing, pal)
+            extra = None
+            if hook is not None:
+                def extra(h: torch.Tensor, i: int = i) -> torch.Tensor | None:
+                    return hook(i, h)
+            x = layer(x, mask, routing, extra)
             if hidden is not None:
                 hidden.append(x)
         pooled = self.pooler(x) if self.pooler is not None else None
-        aux = self._aux_losses()
-        weighted = None
-        if aux:
-            coef = {"moe_balance": self.config.moe_aux_loss_coef, "orth": self.config.orth_loss_coef}
-            weighted = sum(coef[k] * v for k, v in aux.items())
+        aux = router.aux_losses(self, [routing])
+        weighted = router.weighted(aux)
         return EncoderOutput(
             last_hidden_state=x, pooler_output=pooled, hidden_states=tuple(hidden) if hidden else None,
             aux_losses=aux or None, aux_loss=weighted,
         )
 
-    def _aux_losses(self) -> dict[str, torch.Tensor]:
-        aux: dict[str, torch.Tensor] = {}
-        # Per layer, then averaged: a loss over all layers' tokens concatenated would let one layer's
-        # imbalance hide behind another's (transformers #28255).
-        moe = [layer.skill_ffn.aux_loss for layer in self.encoder.layer
-               if layer.has_skills and layer.skill_ffn.gate is not None and layer.skill_ffn.aux_loss is not None]
-        if moe:
-            aux["moe_balance"] = torch.stack(moe).mean()
-        if self.skill_map is not None and self.training:
-            aux["orth"] = self.skill_map.orthogonality_loss()
-        return aux
+    def task_extras(self) -> list[TaskExtras]:
+        return [m for m in self.children() if isinstance(m, TaskExtras)]
+
+    def _extras_hook(self, task: str | Sequence[str] | None, mask_B11T: torch.Tensor | None,
+                     device: torch.device) -> LayerHook | None:
+        hooks = [h for m in self.task_extras() if (h := m.layer_hook(task, mask_B11T, device)) is not None]
+        return combine_hooks(hooks)
 
     def learned_task_skills(self) -> dict[str, list[str]]:
         """The learned map's skill names per task (its hard threshold, generic skill included)."""
-        if self.skill_map is None:
-            raise ValueError("this model has no learned skill map (router is not 'learned')")
-        names = self.config.skill_names
-        return {t: [names[i] for i in ids] for t, ids in self.skill_map.task_skills().items()}
+        router = self.router
+        if router.learned_map(self) is None:
+            raise ValueError(f"this model's router ({self.config.router!r}) does not learn a task-skill map")
+        return router.task_skills(self)
 
     def sync_learned_map(self) -> dict[str, list[str]]:
         """Write the learned map into ``config.tasks`` (what counts, exports and metadata read): the model
         routes with the map itself, so the config then says exactly which skills prediction runs."""
         learned = self.learned_task_skills()
-        for t, skills in learned.items():
-            self.config.tasks[t] = list(skills)
+        self.router.before_save(self)
         return learned
 
     # ---- skill views -----------------------------------------------------------------------------

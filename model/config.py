@@ -11,9 +11,10 @@ from typing import Any
 from huggingface_hub.dataclasses import strict
 from transformers import BertConfig
 
-from .skill_layout import ROUTERS, SkillLayoutMixin, layer_ids_from_spec
+from .registry import LearnedMapSettings, ProjectedAttentionSettings
+from .skill_layout import SkillLayoutMixin, layer_ids_from_spec
 
-# Table 1 of skillnet-nlu.md.
+# Table 1 of SkillNet-NLU.
 DEFAULT_SKILLS: list[dict[str, str]] = [
     {"name": "s1", "description": "get the semantic meaning of a sequence"},
     {"name": "s2", "description": "get the semantic meaning of a token"},
@@ -37,7 +38,6 @@ DEFAULT_TASKS: dict[str, list[str]] = {
 }
 
 HEAD_TYPES = ("classification", "regression", "token_crf", "span", "matching")
-LEARNED_ESTIMATORS = ("ste", "eq6")
 
 # Named sizes. "tiny" is for tests (2 layers, hidden 64); "small" trains on a CPU in minutes;
 # "base" is BERT-base as in the paper. Vocab defaults to bert-base-chinese (21,128).
@@ -70,7 +70,7 @@ PRESETS: dict[str, dict[str, Any]] = {
 
 
 @strict
-class SkillNetBertConfig(SkillLayoutMixin, BertConfig):
+class SkillNetBertConfig(SkillLayoutMixin, LearnedMapSettings, ProjectedAttentionSettings, BertConfig):
     r"""BERT config plus the skill layout of SkillNet-NLU.
 
     The skill layout and the router (``skills``, ``tasks``, ``generic_skill``, ``skill_layers``,
@@ -79,30 +79,19 @@ class SkillNetBertConfig(SkillLayoutMixin, BertConfig):
     pre-training objectives, ``generic_skill="s7"``, skills in ``"all"`` layers. BERT also has:
 
     task_heads: fine-tuning head per task, e.g. ``{"type": "classification", "num_labels": 2}``.
-    router: also ``"learned"`` (learnable skill combination: a task-skill map learned from task and skill
-        embeddings, learnable-skill-combination.md Eq. 1-8); with ``"topk"`` the task only picks the head.
-    learned_*: the learned map: embedding size d, threshold s_t, estimator (``"ste"``: hard threshold
-        forward, gradient of sigmoid(sharpness*(alpha - s_t)) backward; ``"eq6"``: Eq. 6 as written),
-        sharpness (Eq. 6's alpha; the paper uses 1e9), and the orthogonality loss weight beta (Eq. 11).
-    pals_dim: projected attention layers (the second seam: what a task adds beside the shared layers):
-        0 = none; else the projected size d_m (204 at hidden 768), ``pals_heads`` attention heads.
+    router: also ``"learned"`` (a task-skill map learned from task and skill embeddings, the learned skill
+        combination's Eq. 1-8; its fields are `LearnedMapSettings`'); with ``"topk"`` the task only picks
+        the head.
+    The projected attention layers' fields (a task extra) are `ProjectedAttentionSettings`'.
     """
 
     model_type = "skillnet-bert"
     default_skills = DEFAULT_SKILLS
     default_tasks = DEFAULT_TASKS
     presets = PRESETS
-    routers = ROUTERS
 
     generic_skill: str | None = "s7"
     task_heads: dict | None = None
-    learned_embed_dim: int = 64
-    learned_threshold: float = 0.35
-    learned_estimator: str = "ste"
-    learned_sharpness: float = 10.0
-    orth_loss_coef: float = 1e-3
-    pals_dim: int = 0
-    pals_heads: int = 6
 
     def __post_init__(self, **kwargs: Any) -> None:
         if self.task_heads is None:
@@ -117,21 +106,14 @@ class SkillNetBertConfig(SkillLayoutMixin, BertConfig):
                     f"task_heads has {task!r}, which is not in tasks; valid tasks: {', '.join(self.tasks)}"
                 )
             _check_head(task, head)
-        if self.learned_estimator not in LEARNED_ESTIMATORS:
-            raise ValueError(f"learned_estimator={self.learned_estimator!r}; valid: {LEARNED_ESTIMATORS}")
-        if self.pals_dim < 0 or (self.pals_dim and self.pals_dim % self.pals_heads):
-            raise ValueError(f"pals_dim={self.pals_dim} must be 0 (no PALs) or a multiple of pals_heads={self.pals_heads}")
+        self.validate_learned_map_settings()
+        self.validate_projected_attention_settings()
 
     def validate_skill_layers(self) -> None:
         self.skill_layer_ids()  # raises on a bad spec
 
     def skill_layer_ids(self) -> list[int]:
         return layer_ids_from_spec(self.skill_layers, self.num_hidden_layers, "skill_layers")
-
-    @staticmethod
-    def pals_dim_for(hidden_size: int, heads: int = 6) -> int:
-        """d_m scaled from the paper's 204 at hidden 768, rounded up to a multiple of the heads."""
-        return max(heads, -(-round(hidden_size * 204 / 768) // heads) * heads)
 
     def set_task(self, task: str, skills: list[str], head: dict | None = None) -> None:
         if head is not None:

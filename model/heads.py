@@ -1,4 +1,4 @@
-"""Task heads on top of SkillNet-BERT (skillnet-nlu.md §3.2, §3.5, §4.3) and the task-level models.
+"""Task heads on top of SkillNet-BERT (SkillNet-NLU §3.2, §3.5, §4.3) and the task-level models.
 
 `SkillNetBertForPreTraining` keeps HF's ``cls.predictions`` / ``cls.seq_relationship`` names so a dense
 ``BertForPreTraining`` checkpoint loads; each step runs one objective (``task="mlm"`` or ``"nsp"``) with
@@ -13,12 +13,17 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torchcrf import CRF
 from transformers.activations import ACT2FN
 from transformers.utils import ModelOutput
 
+try:
+    from torchcrf import CRF
+except ImportError:  # an export loaded with plain transformers: the same parameters and likelihood
+    from .crf import CRF
+
 from .bert import SkillNetBertModel, SkillNetBertPreTrainedModel
 from .config import HEAD_TYPES, SkillNetBertConfig
+from .extras import TaskExtras
 
 
 @dataclass
@@ -209,12 +214,12 @@ class TokenCRFHead(nn.Module):
         self.crf = CRF(num_labels, batch_first=True)
         if labels is not None and len(labels) != num_labels:
             raise ValueError(f"token_crf head: {len(labels)} labels {labels} for num_labels={num_labels}")
-        start_L, trans_LL = (iob2_allowed_transitions(list(labels)) if labels is not None
-                             else (torch.ones(num_labels, dtype=torch.bool),
-                                   torch.ones(num_labels, num_labels, dtype=torch.bool)))
-        # Derived from the config's label list, so not part of the checkpoint (persistent=False).
-        self.register_buffer("start_penalty_L", (~start_L).float() * _FORBIDDEN, persistent=False)
-        self.register_buffer("trans_penalty_LL", (~trans_LL).float() * _FORBIDDEN, persistent=False)
+        # The IOB2 penalties derive from the label list, so they are not part of the checkpoint. Not buffers
+        # either, built on first use: transformers 5's from_pretrained builds the model on the meta device
+        # and refills non-persistent buffers with empty memory.
+        self._labels = list(labels) if labels is not None else None
+        self._num_labels = num_labels
+        self._penalties: tuple[torch.Tensor, torch.Tensor] | None = None
 
     def _valid(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         if batch.get("word_mask") is not None:
@@ -224,8 +229,15 @@ class TokenCRFHead(nn.Module):
         raise ValueError("token_crf head needs `word_mask` (or `labels`) to know which tokens are words")
 
     def _transitions(self) -> dict[str, torch.Tensor]:
-        return {"start_transitions": self.crf.start_transitions + self.start_penalty_L,
-                "transitions": self.crf.transitions + self.trans_penalty_LL,
+        if self._penalties is None:
+            with torch.device("cpu"):
+                L = self._num_labels
+                start_L, trans_LL = (iob2_allowed_transitions(self._labels) if self._labels is not None
+                                     else (torch.ones(L, dtype=torch.bool), torch.ones(L, L, dtype=torch.bool)))
+            self._penalties = ((~start_L).float() * _FORBIDDEN, (~trans_LL).float() * _FORBIDDEN)
+        start_p, trans_p = (p.to(self.crf.transitions) for p in self._penalties)
+        return {"start_transitions": self.crf.start_transitions + start_p,
+                "transitions": self.crf.transitions + trans_p,
                 "end_transitions": self.crf.end_transitions}
 
     def forward(self, enc: Any, batch: dict[str, torch.Tensor]) -> TaskOutput:
@@ -359,23 +371,35 @@ def build_head(config: SkillNetBertConfig, spec: dict[str, Any]) -> nn.Module:
     return HEADS[kind](config, num_labels, dropout, **extra)
 
 
+class TaskHeads(TaskExtras, nn.ModuleDict):
+    """``heads.{task}``: one head per task, the first kind of task extra."""
+
+    def task_modules(self) -> dict[str, nn.Module]:
+        return dict(self.items())
+
+    def add_task(self, task: str, *args: Any) -> nn.Module:
+        config, spec = args
+        self[task] = build_head(config, spec)
+        return self[task]
+
+
 class SkillNetBertForMultiTask(SkillNetBertPreTrainedModel):
     """One encoder, one head per task (``config.task_heads``); each forward runs one task's skills."""
 
     def __init__(self, config: SkillNetBertConfig) -> None:
         super().__init__(config)
         self.bert = SkillNetBertModel(config)
-        self.heads = nn.ModuleDict({t: build_head(config, spec) for t, spec in config.task_heads.items()})
+        self.heads = TaskHeads({t: build_head(config, spec) for t, spec in config.task_heads.items()})
         self.post_init()
 
     def add_task(self, task: str, skills: list[str], head: dict[str, Any]) -> None:
-        """Register a new task: its skills (in the config) and a freshly initialised head."""
+        """Register a new task: its skills (in the config), a freshly initialised head and whatever else the
+        backbone's task extras give each task."""
         self.config.set_task(task, skills, head)
-        new = build_head(self.config, head).to(self.device)
-        new.apply(self._init_weights)
-        self.heads[task] = new
-        if self.bert.pals is not None and task not in self.bert.pals.tasks:
-            self.bert.pals.add_task(task).to(self.device).apply(self._init_weights)
+        self.heads.add_task(task, self.config, head).to(self.device).apply(self._init_weights)
+        for extras in self.bert.task_extras():
+            if task not in extras.task_modules():
+                extras.add_task(task).to(self.device).apply(self._init_weights)
 
     def _head(self, task: str) -> nn.Module:
         if task not in self.heads:

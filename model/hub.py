@@ -6,8 +6,12 @@
   transformers but not SkillNet. Files are renamed ``skillnet_<module>.py`` so that none can be mistaken for
   the folder's ``config.json`` or shadow a module of the loading environment; their relative imports are
   rewritten to match.
+* **Task classes** (`served_classes`): ``auto_map`` also names the model/hf_tasks.py classes the saved model
+  can serve (fill-mask for the pre-trained model; sequence / token classification and QA by the task heads
+  of a fine-tuned one), and SkillNet-BART's config names its text2text pipeline in ``custom_pipelines``.
 * **Tokenizer** (`save_tokenizer`): the WordPiece vocab as a `BertTokenizerFast`, so
-  ``AutoTokenizer.from_pretrained(folder)`` works offline, and ``config.tokenizer_class`` names it.
+  ``AutoTokenizer.from_pretrained(folder)`` works offline, and ``config.tokenizer_class`` names it; its
+  ``model_max_length`` is the model's positions, so ``truncation=True`` fits the model.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ import json
 import os
 import re
 from pathlib import Path
+from typing import Any
 
 _MODEL_DIR = Path(__file__).resolve().parent
 _REL_IMPORT = re.compile(r"^(\s*from\s+)\.(\w+)(\s+import\b)", re.M)
@@ -57,8 +62,40 @@ def _closure(modules: set[str]) -> set[str]:
     return seen
 
 
-def auto_map(model_type: str) -> dict[str, str]:
-    return {auto: f"{_remote_name(mod)}.{cls}" for auto, mod, cls in AUTO_CLASSES[model_type]}
+# Task classes (model/hf_tasks.py) by what the saved model holds: the pre-trained model's MLM head, or a
+# multi-task model's heads by type.
+_PRETRAINED_TASK_CLASSES = [("AutoModelForMaskedLM", "hf_tasks", "SkillNetBertForMaskedLM")]
+_HEAD_TASK_CLASSES = {
+    "classification": ("AutoModelForSequenceClassification", "hf_tasks", "SkillNetBertForSequenceClassification"),
+    "regression": ("AutoModelForSequenceClassification", "hf_tasks", "SkillNetBertForSequenceClassification"),
+    "token_crf": ("AutoModelForTokenClassification", "hf_tasks", "SkillNetBertForTokenClassification"),
+    "span": ("AutoModelForQuestionAnswering", "hf_tasks", "SkillNetBertForQuestionAnswering"),
+}
+# Pipelines transformers does not have (any more) for a model type: task -> implementation.
+CUSTOM_PIPELINES: dict[str, dict[str, dict[str, Any]]] = {
+    "skillnet-bart": {"text2text-generation": {"impl": "skillnet_hf_tasks.SkillNetText2TextPipeline",
+                                               "pt": ["AutoModelForSeq2SeqLM"]}},
+}
+
+
+def served_classes(model_type: str, config: dict[str, Any] | None = None) -> list[tuple[str, str, str]]:
+    """(auto class, module, class) an export of `config` (its config.json) can serve."""
+    classes = list(AUTO_CLASSES[model_type])
+    if model_type != "skillnet-bert" or config is None:
+        return classes
+    arch = (config.get("architectures") or [""])[0]
+    if arch == "SkillNetBertForPreTraining":
+        classes += _PRETRAINED_TASK_CLASSES
+    elif arch == "SkillNetBertForMultiTask":
+        for head in (config.get("task_heads") or {}).values():
+            c = _HEAD_TASK_CLASSES.get(head.get("type"))
+            if c is not None and c not in classes:
+                classes.append(c)
+    return classes
+
+
+def auto_map(model_type: str, config: dict[str, Any] | None = None) -> dict[str, str]:
+    return {auto: f"{_remote_name(mod)}.{cls}" for auto, mod, cls in served_classes(model_type, config)}
 
 
 def write_remote_code(folder: str | os.PathLike, model_type: str) -> list[str]:
@@ -73,14 +110,17 @@ def write_remote_code(folder: str | os.PathLike, model_type: str) -> list[str]:
                 (folder / f.name).write_text(f.read_text(encoding="utf-8"), encoding="utf-8")
             written.append(f.name)
     else:
-        for m in sorted(_closure({mod for _, mod, _ in AUTO_CLASSES[model_type]})):
+        # hf_tasks: the task classes and the custom pipelines, whether or not this export lists them
+        for m in sorted(_closure({mod for _, mod, _ in AUTO_CLASSES[model_type]} | {"hf_tasks"})):
             src = (_MODEL_DIR / f"{m}.py").read_text(encoding="utf-8")
             src = _REL_IMPORT.sub(lambda g: f"{g.group(1)}.{_remote_name(g.group(2))}{g.group(3)}", src)
             (folder / f"{_remote_name(m)}.py").write_text(src, encoding="utf-8")
             written.append(f"{_remote_name(m)}.py")
     cfg_path = folder / "config.json"
     cfg = json.loads(cfg_path.read_text(encoding="utf-8"))
-    cfg["auto_map"] = auto_map(model_type)
+    cfg["auto_map"] = auto_map(model_type, cfg)
+    if model_type in CUSTOM_PIPELINES:
+        cfg["custom_pipelines"] = CUSTOM_PIPELINES[model_type]
     cfg_path.write_text(json.dumps(cfg, indent=2, sort_keys=True, ensure_ascii=False) + "\n", encoding="utf-8")
     return written
 
@@ -103,21 +143,26 @@ def save_tokenizer(folder: str | os.PathLike, vocab_file: str | os.PathLike | No
     from transformers import AutoTokenizer, BertTokenizer
 
     folder = Path(folder)
+    cfg_path = folder / "config.json"
+    model_cfg = json.loads(cfg_path.read_text(encoding="utf-8")) if cfg_path.is_file() else {}
+    # BART has no segments: without this, generate(**tok(text)) fails on token_type_ids.
+    extra = {"model_input_names": ["input_ids", "attention_mask"]} if "bart" in str(model_cfg.get("model_type")) else {}
     if source is not None and (Path(source) / "tokenizer_config.json").is_file():
-        tok = AutoTokenizer.from_pretrained(str(source))
+        tok = AutoTokenizer.from_pretrained(str(source), **extra)
     else:
         if vocab_file is None:
             if source is None or not (Path(source) / "vocab.txt").is_file():
                 raise FileNotFoundError(f"no tokenizer to save: {source} has neither tokenizer_config.json "
                                         "nor vocab.txt, and no vocab file was given")
             vocab_file = Path(source) / "vocab.txt"
-        tok = BertTokenizer(vocab=str(vocab_file), do_lower_case=lowercase, tokenize_chinese_chars=True)
+        tok = BertTokenizer(vocab=str(vocab_file), do_lower_case=lowercase, tokenize_chinese_chars=True, **extra)
+    if model_cfg.get("max_position_embeddings"):  # truncation=True (and every pipeline) then fits the model
+        tok.model_max_length = int(model_cfg["max_position_embeddings"])
     tok.save_pretrained(str(folder))
     for src_dir, name in ((Path(vocab_file).parent if vocab_file else None, Path(vocab_file).name if vocab_file
                            else None), (Path(source) if source else None, "vocab.txt")):
         if src_dir is not None and name and (src_dir / name).is_file() and not (folder / "vocab.txt").is_file():
             shutil.copyfile(src_dir / name, folder / "vocab.txt")
-    cfg_path = folder / "config.json"
     if cfg_path.is_file():
         cfg = json.loads(cfg_path.read_text(encoding="utf-8"))
         cfg["tokenizer_class"] = type(tok).__name__

@@ -1,4 +1,4 @@
-"""Projected attention layers (BERT and PALs, bert-pals-annealed-sampling.md §3; the second method seam:
+"""Projected attention layers (BERT and PALs, Stickland & Murray 2019, §3; the second method seam:
 what a task adds beside the shared layers).
 
 Per task: one encoder projection V^E (d -> d_m) and one decoder projection V^D (d_m -> d), shared by all
@@ -16,10 +16,14 @@ each layer), see `pals_parameter_count`.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from .extras import LayerHook, TaskExtras, register_extras
 
 
 class ProjectedSelfAttention(nn.Module):
@@ -58,8 +62,31 @@ class TaskPAL(nn.Module):
         return F.gelu(self.up(self.layers[layer](self.down(h_BTD), mask_B11T)))
 
 
-class ProjectedAttentionLayers(nn.Module):
-    """``pals.{task}``: a `TaskPAL` per fine-tuning task. Rows of a mixed-task batch use their own task's."""
+@dataclass(kw_only=True, repr=False, eq=False)
+class ProjectedAttentionSettings:
+    r"""The projected attention layers' config fields (SkillNet-BERT's config mixes them in).
+
+    pals_dim: 0 = none; else the projected size d_m (204 at hidden 768), ``pals_heads`` attention heads.
+    """
+
+    pals_dim: int = 0
+    pals_heads: int = 6
+
+    def validate_projected_attention_settings(self) -> None:
+        if self.pals_dim < 0 or (self.pals_dim and self.pals_dim % self.pals_heads):
+            raise ValueError(f"pals_dim={self.pals_dim} must be 0 (no PALs) or a multiple of "
+                             f"pals_heads={self.pals_heads}")
+
+    @staticmethod
+    def pals_dim_for(hidden_size: int, heads: int = 6) -> int:
+        """d_m scaled from the paper's 204 at hidden 768, rounded up to a multiple of the heads."""
+        return max(heads, -(-round(hidden_size * 204 / 768) // heads) * heads)
+
+
+@register_extras("pals")
+class ProjectedAttentionLayers(TaskExtras, nn.Module):
+    """``pals.tasks.{task}``: a `TaskPAL` per fine-tuning task. Rows of a mixed-task batch use their own
+    task's. Built when ``config.pals_dim`` > 0, for the config's tasks with heads."""
 
     def __init__(self, tasks: Sequence[str], hidden: int, dim: int, heads: int, num_layers: int,
                  dropout: float) -> None:
@@ -67,9 +94,30 @@ class ProjectedAttentionLayers(nn.Module):
         self.shape = (hidden, dim, heads, num_layers, dropout)
         self.tasks = nn.ModuleDict({t: TaskPAL(*self.shape) for t in tasks})
 
-    def add_task(self, task: str) -> TaskPAL:
+    @classmethod
+    def from_config(cls, config: Any) -> ProjectedAttentionLayers | None:
+        if not getattr(config, "pals_dim", 0):
+            return None
+        return cls(list(config.task_heads), config.hidden_size, config.pals_dim, config.pals_heads,
+                   config.num_hidden_layers, config.attention_probs_dropout_prob)
+
+    def task_modules(self) -> dict[str, nn.Module]:
+        return dict(self.tasks.items())
+
+    def add_task(self, task: str, *args: Any) -> TaskPAL:
         self.tasks[task] = TaskPAL(*self.shape)
         return self.tasks[task]
+
+    def layer_hook(self, task: str | Sequence[str] | None, mask_B11T: torch.Tensor | None,
+                   device: torch.device | str) -> LayerHook | None:
+        rows = {t: (None if r is None else r.to(device)) for t, r in task_rows(task).items()}
+        if not rows:
+            return None
+
+        def hook(layer: int, h_BTD: torch.Tensor) -> torch.Tensor | None:
+            return self(layer, h_BTD, mask_B11T, rows)
+
+        return hook
 
     def __call__(self, layer: int, h_BTD: torch.Tensor, mask_B11T: torch.Tensor | None,
                  rows: dict[str, torch.Tensor | None]) -> torch.Tensor | None:

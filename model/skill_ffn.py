@@ -12,13 +12,15 @@ mask over that [N, k*f] activation, which is what dropout on each skill's own [N
 plain PyTorch optimizer skips them.
 
 Skill choice is data: a `SkillRouting` (groups of rows, each with its tuple of skill ids) built once per
-forward and shared by all layers.
+forward by the model's router (routers.py) and shared by all layers. A bank built with a ``gate`` (a token
+gate, as the ``"topk"`` router builds) lets the gate pick its experts per token instead, and returns the gate's auxiliary
+loss through the routing (``routing.aux``), so no loss lives in module state.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
@@ -43,8 +45,12 @@ class SkillRouting:
 
     groups: tuple[SkillGroup, ...]
     inverse: torch.Tensor | None  # restores batch order after the groups are concatenated
-    # Token gate (MoE): [B, T] bool, False at padding, which takes no part in routing or balancing.
+    # Token gate: [B, T] bool, False at padding, which takes no part in routing or balancing.
     token_mask: torch.Tensor | None = None
+    # What the layers of this forward return beside their output (a token gate's balancing loss per
+    # layer, in layer order); the model empties it when a forward starts and hands it to its router after,
+    # which reduces and weights it.
+    aux: list[torch.Tensor] = field(default_factory=list, compare=False)
 
     @property
     def single(self) -> bool:
@@ -73,7 +79,7 @@ class SkillRouting:
 
     @staticmethod
     def token_gate(num_skills: int, token_mask_BT: torch.Tensor | None) -> SkillRouting:
-        """Every FFN is a candidate; the layer's gate picks per token (the MoE baseline)."""
+        """Every FFN is a candidate; the layer's gate picks per token."""
         return SkillRouting((SkillGroup(None, tuple(range(num_skills))),), None, token_mask_BT)
 
     def active_skills(self) -> set[int]:
@@ -207,21 +213,15 @@ class SkillFFN(nn.Module):
         per_skill_layernorm: bool = False,
         layer_norm_eps: float = 1e-12,
         hidden_dropout_prob: float = 0.0,
-        moe_top_k: int = 0,
-        capacity_factor: float = 1.0,
-        eval_capacity_factor: float = 2.0,
+        gate: nn.Module | None = None,
         activation_dropout: float = 0.0,
     ) -> None:
         super().__init__()
         self.impl = impl
         # Dropout between each skill's two linear layers (BART's activation_dropout; BERT has none).
         self.activation_dropout = activation_dropout
-        self.moe_top_k = moe_top_k
-        self.capacity_factor, self.eval_capacity_factor = capacity_factor, eval_capacity_factor
-        self.gate_stats: dict[str, int] = {}
-        # MoE baseline only: a learned token-level gate instead of task routing.
-        self.gate = nn.Linear(hidden_size, num_skills, bias=False) if moe_top_k else None
-        self.aux_loss: torch.Tensor | None = None
+        # A router's token gate (x_ND, keep_N) -> combine/dispatch weights and aux loss; None: rows are routed.
+        self.gate = gate
         self.per_skill_layernorm = per_skill_layernorm
         self.act = ACT2FN[hidden_act]
         # The fused kernel knows GELU's derivative; other activations take the autograd concat path.
@@ -240,7 +240,7 @@ class SkillFFN(nn.Module):
         Per-skill LayerNorm: returns mean_k LN_k(dropout(FFN_k(x)) + residual); `residual_BTD` required.
         """
         if self.gate is not None:
-            return self._moe(x_BTD, routing.token_mask)
+            return self._gated(x_BTD, routing)
         if routing.single:
             return self._group(x_BTD, routing.groups[0], residual_BTD)
         outs = []
@@ -318,18 +318,13 @@ class SkillFFN(nn.Module):
             out = h if out is None else out + h
         return out / len(ids)
 
-    def _moe(self, x: torch.Tensor, token_mask_BT: torch.Tensor | None) -> torch.Tensor:
-        """Top-k token gate with capacity (the MoE baseline of §4.1, fairseq's top2gating design). The
-        layer's load-balancing loss is kept in `self.aux_loss` (the model averages it over layers) and the
-        routing statistics in `self.gate_stats`."""
-        from .routers import top_k_gating
-
+    def _gated(self, x: torch.Tensor, routing: SkillRouting) -> torch.Tensor:
+        """Each token runs the experts its layer's gate picks, weighted by the gate; the gate's auxiliary
+        loss goes into ``routing.aux``."""
         x_ND = x.reshape(-1, x.shape[-1])
-        keep_N = None if token_mask_BT is None else token_mask_BT.reshape(-1)
-        factor = self.capacity_factor if self.training else self.eval_capacity_factor
-        g = top_k_gating(self.gate(x_ND), self.moe_top_k, factor, keep_N)
-        self.aux_loss = g.aux_loss
-        self.gate_stats = {"capacity": g.capacity, "dropped": g.dropped}
+        keep_N = None if routing.token_mask is None else routing.token_mask.reshape(-1)
+        g = self.gate(x_ND, keep_N)
+        routing.aux.append(g.aux_loss)
         y_ND = torch.zeros_like(x_ND)
         # Only the chosen tokens are computed. With several ranks every expert runs, the unchosen ones on
         # zero rows, so that the autograd graph has the same shape on every rank, which data-parallel

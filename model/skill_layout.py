@@ -1,13 +1,14 @@
 """The backbone-independent half of a SkillNet config: skills, the task -> skills map, the generic skill,
-where skills live, and which router picks the FFNs (the first method seam, shared/DESIGN.md).
+where skills live, and which router picks the FFNs (routers.py).
 
 `SkillLayoutMixin` is a dataclass mixed into an HF config dataclass (``class SkillNetBertConfig(
 SkillLayoutMixin, BertConfig)``). It contributes the fields both backbones share with the same meaning
-(skills, tasks, FFN implementation, LayerNorm placement, router and MoE settings), and holds the queries
+(skills, tasks, FFN implementation, LayerNorm placement, router and token-gate settings), and holds the queries
 (``skill_ids(task)`` ...), the edits (``add_skill`` ...) and their validation, so SkillNet-BERT and
 SkillNet-BART name, check and edit skills the same way. A backbone declares its own defaults
 (``generic_skill``, ``skill_layers``), its default tables (``default_skills``, ``default_tasks``), its
-``presets``, the ``routers`` it implements, and ``validate_skill_layers`` (which layers exist).
+``presets`` and ``validate_skill_layers`` (which layers exist); each router checks its own fields and
+the backbones it is defined for.
 """
 
 from __future__ import annotations
@@ -16,15 +17,14 @@ import copy
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+from .registry import TokenGateSettings, build_router
+
 FFN_IMPLS = ("fused", "loop")
 SKILL_LAYERNORMS = ("shared", "per_skill")
-# "task": the task picks the skills (SkillNet); "topk": a learned token gate (the MoE baseline);
-# "learned": a learned task-skill map (SkillNet-BERT only so far).
-ROUTERS = ("task", "topk", "learned")
 
 
 @dataclass(kw_only=True, repr=False, eq=False)
-class SkillLayoutMixin:
+class SkillLayoutMixin(TokenGateSettings):
     r"""Skill layout and router fields shared by SkillNet-BERT and SkillNet-BART.
 
     skills: ordered list of ``{"name", "description"}``; a skill's id is its position. A bare name is
@@ -38,23 +38,18 @@ class SkillLayoutMixin:
     skill_layernorm: ``"shared"`` (the papers: average the skills' FFN outputs, then the layer's dropout,
         residual and LayerNorm) or ``"per_skill"`` (public SkillNet-NLG code: each skill does dropout,
         residual and its own LayerNorm; the outputs are averaged after the LayerNorms).
-    router: which FFNs a token uses: ``"task"`` (SkillNet: the task picks the skills), ``"topk"`` (the
-        MoE baseline: a learned gate per skill layer picks the top ``moe_top_k`` FFNs per token,
-        fairseq-style capacity, padding excluded; tasks do not choose FFNs) or ``"learned"`` (the learned
-        task-skill map; only where the backbone lists it in ``routers``).
-    moe_aux_loss_coef: weight of the load-balancing loss (computed per layer, averaged over layers)
-        added to the training loss.
-    moe_capacity_factor / moe_eval_capacity_factor: expert capacity in training / evaluation,
-        ``ceil(factor * top_k * tokens / experts)``; tokens over capacity get 0 from the FFN and ride the
-        residual. ``factor >= experts / top_k`` never drops a token; ``moe_eval_capacity_factor=None``
-        means exactly that (no capacity limit in evaluation).
+    router: which FFNs a token uses: a name in ``routers.ROUTERS``: ``"task"`` (SkillNet: the task picks
+        the skills), ``"dense"`` (one FFN for every task), ``"topk"`` (a learned gate per skill layer picks
+        the top k FFNs per token; its fields are `TokenGateSettings`') or ``"learned"`` (the learned
+        task-skill map; SkillNet-BERT only).
+    default_task: the task a call without ``task=`` / ``skill_ids=`` runs (an export's; set by
+        ``export --task``). ``None``: such a call is an error.
     """
 
     # Declared by the backbone (its own defaults and tables).
     default_skills: ClassVar[list[dict[str, str]]]
     default_tasks: ClassVar[dict[str, list[str]]]
     presets: ClassVar[dict[str, dict[str, Any]]]
-    routers: ClassVar[tuple[str, ...]] = ("task", "topk")
 
     skills: list | None = None
     tasks: dict | None = None
@@ -63,10 +58,7 @@ class SkillLayoutMixin:
     ffn_impl: str = "fused"
     skill_layernorm: str = "shared"
     router: str = "task"
-    moe_top_k: int = 2
-    moe_aux_loss_coef: float = 0.01
-    moe_capacity_factor: float = 1.0
-    moe_eval_capacity_factor: float | None = 2.0
+    default_task: str | None = None
 
     def __post_init__(self, **kwargs: Any) -> None:
         # A dense config's dict passed as kwargs says model_type="bert"/"bart": the class's own type must
@@ -86,20 +78,6 @@ class SkillLayoutMixin:
         if name not in cls.presets:
             raise KeyError(f"unknown preset {name!r}; valid presets: {', '.join(cls.presets)}")
         return cls(**{**cls.presets[name], **overrides})
-
-    @classmethod
-    def dense_joint(cls, **kwargs: Any) -> Any:
-        """The "Joint fine-tuning (Dense)" baseline: one FFN shared by every task."""
-        tasks = {t: ["shared"] for t in kwargs.pop("tasks", cls.default_tasks)}
-        return cls(
-            skills=[{"name": "shared", "description": "dense FFN"}], tasks=tasks, generic_skill=None, **kwargs
-        )
-
-    @classmethod
-    def top2_moe(cls, **kwargs: Any) -> Any:
-        """The "Joint fine-tuning (MoE)" baseline: as many FFNs per skill layer as skills, a gate per layer
-        activates the top 2 per token."""
-        return cls(router="topk", moe_top_k=2, **kwargs)
 
     # ---- validation (HF's strict dataclass also runs every ``validate_*`` at save time) ------------
     def validate_skills(self) -> None:
@@ -122,32 +100,15 @@ class SkillLayoutMixin:
                     raise KeyError(self._unknown_skill_msg(s, f"task {task!r}"))
             if not self._task_skill_names(task):
                 raise ValueError(f"task {task!r} activates no skill (and no generic skill is set)")
+        if self.default_task is not None and self.default_task not in self.tasks:
+            raise KeyError(f"default_task {self.default_task!r} is not a task; valid tasks: {', '.join(self.tasks)}")
         if self.ffn_impl not in FFN_IMPLS:
             raise ValueError(f"ffn_impl={self.ffn_impl!r}; valid: {FFN_IMPLS}")
         if self.skill_layernorm not in SKILL_LAYERNORMS:
             raise ValueError(f"skill_layernorm={self.skill_layernorm!r}; valid: {SKILL_LAYERNORMS}")
 
     def validate_router(self) -> None:
-        if self.router not in self.routers:
-            raise ValueError(f"router={self.router!r}; valid: {self.routers}")
-        if self.router == "topk" and not 0 < self.moe_top_k <= self.num_skills:
-            raise ValueError(f"moe_top_k={self.moe_top_k} must be in 1..{self.num_skills}")
-        if self.router == "topk" and self.skill_layernorm != "shared":
-            # SkillFFN's token-gate path computes plain FFN experts; per-skill LayerNorm would lose the
-            # residual and the layer's LayerNorm without a word.
-            raise ValueError(f"router='topk' needs skill_layernorm='shared', not {self.skill_layernorm!r}")
-        eval_factor = self.moe_eval_capacity_factor
-        if self.router == "topk" and not (self.moe_capacity_factor > 0 and (eval_factor is None or eval_factor > 0)):
-            raise ValueError("moe_capacity_factor and moe_eval_capacity_factor must be > 0 "
-                             "(moe_eval_capacity_factor may be None: no capacity limit in evaluation)")
-
-    def moe_capacity_factors(self) -> tuple[float, float]:
-        """(training, evaluation) capacity factors of the token gate. No evaluation limit (None) is the
-        factor at which every token fits: ``experts / top_k`` gives capacity = tokens."""
-        eval_factor = self.moe_eval_capacity_factor
-        if eval_factor is None:
-            eval_factor = self.num_skills / max(self.moe_top_k, 1)
-        return self.moe_capacity_factor, eval_factor
+        build_router(self).validate()
 
     def validate_skill_layers(self) -> None:
         raise NotImplementedError  # the backbone knows its stacks

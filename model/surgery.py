@@ -177,7 +177,7 @@ def skillnet_bart_from_dense(
     init_skills: Iterable[str] | None = None,
     **config_overrides: Any,
 ) -> PreTrainedModel:
-    """Build a SkillNet-BART whose skills are copies of a dense BART's FFNs (skillnet-nlg.md Appendix C.1).
+    """Build a SkillNet-BART whose skills are copies of a dense BART's FFNs (SkillNet-NLG Appendix C.1).
 
     `dense`: an HF BART folder, a ``BartModel``/``BartForConditionalGeneration``, or a state dict (then
     pass `config`). Sizes and token ids come from the dense config; `config_overrides` set the skill

@@ -14,8 +14,11 @@ on the CPU, no GPUs or process group needed). What it writes follows from the ch
 * dense BART (``pretrain/run.py --arch bart``): a plain HF ``BartForConditionalGeneration`` folder
   (model_type "bart"), which generation fine-tuning turns into SkillNet-BART (``skillnet_bart_from_dense``).
 
-Every folder gets the tokenizer of the shards (vocab.txt, tokenizer files) and export_info.json (source
-checkpoint, step, architecture, objectives, and which skills were copied from which).
+Every folder gets the tokenizer of the shards (vocab.txt, tokenizer files, ``model_max_length`` = the
+model's positions), export_info.json (source checkpoint, step, architecture, objectives, and which skills
+were copied from which) and a model card (README.md, from model_card.json). A SkillNet-BERT export's
+``default_task`` (``--task``; default ``mlm``) is what a call without ``task=`` runs, and its ``auto_map``
+names the fill-mask class (docs/hf.md).
 """
 
 from __future__ import annotations
@@ -205,8 +208,12 @@ def export(
     tag: str | None = None,
     init_unused: bool = True,
     dense: bool = False,
+    task: str | None = None,
 ) -> Path:
-    """Write the HF folder of a checkpoint (see the module docstring); `dense=True` requires a dense one."""
+    """Write the HF folder of a checkpoint (see the module docstring); `dense=True` requires a dense one.
+    `task`: the default task of a SkillNet export (default: ``mlm``, the MLM head's skills)."""
+    if (Path(checkpoint) / "config.json").is_file() and not (Path(checkpoint) / "checkpoints").is_dir():
+        return reexport(checkpoint, out, task)
     root, tag = locate_checkpoint(checkpoint, tag)
     cfg_file = root / tag / "model_config.json"
     if not cfg_file.is_file():
@@ -237,7 +244,7 @@ def export(
     run_args = json.loads(args_file.read_text()) if args_file.is_file() else {}
     _save_tokenizer(tmp, run_args.get("shards"), saved.config.vocab_size)
     info = {
-        "source": str((root / tag).resolve()),
+        "source": f"{run_dir.name}/{root.name}/{tag}",  # relative: an export moves
         "step": step,
         "kind": kind,
         "exported_as": EXPORT_KINDS[kind],
@@ -245,6 +252,42 @@ def export(
         **facts,
     }
     (tmp / "export_info.json").write_text(json.dumps(info, indent=2))
+    from skillnet.model.card import finish_export
+
+    training = {"stage": "pre-training", "step": step, "objectives": run_args.get("objectives"),
+                "data": Path(run_args["shards"]).name if run_args.get("shards") else "synthetic"}
+    finish_export(saved, tmp, final=out, default_task=task, training=training)
+    if out.exists():
+        shutil.rmtree(out)
+    os.replace(tmp, out)
+    return out
+
+
+def reexport(folder: str | Path, out: str | Path, task: str | None) -> Path:
+    """Copy a SkillNet export (e.g. a fine-tuning run's export/) with another default task: the pipelines,
+    labels, generation settings and model card then follow that task."""
+    import transformers
+    from skillnet.model.card import _run_dir, finish_export
+
+    folder, out = Path(folder), Path(out)
+    cfg = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+    if cfg.get("model_type") not in ("skillnet-bert", "skillnet-bart"):
+        raise ValueError(f"{folder}: model_type {cfg.get('model_type')!r} is not a SkillNet export: nothing to re-export")
+    if task is None:
+        raise ValueError(f"{folder} is an HF export: pass --task NAME to give it another default task")
+    arch = (cfg.get("architectures") or [""])[0]
+    import skillnet.model as sm
+
+    model_cls = getattr(sm, arch, None) or getattr(transformers, arch, None)
+    if model_cls is None:
+        raise ValueError(f"{folder}: unknown architecture {arch!r}")
+    model = model_cls.from_pretrained(str(folder)).eval()
+    tmp = out.with_name(out.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    shutil.copytree(folder, tmp)
+    finish_export(model, tmp, final=out, default_task=task, run_dir=_run_dir(folder),
+                  training=json.loads((folder / "model_card.json").read_text(encoding="utf-8")).get("training")
+                  if (folder / "model_card.json").is_file() else None)
     if out.exists():
         shutil.rmtree(out)
     os.replace(tmp, out)
@@ -254,7 +297,9 @@ def export(
 def build_parser() -> Parser:
     p = Parser("skillnet.pretrain.export", description=__doc__)
     p.add_argument(
-        "--checkpoint", required=True, help="run dir (uses checkpoints/latest), checkpoints dir or step_* dir"
+        "--checkpoint", required=True,
+        help="run dir (uses checkpoints/latest), checkpoints dir or step_* dir; or a SkillNet HF export (e.g. a "
+        "fine-tuning run's export/), copied to --out with the default task --task",
     )
     p.add_argument("--tag", help="checkpoint tag (step_XXXXXXXX); default: latest")
     p.add_argument("--out", required=True, help="output folder (written atomically)")
@@ -262,6 +307,11 @@ def build_parser() -> Parser:
         "--no-init-unused",
         action="store_true",
         help="SkillNet-BERT: keep the untrained skills as they are instead of copying the generic skill into them",
+    )
+    p.add_argument(
+        "--task",
+        help="SkillNet-BERT: the default task, what a call without task= runs (any task of the model's config; "
+        "default: mlm, which fill-mask and feature-extraction pipelines then use)",
     )
     p.add_argument(
         "--dense",
@@ -276,8 +326,9 @@ def main(argv: list[str] | None = None) -> int:
     p = build_parser()
     args = p.parse_args(argv)
     try:
-        out = export(args.checkpoint, args.out, args.tag, init_unused=not args.no_init_unused, dense=args.dense)
-    except (FileNotFoundError, ValueError) as e:
+        out = export(args.checkpoint, args.out, args.tag, init_unused=not args.no_init_unused, dense=args.dense,
+                     task=args.task)
+    except (FileNotFoundError, ValueError, KeyError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     print(json.dumps({"event": "exported", "out": str(out)}))

@@ -15,26 +15,21 @@ trains a dense BART with text infilling (exported as HF BartForConditionalGenera
 
 from __future__ import annotations
 
+import argparse
+import json
 import os
 import sys
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-# `deepspeed pretrain/run.py` and `python pretrain/run.py` run this file as a script: make the repo
-# root importable so it works from a plain clone without `pip install -e .`.
-_ROOT = str(Path(__file__).resolve().parent.parent)
-if _ROOT not in sys.path:
-    sys.path.insert(0, _ROOT)
+import torch
+from skillnet.pretrain.recipes import DEFAULTS, RECIPES, ResolvedSettings, describe, resolve_settings
+from skillnet.training.cli import Parser
+
+# Set before the model code imports transformers (lazily, in main): pre-training never downloads.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
-
-import argparse  # noqa: E402
-import json  # noqa: E402
-from collections.abc import Callable  # noqa: E402
-from dataclasses import dataclass  # noqa: E402
-from typing import Any  # noqa: E402
-
-import torch  # noqa: E402
-from skillnet.pretrain.recipes import DEFAULTS, RECIPES, ResolvedSettings, describe, resolve_settings  # noqa: E402
-from skillnet.training.cli import Parser  # noqa: E402
 
 __all__ = ["ARCHS", "PretrainArch", "build_parser", "main", "build_model", "build_dataset"]
 
@@ -346,9 +341,49 @@ def _bart_presets() -> dict[str, Any]:
     return BART_PRESETS
 
 
+def _check_bert(args: argparse.Namespace) -> None:
+    return None  # every flag applies to BERT
+
+
+def _check_bart(args: argparse.Namespace) -> None:
+    if args.synthetic:
+        raise ValueError("--arch bart needs --shards: the synthetic corpus has no text to denoise")
+    if args.whole_word_mask:
+        raise ValueError("--whole-word-mask is an MLM option; --arch bart trains denoise")
+    if args.recipe:
+        raise ValueError(
+            f"--recipe {args.recipe} is SkillNet-NLU's BERT recipe; BART takes its settings from flags or "
+            f"the DeepSpeed JSON"
+        )
+
+
+def _describe_bert(args: argparse.Namespace) -> str:
+    kind = (
+        "dense BERT (no skill layers; exported as HF BertForPreTraining)"
+        if args.dense
+        else "SkillNet-BERT (skill FFNs, each objective activates its skills)"
+    )
+    how = "" if len(args.objectives) == 1 else (
+        ", every step each" if args.objective_mode == "both" else ", one drawn per step"
+    )
+    return f"{kind}; objectives {' + '.join(args.objectives)} [{args.objectives_source}]{how}"
+
+
+def _describe_bart(args: argparse.Namespace) -> str:
+    ratio = MASK_RATIO if args.mask_ratio is None else args.mask_ratio
+    lam = POISSON_LAMBDA if args.poisson_lambda is None else args.poisson_lambda
+    return (
+        f"dense BART (no skill layers; exported as HF BartForConditionalGeneration); objective denoise: "
+        f"text infilling, mask_ratio {ratio}, span lengths ~ Poisson({lam}), sentence permutation "
+        f"{'on' if args.permute_sentences else 'off'}"
+    )
+
+
 @dataclass(frozen=True)
 class PretrainArch:
-    """What ``--arch`` selects: the objectives it can train and how its samples and model are built."""
+    """What ``--arch`` selects: the objectives it can train, how its samples and model are built, which
+    settings it refuses (``check_args``: ValueError with a one-line message) and how the start log names
+    the run (``describe``)."""
 
     name: str
     objectives: tuple[str, ...]
@@ -356,13 +391,19 @@ class PretrainArch:
     presets: Callable[[], dict[str, Any]]
     build_dataset: Callable[[argparse.Namespace], Any]
     build_model: Callable[[argparse.Namespace, int | None, Any], torch.nn.Module]
+    check_args: Callable[[argparse.Namespace], None]
+    describe: Callable[[argparse.Namespace], str]
     always_dense: bool = False
 
 
 ARCHS: dict[str, PretrainArch] = {
-    "bert": PretrainArch("bert", ("mlm", "nsp"), ("mlm", "nsp"), _bert_presets, _bert_dataset, _build_bert),
+    "bert": PretrainArch(
+        "bert", ("mlm", "nsp"), ("mlm", "nsp"), _bert_presets, _bert_dataset, _build_bert, _check_bert,
+        _describe_bert,
+    ),
     "bart": PretrainArch(
-        "bart", ("denoise",), ("denoise",), _bart_presets, _bart_dataset, _build_bart, always_dense=True
+        "bart", ("denoise",), ("denoise",), _bart_presets, _bart_dataset, _build_bart, _check_bart,
+        _describe_bart, always_dense=True,
     ),
 }
 
@@ -392,16 +433,7 @@ def check_args(args: argparse.Namespace) -> None:
     if "denoise" not in args.objectives and any(denoise_only.values()):
         given = " ".join(k for k, v in denoise_only.items() if v)
         raise ValueError(f"{given}: options of the denoise objective (--arch bart)")
-    if arch.name == "bart":
-        if args.synthetic:
-            raise ValueError("--arch bart needs --shards: the synthetic corpus has no text to denoise")
-        if args.whole_word_mask:
-            raise ValueError("--whole-word-mask is an MLM option; --arch bart trains denoise")
-        if args.recipe:
-            raise ValueError(
-                f"--recipe {args.recipe} is SkillNet-NLU's BERT recipe; BART takes its settings from flags or "
-                f"the DeepSpeed JSON"
-            )
+    arch.check_args(args)
     presets = arch.presets()
     if args.preset not in presets:
         raise KeyError(f"--arch {arch.name}: unknown preset {args.preset!r}; valid presets: {', '.join(presets)}")
@@ -409,24 +441,7 @@ def check_args(args: argparse.Namespace) -> None:
 
 def describe_mode(args: argparse.Namespace) -> str:
     """The start log's mode line: what is trained, on which objectives, from where."""
-    if args.arch == "bart":
-        ratio = MASK_RATIO if args.mask_ratio is None else args.mask_ratio
-        lam = POISSON_LAMBDA if args.poisson_lambda is None else args.poisson_lambda
-        what = (
-            f"dense BART (no skill layers; exported as HF BartForConditionalGeneration); objective denoise: "
-            f"text infilling, mask_ratio {ratio}, span lengths ~ Poisson({lam}), sentence permutation "
-            f"{'on' if args.permute_sentences else 'off'}"
-        )
-    else:
-        kind = (
-            "dense BERT (no skill layers; exported as HF BertForPreTraining)"
-            if args.dense
-            else "SkillNet-BERT (skill FFNs, each objective activates its skills)"
-        )
-        how = "" if len(args.objectives) == 1 else (
-            ", every step each" if args.objective_mode == "both" else ", one drawn per step"
-        )
-        what = f"{kind}; objectives {' + '.join(args.objectives)} [{args.objectives_source}]{how}"
+    what = ARCHS[args.arch].describe(args)
     if args.init_from_dense:
         what += f"; initialised from {args.init_from_dense}"
     return what
@@ -489,7 +504,7 @@ def main(argv: list[str] | None = None) -> int:
     from skillnet.data_prep.tokenizer import TokenizerError
     from skillnet.model import skill_parameters
     from skillnet.pretrain.objectives import ObjectiveSampler, PretrainBatchSource
-    from skillnet.training import TrainConfig, Trainer, prepare
+    from skillnet.training import SkillStatistics, TrainConfig, Trainer, prepare
     from skillnet.training import dist as D
     from skillnet.training.config import DsConfigError, load_ds_config
 
@@ -568,9 +583,10 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     evaluator = make_evaluator(dataset, args, cfg.micro_batch_size, trained) if args.eval_every else None
     n_params = sum(p.numel() for p in model.parameters())  # before ZeRO-3 partitions them
-    # A dense model has no skill parameters: no per-skill gradient norms (they would all log 0).
-    skill_params = None if args.dense else skill_parameters(model)
-    trainer = Trainer(model, source, cfg, evaluator=evaluator, skill_params=skill_params)
+    # A dense model has no skill parameters: no per-skill statistics (the gradient norms would all log 0).
+    skill_params = {} if args.dense else skill_parameters(model)
+    callbacks = [SkillStatistics(skill_params)] if skill_params else []
+    trainer = Trainer(model, source, cfg, evaluator=evaluator, callbacks=callbacks)
     if rank == 0:
         print(
             json.dumps(

@@ -8,24 +8,28 @@ from skillnet.model import (
     activated_parameters,
     count_parameters,
 )
+from skillnet.model.registry import ROUTERS
+from skillnet.model.routers import TokenGate
 from skillnet.model.skill_ffn import SkillFFN, SkillRouting
 
 HEADS = {"sentiment": {"type": "classification", "num_labels": 2}}
 
 
 def test_dense_joint_is_one_shared_ffn():
-    m = SkillNetBertForMultiTask(SkillNetBertConfig.dense_joint(**PRESETS["tiny"], task_heads=HEADS))
+    dense = ROUTERS["dense"].derive(SkillNetBertConfig(**PRESETS["tiny"])).changes
+    m = SkillNetBertForMultiTask(SkillNetBertConfig(**PRESETS["tiny"], task_heads=HEADS, **dense))
     assert list(count_parameters(m)["skills"]) == ["shared"]
     assert m.config.task_skill_names("ner") == ["shared"]
 
 
 def test_top2_gate_mixes_the_two_best_experts_per_token_within_capacity():
     torch.manual_seed(0)
-    ffn = SkillFFN(16, 24, 7, moe_top_k=2, capacity_factor=100.0)  # no token over capacity
+    ffn = SkillFFN(16, 24, 7, gate=TokenGate(16, 7, 2, 100.0, 100.0))  # no token over capacity
     x = torch.randn(2, 3, 16)
-    y = ffn(x, SkillRouting.token_gate(7, None))
+    routing = SkillRouting.token_gate(7, None)
+    y = ffn(x, routing)
     x_N = x.reshape(-1, 16)
-    p = ffn.gate(x_N).softmax(-1)
+    p = ffn.gate.logits(x_N).softmax(-1)
     for n in range(x_N.shape[0]):
         w, idx = p[n].topk(2)
         w = w / w.sum()
@@ -35,12 +39,12 @@ def test_top2_gate_mixes_the_two_best_experts_per_token_within_capacity():
             for wi, i in zip(w, idx.tolist())
         )
         torch.testing.assert_close(y.reshape(-1, 16)[n], ref, atol=1e-5, rtol=0)
-    assert ffn.aux_loss is not None and ffn.aux_loss.item() > 0
+    assert len(routing.aux) == 1 and routing.aux[0].item() > 0  # the layer's loss comes back with the routing
 
 
 def test_moe_model_trains_gate_and_counts_two_experts():
     torch.manual_seed(0)
-    m = SkillNetBertForMultiTask(SkillNetBertConfig.top2_moe(**PRESETS["tiny"], task_heads=HEADS))
+    m = SkillNetBertForMultiTask(SkillNetBertConfig(**PRESETS["tiny"], task_heads=HEADS, router="topk", moe_top_k=2))
     out = m(task="sentiment", input_ids=torch.randint(1, 99, (3, 7)), labels=torch.tensor([0, 1, 0]))
     out.loss.backward()
     assert m.bert.encoder.layer[0].skill_ffn.gate.weight.grad.abs().sum() > 0

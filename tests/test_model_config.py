@@ -1,6 +1,7 @@
 import pytest
 import torch
 from skillnet.model import SkillNetBartConfig, SkillNetBertConfig, SkillNetBertForMultiTask
+from skillnet.model.registry import ROUTERS, build_router
 from transformers import AutoConfig, BertConfig
 
 
@@ -86,7 +87,7 @@ def test_bert_and_bart_share_one_skill_layout_implementation():
     from skillnet.model.skill_layout import SkillLayoutMixin
 
     shared = ("skill_ids", "task_skill_names", "skill_index", "add_skill", "drop_skill", "validate_skill_layout",
-              "validate_router", "preset", "dense_joint", "top2_moe")
+              "validate_router", "preset")
     for cls in (SkillNetBertConfig, SkillNetBartConfig):
         for name in shared:
             assert name not in vars(cls), f"{cls.__name__} redefines {name}"
@@ -114,20 +115,20 @@ def test_router_fields_are_validated_the_same_way(cls):
     # so that combination would silently drop the residual and the layer's LayerNorm
     with pytest.raises(ValueError, match="router='topk' needs skill_layernorm='shared'"):
         cls.preset("tiny", router="topk", skill_layernorm="per_skill")
-    c = cls.top2_moe(**cls.presets["tiny"])
+    c = cls(**cls.presets["tiny"], **ROUTERS["topk"].derive(cls(**cls.presets["tiny"])).changes)
     assert (c.router, c.moe_top_k, c.moe_aux_loss_coef, c.moe_capacity_factor) == ("topk", 2, 0.01, 1.0)
     # BERT keeps 2.0 in evaluation; BART defaults to no limit (None: every token fits, experts / top_k)
     want_eval = 2.0 if cls is SkillNetBertConfig else None
     assert c.moe_eval_capacity_factor == want_eval
-    assert c.moe_capacity_factors() == (1.0, 2.0 if want_eval else c.num_skills / 2)
-    assert cls.preset("tiny", router="topk", moe_eval_capacity_factor=None).moe_capacity_factors()[1] == (
+    assert build_router(c).capacity_factors() == (1.0, 2.0 if want_eval else c.num_skills / 2)
+    assert build_router(cls.preset("tiny", router="topk", moe_eval_capacity_factor=None)).capacity_factors()[1] == (
         c.num_skills / 2)
-    d = cls.dense_joint(**cls.presets["tiny"])
+    d = cls(**cls.presets["tiny"], **ROUTERS["dense"].derive(cls(**cls.presets["tiny"])).changes)
     assert d.skill_names == ["shared"] and d.generic_skill is None
     assert all(d.task_skill_names(t) == ["shared"] for t in d.tasks)
 
 
 def test_learned_router_is_bert_only():
     assert SkillNetBertConfig.preset("tiny", router="learned").router == "learned"
-    with pytest.raises(ValueError, match=r"router='learned'; valid: \('task', 'topk'\)"):
+    with pytest.raises(ValueError, match=r"router='learned' is not available for skillnet-bart"):
         SkillNetBartConfig.preset("tiny", router="learned")

@@ -8,8 +8,9 @@ import math
 import pytest
 import torch
 from skillnet.model import PRESETS, SkillNetBertConfig, SkillNetBertForMultiTask, count_parameters
+from skillnet.model.learned_map import LearnedSkillMap
 from skillnet.model.pals import pals_parameter_count
-from skillnet.model.routers import LearnedSkillMap, top_k_gating
+from skillnet.model.routers import TokenGate, top_k_gating
 from skillnet.model.skill_ffn import SkillFFN, SkillRouting
 from skillnet.training.optim import MaskedAdamW
 
@@ -32,6 +33,15 @@ def _batch(B: int = 4, T: int = 9, pad_from: int | None = 5) -> dict[str, torch.
         mask[0, pad_from:] = 0
         ids[0, pad_from:] = 0
     return {"input_ids": ids, "attention_mask": mask}
+
+
+def _gate_outputs(model: torch.nn.Module) -> list:
+    """Every token gate's output, in call order, from forward hooks on the gates."""
+    seen: list = []
+    for mod in model.modules():
+        if isinstance(mod, TokenGate):
+            mod.register_forward_hook(lambda _m, _i, out: seen.append(out))
+    return seen
 
 
 # ------------------------------------------------------------------------------------------------- MoE
@@ -71,10 +81,10 @@ def test_capacity_drops_exactly_the_assignments_over_capacity_first_choices_firs
 
 def test_dropped_tokens_ride_the_residual_and_unchosen_experts_learn_nothing():
     torch.manual_seed(0)
-    ffn = SkillFFN(16, 24, 4, moe_top_k=2, capacity_factor=0.25)
+    ffn = SkillFFN(16, 24, 4, gate=TokenGate(16, 4, 2, 0.25, 0.25))
     x = torch.randn(2, 5, 16)
     y = ffn(x, SkillRouting.token_gate(4, None))
-    g = top_k_gating(ffn.gate(x.reshape(-1, 16)), 2, 0.25)
+    g = top_k_gating(ffn.gate.logits(x.reshape(-1, 16)), 2, 0.25)
     dropped = ~g.dispatch_NE.any(-1)
     assert dropped.any()
     assert float(y.detach().reshape(-1, 16)[dropped].abs().sum()) == 0.0
@@ -91,8 +101,9 @@ def test_dropped_tokens_ride_the_residual_and_unchosen_experts_learn_nothing():
 def test_moe_loss_includes_the_per_layer_balancing_loss_and_ignores_padding():
     m = _model(router="topk", moe_aux_loss_coef=0.5, moe_capacity_factor=100.0)
     b = _batch()
+    gates = _gate_outputs(m)
     out = m(task="a", labels=torch.tensor([0, 1, 0, 1]), **b)
-    layers = [layer.skill_ffn.aux_loss for layer in m.bert.encoder.layer]
+    layers = [g.aux_loss for g in gates]
     assert len(layers) == 2 and all(x is not None for x in layers)
     m.config.moe_aux_loss_coef = 0.0
     out0 = m(task="a", labels=torch.tensor([0, 1, 0, 1]), **b)
@@ -108,15 +119,16 @@ def test_moe_loss_includes_the_per_layer_balancing_loss_and_ignores_padding():
 def test_moe_eval_uses_its_own_capacity():
     m = _model(router="topk", moe_capacity_factor=0.1, moe_eval_capacity_factor=4.0)
     b = _batch(pad_from=None)
+    gates = _gate_outputs(m)
     m.train()
     m.bert(**b, task="a")
-    train_cap = m.bert.encoder.layer[0].skill_ffn.gate_stats["capacity"]
+    train_cap = gates[0].capacity
     m.eval()
     m.bert(**b, task="a")
-    eval_stats = m.bert.encoder.layer[0].skill_ffn.gate_stats
+    ev = gates[2]  # layer 0 of the second forward
     N, E = b["input_ids"].numel(), 7
-    assert train_cap == math.ceil(0.1 * 2 * N / E) and eval_stats["capacity"] == math.ceil(4.0 * 2 * N / E)
-    assert eval_stats["dropped"] == 0
+    assert train_cap == math.ceil(0.1 * 2 * N / E) and ev.capacity == math.ceil(4.0 * 2 * N / E)
+    assert ev.dropped == 0
 
 
 # ------------------------------------------------------------------------------------------ learned map

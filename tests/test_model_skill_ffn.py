@@ -3,6 +3,7 @@ import random
 import pytest
 import torch
 from skillnet.model import SkillNetBertConfig, SkillNetBertModel
+from skillnet.model.routers import TokenGate
 from skillnet.model.skill_ffn import SkillFFN, SkillRouting
 
 D, F, S = 32, 48, 7
@@ -145,7 +146,7 @@ def _all_paths(p: float) -> dict[str, SkillFFN]:
         "fused_concat": SkillFFN(D, F, S, hidden_act="relu", impl="fused", activation_dropout=p),
         "loop": SkillFFN(D, F, S, impl="loop", activation_dropout=p),
         "per_skill_ln": SkillFFN(D, F, S, per_skill_layernorm=True, layer_norm_eps=1e-5, activation_dropout=p),
-        "moe": SkillFFN(D, F, S, moe_top_k=2, capacity_factor=100.0, activation_dropout=p),
+        "moe": SkillFFN(D, F, S, gate=TokenGate(D, S, 2, 100.0, 2.0), activation_dropout=p),
     }
     for m in paths.values():
         m.load_state_dict(ref.state_dict(), strict=False)

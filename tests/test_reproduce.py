@@ -1,24 +1,29 @@
-"""scripts/reproduce.py: the stage plan and the report's completeness check (what CI's quick run relies on).
-The quick run itself is CI's last step (`make reproduce-quick`), not a test: it takes ~8 minutes."""
+"""skillnet.experiments (scripts/reproduce.py): the stage plan, the report's completeness check (what CI's quick
+run relies on) and the GPU estimate. The quick run itself is CI's last step (`make reproduce-quick`), not a
+test: it takes ~8 minutes."""
 
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from skillnet.experiments import estimate as est
+from skillnet.experiments.nlg import nlg_config, nlg_train_tasks, stage_nlg_temp
+from skillnet.experiments.nlu import NLU_TASKS, nlu_config, stage_nlu_alpha
+from skillnet.experiments.profiles import PROFILES
+from skillnet.experiments.report import build
+from skillnet.experiments.runner import Runner, paper_ratio_caps
+from skillnet.experiments.stages import PARTS, STAGES
+from skillnet.finetune.document import Document
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "scripts"))
-
-import reproduce  # noqa: E402
-from reproduce_report import Doc, build  # noqa: E402
 
 
 def test_dry_run_lists_every_stage_command(tmp_path):
     r = subprocess.run([sys.executable, "scripts/reproduce.py", "--quick", "--out", str(tmp_path), "--dry-run"],
                        cwd=REPO, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
-    for st in reproduce.STAGES:
+    for st in STAGES:
         assert f") {st.name}:" in r.stdout
     assert "deepspeed --num_gpus 2 pretrain/run.py" in r.stdout
     assert "skillnet.finetune.compare" in r.stdout
@@ -26,7 +31,7 @@ def test_dry_run_lists_every_stage_command(tmp_path):
 
 
 def test_problems_flag_empty_and_not_run_sections(tmp_path):
-    d = Doc()
+    d = Document()
     d.h(1, "t")
     d.h(2, "filled")
     d.p("a number: 1.0")
@@ -36,7 +41,7 @@ def test_problems_flag_empty_and_not_run_sections(tmp_path):
     d.img(tmp_path / "absent.png", "a picture")
     assert d.problems() == [f"picture missing: {tmp_path / 'absent.png'}", "section empty: empty",
                             "section not run: pending"]
-    ok = Doc()
+    ok = Document()
     ok.h(2, "filled")
     ok.table(["a"], [["1"]])
     assert ok.problems() == []
@@ -44,9 +49,9 @@ def test_problems_flag_empty_and_not_run_sections(tmp_path):
 
 @pytest.mark.parametrize("part", ["nlu", "nlg", "all"])
 def test_report_of_an_unfinished_run_is_incomplete(tmp_path, part):
-    _, parts, names = reproduce.PARTS[part]
-    stages = [s for s in reproduce.STAGES if s.name in names]
-    path, problems = build(tmp_path, reproduce.PROFILES["quick"], stages, tmp_path / "r.md", "t", parts)
+    _, parts, names = PARTS[part]
+    stages = [s for s in STAGES if s.name in names]
+    path, problems = build(tmp_path, PROFILES["quick"], stages, tmp_path / "r.md", "t", parts)
     assert path.is_file() and path.with_suffix(".html").is_file()
     assert any(p.startswith("section not run") for p in problems)
     assert "section not run: Where the papers' claims hold at this scale" in problems
@@ -60,14 +65,14 @@ def test_check_exits_nonzero_on_an_incomplete_report(tmp_path):
     assert "error: report incomplete: section not run" in r.stderr
 
 
-@pytest.mark.parametrize("name", list(reproduce.PROFILES))
+@pytest.mark.parametrize("name", list(PROFILES))
 def test_every_profile_writes_fine_tuning_configs_that_load(tmp_path, name):
     """The scale profile names BERT-base and BART-base presets: each must exist for its architecture."""
     from skillnet.finetune.config import FinetuneConfig
 
-    r = reproduce.Runner(tmp_path, reproduce.PROFILES[name], dry_run=True)
-    nlu = reproduce._nlu_config(r, {n: t for n, (_, _, t) in reproduce.NLU_TASKS.items()}, 10, "nlu")
-    nlg = reproduce._nlg_config(r, reproduce._nlg_train_tasks(), 10, "nlg")
+    r = Runner(tmp_path, PROFILES[name], dry_run=True)
+    nlu = nlu_config(r, {n: t for n, (_, _, t) in NLU_TASKS.items()}, 10, "nlu")
+    nlg = nlg_config(r, nlg_train_tasks(), 10, "nlg")
     for path in (nlu, nlg):  # the model config of the preset (the runs pass --init; bart_pt uses the preset)
         cfg = FinetuneConfig.load(path)
         assert cfg._model_config(str(path)) is not None
@@ -84,14 +89,14 @@ def test_bart_base_preset_has_bart_base_sizes():
 def test_flops_per_token_by_hand():
     c = {"hidden_size": 4, "intermediate_size": 8, "num_hidden_layers": 2, "vocab_size": 10}
     # per layer: 4*d^2 = 64 and k=2 FFNs of 2*d*f = 64 each -> 192 multiply-adds; scores 4*seq*d = 48 at seq 3
-    assert reproduce._bert_flops_per_token(c, seq=3, k=2) == 3 * (2 * 2 * 192 + 2 * 48)
-    assert reproduce._bert_flops_per_token(c, seq=3, k=2, mlm=True) == 3 * (2 * 2 * 192 + 2 * 48 + 2 * 0.15 * 40)
+    assert est.bert_flops_per_token(c, seq=3, k=2) == 3 * (2 * 2 * 192 + 2 * 48)
+    assert est.bert_flops_per_token(c, seq=3, k=2, mlm=True) == 3 * (2 * 2 * 192 + 2 * 48 + 2 * 0.15 * 40)
 
 
 def test_estimate_scales_with_the_profile():
-    full = {r["stage"]: r for r in reproduce.estimate(reproduce.PROFILES["full"])}
-    scale = {r["stage"]: r for r in reproduce.estimate(reproduce.PROFILES["scale"])}
-    assert set(full) == set(scale) == {s.name for s in reproduce.STAGES} - {"corpus", "shards", "nlu_tasks", "nlg_tasks"}
+    full = {r["stage"]: r for r in est.estimate(PROFILES["full"])}
+    scale = {r["stage"]: r for r in est.estimate(PROFILES["scale"])}
+    assert set(full) == set(scale) == {s.name for s in STAGES} - {"corpus", "shards", "nlu_tasks", "nlg_tasks"}
     assert all(scale[k]["pflop"] > 100 * full[k]["pflop"] > 0 for k in full)
 
 
@@ -100,10 +105,52 @@ def test_sampling_studies_run_on_unbalanced_tasks(tmp_path):
     relative sizes."""
     import json
 
-    r = reproduce.Runner(tmp_path, reproduce.PROFILES["full"], dry_run=True)
-    for fn, name in ((reproduce.stage_nlu_alpha, "nlu_alpha"), (reproduce.stage_nlg_temp, "nlg_temp")):
+    r = Runner(tmp_path, PROFILES["full"], dry_run=True)
+    for fn, name in ((stage_nlu_alpha, "nlu_alpha"), (stage_nlg_temp, "nlg_temp")):
         fn(r)
         caps = [t["max_train_examples"] for t in json.loads((tmp_path / "configs" / f"{name}.json").read_text())["tasks"]]
         assert max(caps) == (r.p.nlu_train if name == "nlu_alpha" else r.p.nlg_train)
         assert max(caps) / min(caps) > 5
-    assert reproduce.paper_ratio_caps({"a": 10, "b": 40}, 400) == {"a": 100, "b": 400}
+    assert paper_ratio_caps({"a": 10, "b": 40}, 400) == {"a": 100, "b": 400}
+
+
+def test_activated_ffns_come_from_each_methods_model():
+    """FFNs per token are counted on the model each method builds, not written per method."""
+    from skillnet.data_prep.tasks.generation import GEN_TASKS
+    from skillnet.experiments.nlg import NLG_FORMATS
+
+    nlu_k = sum(len(t["skills"]) for _, _, t in NLU_TASKS.values()) / len(NLU_TASKS)
+    assert est.activated_ffns("bert", "skillnet") == pytest.approx(nlu_k)
+    assert est.activated_ffns("bart", "skillnet") == pytest.approx(
+        sum(len(GEN_TASKS[n].skills) for n in NLG_FORMATS) / len(NLG_FORMATS))
+    for arch in ("bert", "bart"):
+        assert est.activated_ffns(arch, "moe") == 2.0  # top-2 gate
+        assert est.activated_ffns(arch, "dense_joint") == est.activated_ffns(arch, "task_specific") == 1.0
+    assert est.activated_ffns("bert", "pals") == 1.0  # PALs are the task's own parameters, not FFNs
+    # a learned map starts from a random draw with most cells on: more FFNs than the fixed map
+    assert nlu_k < est.activated_ffns("bert", "learnable") <= 7
+    assert est.pretrain_ffns() == pytest.approx(2.5)  # MLM s2 s7, NSP s1 s3 s7
+
+
+def test_a_labelled_row_is_costed_by_its_method():
+    """`x=moe` is a top-2 MoE row like `moe` (it was costed as one FFN in the generation stages)."""
+    import dataclasses
+
+    def stage(p, name):
+        return next(r["pflop"] for r in est.estimate(p) if r["stage"] == name)
+
+    full = PROFILES["full"]
+    for field, name in (("nlg_methods", "nlg_main"), ("nlu_methods", "nlu_main")):
+        moe = stage(dataclasses.replace(full, **{field: ["moe"]}), name)
+        assert stage(dataclasses.replace(full, **{field: ["x=moe"]}), name) == moe
+        assert moe > stage(dataclasses.replace(full, **{field: ["dense_joint"]}), name)
+
+
+def test_sizes_formula_is_close_to_the_counted_flops():
+    """The per-token formula of the profile estimate against FlopCounterMode on the real (tiny) model, for an
+    MLM step (skills s2, s7)."""
+    from skillnet.model import SkillNetBertConfig
+
+    c = SkillNetBertConfig.preset("tiny").to_dict()
+    counted = est.counted_flops_per_token("mlm", 64, batch=4, preset="tiny")
+    assert est.bert_flops_per_token(c, 64, 2, mlm=True) == pytest.approx(counted, rel=0.1)

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 import torch
-from skillnet.training import Batch, BatchSource, TrainConfig, Trainer
+from skillnet.training import Batch, BatchSource, TrainConfig, Trainer, TrainerCallback
 from skillnet.training import checkpoint as ckpt_mod
 from torch import nn
 
@@ -149,6 +149,44 @@ def test_skill_drift_is_measured_from_the_first_weights_across_a_resume(tmp_path
     for i in range(3):
         assert cut[f"skill_drift/s{i}"] == pytest.approx(full[f"skill_drift/s{i}"], rel=1e-6)
     assert cut["mix/a"] == full["mix/a"]
+
+
+class OutGradNorm(TrainerCallback):
+    """A callback outside the trainer: the output layer's gradient norm on task "a" steps only."""
+
+    def __init__(self) -> None:
+        self.started_at: int | None = None
+
+    def on_train_start(self, trainer: Trainer) -> None:
+        self.started_at = trainer.global_step
+
+    def on_gradients(self, trainer: Trainer) -> dict[str, float]:
+        # Called before the optimizer step: global_step is still the 0-based index of this step, and
+        # ToySource trains task "b" on the indices divisible by 3.
+        if trainer.global_step % 3 == 0:
+            return {}
+        return {"out_grad_norm": float(trainer.module.out.weight.grad.norm())}
+
+    def on_log(self, trainer: Trainer) -> dict[str, float]:
+        return {"logged_at": float(trainer.global_step)}
+
+
+def test_callbacks_add_statistics_to_a_generic_run(tmp_path: Path) -> None:
+    def run(out: Path, log_every: int) -> tuple[OutGradNorm, list[dict[str, Any]]]:
+        cb = OutGradNorm()
+        Trainer(ToyModel(), ToySource(8, 1), _cfg(out, max_steps=6, log_every=log_every, tensorboard=False),
+                callbacks=[cb]).train()
+        return cb, [json.loads(x) for x in (out / "log.jsonl").read_text().splitlines() if '"train"' in x]
+
+    cb, every = run(tmp_path / "every", 1)
+    assert cb.started_at == 0
+    assert [("out_grad_norm" in r) for r in every] == [False, True, True, False, True, True]
+    assert [r["logged_at"] for r in every] == [1.0, 2.0, 3.0, 4.0, 5.0, 6.0]
+    assert not any(k.startswith(("skill_grad_norm/", "skill_drift/")) for r in every for k in r)
+    _, windows = run(tmp_path / "windows", 3)
+    for w, steps in zip(windows, (every[1:3], every[4:6])):  # the mean over the steps that reported it
+        mean = sum(r["out_grad_norm"] for r in steps) / 2
+        assert w["out_grad_norm"] == pytest.approx(mean, rel=1e-5)
 
 
 def test_tensorboard_gets_per_task_losses_not_the_mixed_one_and_the_config(tmp_path: Path) -> None:

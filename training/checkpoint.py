@@ -1,4 +1,4 @@
-"""Checkpoint layout, atomic writes, completeness markers, rotation and the run lock.
+"""Checkpoint layout, atomic writes, completeness markers, rotation, the run lock and `CheckpointManager`.
 
     <output_dir>/checkpoints/
         latest                      text file naming the newest complete tag (for people and tools)
@@ -13,6 +13,9 @@ A checkpoint counts only once its `complete` marker exists: `--resume auto` take
 one, so a save that was cut short (a kill, or ranks still writing when a requeued run starts) is never
 loaded. A run also waits, before resuming, until no rank of an earlier run in the same directory is
 alive (`hold_run_lock`), so a restart cannot read or rotate checkpoints while they are being written.
+
+`CheckpointManager` writes and finds checkpoints in this layout for one rank; the trainer gives it what
+to save (its own state, and the DeepSpeed engine or the plain model / optimizer / scheduler).
 """
 
 from __future__ import annotations
@@ -30,8 +33,11 @@ from typing import Any
 import numpy as np
 import torch
 
+from . import dist as D
+
 __all__ = [
     "COMPLETE_MARKER",
+    "CheckpointManager",
     "atomic_torch_save",
     "atomic_write_text",
     "checkpoint_root",
@@ -176,6 +182,103 @@ def _lock(f: Any, exclusive_first: bool, root: Path) -> None:
     except (ImportError, OSError) as e:
         if exclusive_first:
             print(f"[trainer] {root}/.run.lock: no file lock ({e}); runs are not serialised", file=sys.stderr)
+
+
+class CheckpointManager:
+    """Save, find and load this rank's part of the checkpoints under ``<output_dir>/checkpoints``.
+
+    Every rank calls ``save`` and ``load`` at the same point (they synchronise with barriers). What goes
+    in: ``state``, this rank's trainer state (a dict ``torch.save`` can write, holding ``world_size``), and
+    either the DeepSpeed ``engine`` (it writes the model, the ZeRO optimizer partitions and the scheduler)
+    or, for a plain single-process run, ``plain``: named objects with ``state_dict`` / ``load_state_dict``
+    (model, optimizer, scheduler), written together as ``plain.pt``.
+    """
+
+    def __init__(self, output_dir: str | Path, rank: int, world_size: int, keep_last: int) -> None:
+        self.root = checkpoint_root(output_dir)
+        self.rank, self.world_size, self.keep_last = rank, world_size, keep_last
+
+    def hold_run_lock(self) -> Any:
+        """See ``hold_run_lock``; closing the returned file releases the lock."""
+        return hold_run_lock(self.root, self.rank, D.barrier)
+
+    def save(self, step: int, state: dict[str, Any], *, engine: Any = None, plain: dict[str, Any] | None = None,
+             model_config: Any = None) -> str:
+        """Write checkpoint ``step_<step>``; returns its directory. ``model_config``: an object with
+        ``to_json_string`` (an HF config), written by rank 0 as ``model_config.json``."""
+        root, main = self.root, self.rank == 0
+        tag = tag_for_step(step)
+        (root / tag).mkdir(parents=True, exist_ok=True)
+        if main:  # files of this tag are about to be rewritten: not complete until marked again
+            unmark_complete(root / tag)
+        D.barrier()
+        atomic_torch_save(state, root / tag / f"trainer_rank{self.rank}.pt")
+        if engine is not None:
+            engine.save_checkpoint(str(root), tag=tag, client_state={"skillnet_step": step}, save_latest=False)
+        else:
+            assert plain is not None, "a plain run saves its model, optimizer and scheduler"
+            atomic_torch_save({k: v.state_dict() for k, v in plain.items()}, root / tag / "plain.pt")
+        if main and model_config is not None and hasattr(model_config, "to_json_string"):
+            atomic_write_text(root / tag / "model_config.json", model_config.to_json_string())
+        D.barrier()
+        if main:  # every rank has finished writing: the marker goes last
+            mark_complete(root / tag, step)
+            atomic_write_text(root / "latest", tag + "\n")
+            rotate(root, self.keep_last)
+        D.barrier()
+        return str(root / tag)
+
+    def locate(self, resume: str) -> Path | None:
+        """The checkpoint directory ``--resume`` names. ``"auto"``: the newest complete checkpoint in this
+        run's checkpoints directory, None when there is none; else a checkpoints directory (its newest
+        complete one) or one ``step_*`` directory, and an error when it is neither or incomplete."""
+        if resume == "auto":
+            tag = latest_complete(self.root)
+            return None if tag is None else self.root / tag
+        p = Path(resume)
+        if (p / "latest").is_file() or complete_tags(p):
+            root, tag = p, latest_complete(p)
+        elif p.is_dir() and p.name.startswith("step_"):
+            root, tag = p.parent, p.name
+            # Without its marker the save was cut short (unless it predates markers: named by latest).
+            if not is_complete(p) and read_latest(root) != tag:
+                raise FileNotFoundError(
+                    f"--resume {resume}: incomplete checkpoint (no '{p.name}/complete' marker: its save "
+                    f"was interrupted); resume from an earlier one or use --resume auto"
+                )
+        else:
+            raise FileNotFoundError(f"--resume {resume}: not a checkpoint directory (no 'latest', not step_*)")
+        if tag is None:
+            raise FileNotFoundError(f"--resume {resume}: no complete checkpoint in it")
+        return root / tag
+
+    def load(self, tdir: Path, *, engine: Any = None, plain: dict[str, Any] | None = None) -> dict[str, Any]:
+        """Load checkpoint ``tdir`` into ``engine`` (or the ``plain`` objects); returns this rank's trainer
+        state. Exact data-position resume needs the world size the checkpoint was written with."""
+        tfile = tdir / f"trainer_rank{self.rank}.pt"
+        if not tfile.is_file():
+            raise FileNotFoundError(
+                f"{tfile} missing: the checkpoint was written by a different number of ranks? "
+                f"Exact data-position resume needs the same world size."
+            )
+        state = torch.load(tfile, map_location="cpu", weights_only=False)
+        if state["world_size"] != self.world_size:
+            raise RuntimeError(
+                f"{tdir}: saved with world_size={state['world_size']}, resuming with {self.world_size}; "
+                f"exact data-position resume needs the same world size."
+            )
+        if engine is not None:
+            load_path, _ = engine.load_checkpoint(
+                str(tdir.parent), tag=tdir.name, load_optimizer_states=True, load_lr_scheduler_states=True
+            )
+            if load_path is None:
+                raise RuntimeError(f"DeepSpeed could not load checkpoint {tdir}")
+        else:
+            assert plain is not None, "a plain run loads its model, optimizer and scheduler"
+            saved = torch.load(tdir / "plain.pt", map_location="cpu", weights_only=False)
+            for k, v in plain.items():
+                v.load_state_dict(saved[k])
+        return state
 
 
 def rng_state() -> dict[str, Any]:

@@ -1,11 +1,14 @@
 """One trainer for sparse pre-training and multi-task fine-tuning.
 
-    trainer = Trainer(model, source, TrainConfig(...), evaluator=..., skill_params=skill_parameters(model))
+    trainer = Trainer(model, source, TrainConfig(...), evaluator=..., callbacks=[SkillStatistics(...)])
     result = trainer.train()     # -> train_step() per optimizer step -> forward_backward() per micro-batch
 
 It owns a DeepSpeed engine when ``config.ds_config`` is set (any ZeRO stage, any launcher) and a plain
 PyTorch optimizer otherwise (single process). In both cases the optimizer is ``MaskedAdamW`` so that a
 skill no micro-batch of the step used stays bit-identical (parameters and moments), see training/optim.py.
+Checkpoints are written and found by ``checkpoint.CheckpointManager``; telemetry beyond loss, metrics,
+learning rate, gradient norm, throughput and the task mix comes from callbacks (``callbacks.py``), e.g.
+the per-skill statistics of ``skill_stats.SkillStatistics``.
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ import math
 import os
 import signal
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -25,25 +28,12 @@ from torch import nn
 
 from . import dist as D
 from .batch import Batch, BatchSource
-from .checkpoint import (
-    atomic_torch_save,
-    atomic_write_text,
-    checkpoint_root,
-    complete_tags,
-    hold_run_lock,
-    is_complete,
-    latest_complete,
-    mark_complete,
-    read_latest,
-    rng_state,
-    rotate,
-    set_rng_state,
-    tag_for_step,
-    unmark_complete,
-)
+from .callbacks import TrainerCallback
+from .checkpoint import CheckpointManager, atomic_write_text, rng_state, set_rng_state
 from .config import TrainConfig, load_ds_config, resolve_ds_config
 from .logging import MetricsLogger, accuracy_metrics
 from .optim import MaskedAdamW, build_param_groups
+from .skill_stats import SkillStatistics
 
 __all__ = ["Trainer", "TrainResult", "StepOutput", "prepare", "lr_lambda"]
 
@@ -102,7 +92,7 @@ class StepOutput:
     tokens: float
     grad_norm: float | None
     lr: float
-    skill_grad_norms: dict[str, float]
+    stats: dict[str, float]  # from the callbacks' on_gradients: averaged over the steps that report them
     seconds: float
     stop: bool
     requested: bool = False
@@ -127,7 +117,9 @@ class Trainer:
         evaluator: ``evaluator(model, step) -> {name: value}``, called on every rank (it may use
             collectives) every ``eval_every`` steps and at the end; logged as ``eval/<name>`` on rank 0.
         metrics_fn: per-micro-batch ``{name: (numerator, denominator)}``; logged as ``<task>/<name>``.
-        skill_params: ``{skill: [params]}`` (``model.surgery.skill_parameters``) for per-skill grad norms.
+        callbacks: ``TrainerCallback`` objects (see callbacks.py), called in order.
+        skill_params: ``{skill: [params]}`` (``model.surgery.skill_parameters``): shorthand for a
+            ``SkillStatistics(skill_params)`` callback before ``callbacks`` (per-skill grad norms, drift).
         extra_state: objects with state_dict/load_state_dict saved in (and restored from) checkpoints.
         param_groups: optimizer groups (default ``build_param_groups(model, weight_decay)``); a group's
             own ``lr`` is its peak learning rate under the shared schedule.
@@ -149,6 +141,7 @@ class Trainer:
         param_groups: list[dict[str, Any]] | None = None,
         loss_fn: Callable[[Batch, Any], torch.Tensor] | None = None,
         config_text: str | None = None,
+        callbacks: Sequence[TrainerCallback] | None = None,
     ) -> None:
         self.cfg, self.ds_config = prepare(config)
         self.rank, self.world_size = D.rank(), D.world_size()
@@ -157,13 +150,14 @@ class Trainer:
         self.metrics_fn = metrics_fn
         self.loss_fn = loss_fn
         self.config_text = config_text
-        self.skill_params = skill_params or {}
+        self.callbacks: list[TrainerCallback] = [SkillStatistics(skill_params)] if skill_params else []
+        self.callbacks += list(callbacks or [])
         self.extra_state = extra_state or {}
         self.global_step = 0
         self._stop_requested = False
         self._stop_requested_by_user = False
-        self._skill_norm_warned = False
         cfg = self.cfg
+        self.checkpoints = CheckpointManager(cfg.output_dir, self.rank, self.world_size, cfg.keep_last)
 
         # Dropout streams differ per rank (the weights are identical: DeepSpeed broadcasts rank 0's).
         torch.manual_seed(cfg.seed + 1000 * self.rank)
@@ -194,7 +188,6 @@ class Trainer:
         self._window_time = 0.0
         self._last_saved_step = -1
         self._task_steps: dict[str, int] = {}  # micro-batches per task (objective) since the start: the mix
-        self._skill_init: dict[str, torch.Tensor] | None = None
 
     # ------------------------------------------------------------------ public API
     @property
@@ -202,9 +195,8 @@ class Trainer:
         return self.rank == 0
 
     def train(self) -> TrainResult:
-        cfg = self.cfg
         # Wait for the ranks of an earlier run in this directory that may still be saving (see checkpoint.py).
-        run_lock = hold_run_lock(checkpoint_root(cfg.output_dir), self.rank, D.barrier)
+        run_lock = self.checkpoints.hold_run_lock()
         try:
             result = self._train()
         finally:
@@ -222,7 +214,8 @@ class Trainer:
         )
         if self.config_text:
             self.logger.text("config", self.config_text, self.global_step)
-        self._load_skill_init()
+        for cb in self.callbacks:
+            cb.on_train_start(self)
         if self.is_main:
             Path(cfg.output_dir).mkdir(parents=True, exist_ok=True)
             atomic_write_text(Path(cfg.output_dir) / "train_config.json", cfg.to_json())
@@ -276,10 +269,9 @@ class Trainer:
         sums: dict[str, list[float]] = {}
         tokens = 0.0
         step = self.global_step + 1
-        # Every step, averaged over the logging window per skill and only over the steps that used it: a
-        # skill a step skipped has no gradient (or an all-zero ZeRO fragment) and is not a zero sample.
-        want_skill_norms = bool(self.skill_params) and cfg.log_every > 0
-        skill_norms: dict[str, float] = {}
+        # The callbacks' gradient statistics, every step of a run that logs (see callbacks.py).
+        want_stats = bool(self.callbacks) and cfg.log_every > 0
+        stats: dict[str, float] = {}
         if self.zero_stage == 3:
             # DeepSpeed's ZeRO-3 keeps every parameter's reduced gradient in one flat buffer and overwrites
             # only the entries of parameters that get a gradient: without this, a skill this step does not
@@ -295,8 +287,9 @@ class Trainer:
                 _add(sums, f"{batch.task}/{name}", num, den)
             tokens += batch.num_tokens()
             last_micro = k == cfg.grad_accum - 1
-            if last_micro and want_skill_norms:
-                skill_norms = self._skill_grad_norms()
+            if last_micro and want_stats:
+                for cb in self.callbacks:
+                    stats.update(cb.on_gradients(self))
             if self.engine is not None:
                 self.engine.step()  # DeepSpeed only updates at the accumulation boundary
         grad_norm: float | None
@@ -335,7 +328,7 @@ class Trainer:
             tokens,
             grad_norm,
             lr,
-            skill_norms,
+            stats,
             time.perf_counter() - t0,
             stop,
             requested,
@@ -384,12 +377,6 @@ class Trainer:
 
     # ------------------------------------------------------------------ checkpoints
     def save_checkpoint(self) -> str:
-        root = checkpoint_root(self.cfg.output_dir)
-        tag = tag_for_step(self.global_step)
-        (root / tag).mkdir(parents=True, exist_ok=True)
-        if self.is_main:  # files of this tag are about to be rewritten: not complete until marked again
-            unmark_complete(root / tag)
-        D.barrier()
         state = {
             "step": self.global_step,
             "world_size": self.world_size,
@@ -399,83 +386,20 @@ class Trainer:
             "train_config": self.cfg.to_json(),
             "task_steps": dict(self._task_steps),
         }
-        atomic_torch_save(state, root / tag / f"trainer_rank{self.rank}.pt")
-        if self.engine is not None:
-            self.engine.save_checkpoint(
-                str(root), tag=tag, client_state={"skillnet_step": self.global_step}, save_latest=False
-            )
-        else:
-            atomic_torch_save(
-                {
-                    "model": self.module.state_dict(),
-                    "optimizer": self.optimizer.state_dict(),
-                    "scheduler": self.scheduler.state_dict(),
-                },
-                root / tag / "plain.pt",
-            )
-        if self.is_main:
-            cfg_obj = getattr(self.module, "config", None)
-            if cfg_obj is not None and hasattr(cfg_obj, "to_json_string"):
-                atomic_write_text(root / tag / "model_config.json", cfg_obj.to_json_string())
-        D.barrier()
-        if self.is_main:  # every rank has finished writing: the marker goes last
-            mark_complete(root / tag, self.global_step)
-            atomic_write_text(root / "latest", tag + "\n")
-            rotate(root, self.cfg.keep_last)
-        D.barrier()
+        path = self.checkpoints.save(
+            self.global_step, state, engine=self.engine, plain=self._plain_state(),
+            model_config=getattr(self.module, "config", None),
+        )
         self._last_saved_step = self.global_step
-        return str(root / tag)
+        return path
 
     def maybe_resume(self, resume: str) -> bool:
         """``"auto"``: resume from the newest complete checkpoint in ``<output_dir>/checkpoints`` if any;
         else a checkpoints directory (its newest complete one) or one ``step_*`` directory."""
-        if resume == "auto":
-            root = checkpoint_root(self.cfg.output_dir)
-            tag = latest_complete(root)
-            if tag is None:
-                return False
-        else:
-            p = Path(resume)
-            if (p / "latest").is_file() or complete_tags(p):
-                root, tag = p, latest_complete(p)
-            elif p.is_dir() and p.name.startswith("step_"):
-                root, tag = p.parent, p.name
-                # Without its marker the save was cut short (unless it predates markers: named by latest).
-                if not is_complete(p) and read_latest(root) != tag:
-                    raise FileNotFoundError(
-                        f"--resume {resume}: incomplete checkpoint (no '{p.name}/complete' marker: its save "
-                        f"was interrupted); resume from an earlier one or use --resume auto"
-                    )
-            else:
-                raise FileNotFoundError(
-                    f"--resume {resume}: not a checkpoint directory (no 'latest', not step_*)"
-                )
-            if tag is None:
-                raise FileNotFoundError(f"--resume {resume}: no complete checkpoint in it")
-        tdir = root / tag
-        tfile = tdir / f"trainer_rank{self.rank}.pt"
-        if not tfile.is_file():
-            raise FileNotFoundError(
-                f"{tfile} missing: the checkpoint was written by a different number of ranks? "
-                f"Exact data-position resume needs the same world size."
-            )
-        state = torch.load(tfile, map_location="cpu", weights_only=False)
-        if state["world_size"] != self.world_size:
-            raise RuntimeError(
-                f"{tdir}: saved with world_size={state['world_size']}, resuming with {self.world_size}; "
-                f"exact data-position resume needs the same world size."
-            )
-        if self.engine is not None:
-            load_path, _ = self.engine.load_checkpoint(
-                str(root), tag=tag, load_optimizer_states=True, load_lr_scheduler_states=True
-            )
-            if load_path is None:
-                raise RuntimeError(f"DeepSpeed could not load checkpoint {tdir}")
-        else:
-            plain = torch.load(tdir / "plain.pt", map_location="cpu", weights_only=False)
-            self.module.load_state_dict(plain["model"])
-            self.optimizer.load_state_dict(plain["optimizer"])
-            self.scheduler.load_state_dict(plain["scheduler"])
+        tdir = self.checkpoints.locate(resume)
+        if tdir is None:
+            return False
+        state = self.checkpoints.load(tdir, engine=self.engine, plain=self._plain_state())
         self.source.load_state_dict(state["source"])
         for k, v in state.get("extra", {}).items():
             if k in self.extra_state:
@@ -487,6 +411,13 @@ class Trainer:
         if self.is_main:
             print(f"[trainer] resumed from {tdir} at step {self.global_step}", flush=True)
         return True
+
+    def _plain_state(self) -> dict[str, Any] | None:
+        """What a plain (non-DeepSpeed) checkpoint holds besides the trainer state; DeepSpeed's engine
+        saves its own."""
+        if self.engine is not None:
+            return None
+        return {"model": self.module, "optimizer": self.optimizer, "scheduler": self.scheduler}
 
     # ------------------------------------------------------------------ internals
     def _model_train(self, mode: bool) -> None:
@@ -510,51 +441,12 @@ class Trainer:
         for s, h in old.items():
             signal.signal(s, h)
 
-    def _local_grad(self, p: nn.Parameter) -> tuple[torch.Tensor | None, bool]:
-        """(gradient piece, needs_reduce): full grad if present, else this rank's ZeRO-1/2 fragment."""
-        if p.grad is not None:
-            return p.grad, False
-        mapping = getattr(p, "_hp_mapping", None)
-        if hasattr(p, "_hp_mapping"):
-            if mapping is None:
-                return None, True
-            return mapping.get_lp_grad_fragment(p._index_in_param_group), True
-        return None, False
-
-    def _skill_grad_norms(self) -> dict[str, float]:
-        if self.zero_stage == 3:
-            if not self._skill_norm_warned and self.is_main:
-                print("[trainer] per-skill grad norms are not computed under ZeRO-3", flush=True)
-            self._skill_norm_warned = True
-            return {}
-        names = sorted(self.skill_params)
-        full = torch.zeros(len(names), dtype=torch.float64)
-        frag = torch.zeros(len(names), dtype=torch.float64)
-        for i, n in enumerate(names):
-            for p in self.skill_params[n]:
-                g, reduce = self._local_grad(p)
-                if g is None:
-                    continue
-                sq = float(g.detach().float().pow(2).sum().item())
-                if reduce:
-                    frag[i] += sq
-                else:
-                    full[i] += sq
-        # Every rank runs this (collective), fragments are disjoint partitions: sum then sqrt.
-        D.all_reduce_sum(frag)
-        scale = 1.0
-        if self.engine is not None and self.engine.fp16_enabled():
-            scale = float(getattr(self.engine.optimizer, "loss_scale", 1.0) or 1.0)
-        # Only skills this step used: an unused skill has no gradient at all (plain) or exact zeros (ZeRO).
-        return {f"skill_grad_norm/{n}": math.sqrt(full[i] + frag[i]) / scale for i, n in enumerate(names)
-                if full[i] + frag[i] > 0}
-
     def _accumulate_window(self, out: StepOutput) -> None:
         for k, (num, den) in out.sums.items():
             acc = self._window.setdefault(k, [0.0, 0.0])
             acc[0] += num
             acc[1] += den
-        for k, v in out.skill_grad_norms.items():
+        for k, v in out.stats.items():
             _add(self._window, k, v, 1.0)
         self._window_tokens += out.tokens
         self._window_time += out.seconds
@@ -572,49 +464,10 @@ class Trainer:
         total = sum(self._task_steps.values())
         if len(self._task_steps) > 1:  # the realised task (objective) mix since the start
             rec.update({f"mix/{t}": n / total for t, n in sorted(self._task_steps.items())})
-        rec.update(self._skill_drift())
+        for cb in self.callbacks:
+            rec.update(cb.on_log(self))
         self._window, self._window_tokens, self._window_time = {}, 0.0, 0.0
         return rec
-
-    # Per-skill weight drift from the run's initial weights: ||W - W0|| / ||W0|| over the skill's tensors.
-    # W0 is kept on the CPU (rank 0) and in <output_dir>/skill_init.safetensors, so a resumed run measures
-    # from the same start. Not under ZeRO-3, where no rank holds the full weights.
-    def _skill_init_path(self) -> Path:
-        return Path(self.cfg.output_dir) / "skill_init.safetensors"
-
-    def _skill_tensors(self) -> dict[str, torch.Tensor]:
-        return {f"{s}/{i}": p.detach().float().cpu() for s in sorted(self.skill_params)
-                for i, p in enumerate(self.skill_params[s])}
-
-    def _load_skill_init(self) -> None:
-        if not (self.is_main and self.skill_params and self.cfg.skill_drift and self.zero_stage != 3):
-            return
-        from safetensors.torch import load_file, save_file
-
-        path = self._skill_init_path()
-        current = self._skill_tensors()
-        if path.is_file():
-            saved = load_file(str(path))
-            if set(saved) == set(current) and all(saved[k].shape == current[k].shape for k in saved):
-                self._skill_init = saved
-                return
-        if self.global_step == 0:
-            self._skill_init = {k: v.clone() for k, v in current.items()}
-            tmp = path.with_name(path.name + ".tmp")
-            save_file(self._skill_init, str(tmp))
-            os.replace(tmp, path)
-
-    def _skill_drift(self) -> dict[str, float]:
-        if self._skill_init is None:
-            return {}
-        now = self._skill_tensors()
-        out = {}
-        for s in sorted(self.skill_params):
-            keys = [k for k in now if k.split("/")[0] == s]
-            diff = math.sqrt(sum(float((now[k] - self._skill_init[k]).pow(2).sum()) for k in keys))
-            base = math.sqrt(sum(float(self._skill_init[k].pow(2).sum()) for k in keys))
-            out[f"skill_drift/{s}"] = diff / base if base > 0 else diff
-        return out
 
 
 def _add(d: dict[str, list[float]], key: str, num: float, den: float) -> None:

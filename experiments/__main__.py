@@ -1,0 +1,144 @@
+"""Reproduce the papers' experiments at laptop scale on real Chinese data, stage by stage, and write the
+report (Markdown + one self-contained HTML page).
+
+    python scripts/reproduce.py --quick                 # ~10 min on 2 CPU cores: every stage, tiny sizes
+    python scripts/reproduce.py                         # the full CPU run (~2 h on 2 cores), docs/report.md
+    python scripts/reproduce.py --profile scale --gpus 8  # BERT-base / BART-base on GPUs (expected time: docs/scale.md)
+    python scripts/reproduce.py --profile scale --estimate  # GPU-hours per stage, from FLOPs
+    make reproduce / make reproduce-quick
+    skillnet-reproduce --quick                          # the same command, installed with the package
+
+Stages (each writes <out>/stages/<name>.json when it finished; a rerun skips finished stages and the
+commands inside a stage resume where they stopped, so the run can be spread over several sittings):
+
+  corpus      raw Chinese text from the installed packages (People's Daily 1998, insuranceqa answers)
+  shards      data_prep build: WordPiece (bert-base-chinese vocab) -> memory-mapped shards
+  dense_pt    dense MLM pre-training of a small BERT, exported as a plain HF BERT
+  sparse_pt   sparse MLM+NSP pre-training from it: `deepspeed pretrain/run.py --ds_config ...` on 2 ranks
+  nlu_tasks   sentiment, NER, insurance domain, QA matching, span extraction; held back: answer selection
+  nlu_main    every method of Table 3 on the same tasks, budget and seeds (finetune.compare)
+  nlu_ablate  Table 6: SkillNet with one skill removed
+  nlu_alpha   Figure 3: task sampling alpha in {0, 0.5, 1}
+  nlu_adapt   Table 5: the held-back task from each seed's multi-task model: existing skills, new s8 with old
+              skills frozen, s8 with every skill updated, task-specific
+  bart_pt     BART denoising pre-training (text infilling) of a small Chinese BART
+  nlg_tasks   spelling correction (SIGHAN-2015), insurance answer / question generation, poetry; held back:
+              next line of a poem
+  nlg_main    NLG Table 3: SkillNet-NLG against dense joint, task-specific and MoE
+  nlg_temp    NLG §3.4: sampling temperature T
+  nlg_adapt   NLG Table 4: the held-back task from each seed's multi-task model
+  report      docs/report.md (+ .html and pictures) from everything above; every number is read from
+              the stages' outputs
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+from skillnet.experiments.profiles import PROFILES
+from skillnet.experiments.runner import REPO, Runner
+from skillnet.experiments.stages import PARTS, STAGES
+
+
+def build_parser() -> argparse.ArgumentParser:
+    prog = "skillnet-reproduce" if Path(sys.argv[0]).name == "skillnet-reproduce" else "python scripts/reproduce.py"
+    p = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0],
+                                epilog=__doc__.split("\n\n", 1)[1], formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--profile", choices=list(PROFILES), default="full",
+                   help="sizes and budgets: quick (~10 min, CPU), full (~2 h, CPU), scale (BERT-base/BART-base, GPUs)"
+                        " (default: %(default)s)")
+    p.add_argument("--quick", action="store_true", help="same as --profile quick")
+    p.add_argument("--part", choices=list(PARTS), default="all",
+                   help="nlu: the SkillNet-NLU half (docs/comparison.md with the full profile); nlg: the SkillNet-NLG "
+                        "half (docs/nlg.md); all: both and the whole report (docs/report.md)")
+    p.add_argument("--out", default=None, help="where every stage writes (default: runs/reproduce-<profile>)")
+    p.add_argument("--report", default=None,
+                   help="the report's Markdown path (.html beside it; default: docs/report.md for the full profile, "
+                        "<out>/report.md otherwise)")
+    p.add_argument("--stages", nargs="+", default=None, metavar="STAGE",
+                   help="run only these stages (their inputs must exist); default: all, in order")
+    p.add_argument("--redo", nargs="+", default=[], metavar="STAGE",
+                   help="forget that these stages finished (their runs still resume from their checkpoints)")
+    p.add_argument("--gpus", type=int, default=None, help="ranks for the DeepSpeed stages (default: 2)")
+    p.add_argument("--threads", type=int, default=None, help="torch CPU threads per fine-tuning run")
+    p.add_argument("--dry-run", action="store_true", help="print the commands of the pending stages, run nothing")
+    p.add_argument("--estimate", action="store_true",
+                   help="print the expected GPU-hours of every stage of the profile (from FLOPs; runs nothing)")
+    p.add_argument("--write", default=None, metavar="PATH", help="with --estimate: also write it as Markdown to PATH")
+    p.add_argument("--check", action="store_true",
+                   help="exit 1 if a section of the report is empty or not run, or a picture is missing (CI)")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    a = build_parser().parse_args(argv)
+    profile = PROFILES["quick" if a.quick else a.profile]
+    if a.gpus:
+        profile = dataclasses.replace(profile, ranks=a.gpus)
+    if a.threads:
+        profile = dataclasses.replace(profile, threads=a.threads)
+    if a.estimate:
+        from skillnet.experiments.estimate import write_estimate
+
+        print(write_estimate(profile, Path(a.write) if a.write else None), end="")
+        return 0
+    out = Path(a.out or f"runs/reproduce-{profile.name}").resolve()
+    doc_name, parts, part_stages = PARTS[a.part]
+    report = Path(a.report or (REPO / "docs" / doc_name if profile.name == "full" else out / doc_name))
+    names = [s.name for s in STAGES]
+    bad = [s for s in [*(a.stages or []), *a.redo] if s not in names + ["report"]]
+    if bad:
+        print(f"error: unknown stage(s) {bad}; stages: {', '.join(names)}, report", file=sys.stderr)
+        return 2
+    r = Runner(out, profile, dry_run=a.dry_run)
+    for name in a.redo:
+        (out / "stages" / f"{name}.json").unlink(missing_ok=True)
+    todo = [s for s in STAGES if (a.stages is None and s.name in part_stages) or (a.stages and s.name in a.stages)]
+    t_all = time.time()
+    print(f"[reproduce] profile {profile.name}, output {out}", flush=True)
+    for i, st in enumerate(todo, 1):
+        rec_path = out / "stages" / f"{st.name}.json"
+        head = f"[reproduce] ({i}/{len(todo)}) {st.name}: {st.title}"
+        if rec_path.is_file():
+            print(f"{head}: done before ({json.loads(rec_path.read_text())['seconds']:.0f} s), kept", flush=True)
+            continue
+        print(head, flush=True)
+        r.stage, r.commands = st.name, []
+        t0 = time.time()
+        try:
+            info = st.fn(r)
+        except RuntimeError as e:
+            print(f"error: {e}\nrerun the same command to continue from here", file=sys.stderr)
+            return 1
+        if a.dry_run:
+            continue
+        secs = time.time() - t0
+        rec = {"stage": st.name, "seconds": round(secs, 1), "commands": r.commands, "info": info,
+               "finished": time.strftime("%Y-%m-%d %H:%M:%S")}
+        tmp = rec_path.with_name(rec_path.name + ".tmp")
+        tmp.write_text(json.dumps(rec, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+        os.replace(tmp, rec_path)
+        print(f"{head}: finished in {secs:.0f} s", flush=True)
+    if a.dry_run or (a.stages is not None and "report" not in a.stages):
+        return 0
+    from skillnet.experiments.report import build
+
+    title = {"all": "SkillNet reproduction", "nlu": "SkillNet-NLU and its baselines on packaged Chinese tasks",
+             "nlg": "SkillNet-NLG on packaged Chinese generation tasks"}[a.part]
+    title += " (laptop scale, CPU)" if profile.name != "scale" else " (GPU scale)"
+    path, problems = build(out, profile, [s for s in STAGES if s.name in part_stages], report, title, parts)
+    print(f"[reproduce] report: {path} (+ {path.with_suffix('.html').name}); this sitting: "
+          f"{time.time() - t_all:.0f} s", flush=True)
+    for msg in problems:
+        print(f"{'error' if a.check else 'warning'}: report incomplete: {msg}", file=sys.stderr)
+    return 1 if a.check and problems else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

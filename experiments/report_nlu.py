@@ -1,0 +1,130 @@
+"""The SkillNet-NLU half of the reproduction report: Table 3, adaptation (Tables 4-5), ablation (Table 6)
+and task sampling (Figure 3), each read from its compare run."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from skillnet.experiments.tables import (
+    NLU_ROWS,
+    NLU_STAND_INS,
+    differences,
+    line_plot,
+    n_seeds,
+    same_task_sets,
+    score_table,
+    study_sizes,
+    task_skills,
+)
+from skillnet.finetune.document import Document, claim
+
+
+def nlu_part(doc: Document, cmps: dict[str, Any], cmp_dir: Path, out: Path, findings: list[str]) -> None:
+    nlu = cmps["nlu_main"]
+    doc.h(2, "SkillNet-NLU: multi-task training (Table 3 layout)")
+    if nlu:
+        doc.p("Tasks (packaged real Chinese data): " + ", ".join(
+            f"{t} ({nlu['methods'][next(iter(nlu['methods']))]['tasks'][t]['metric']})" for t in nlu["tasks"])
+              + ". The baselines start from the dense pre-trained BERT, SkillNet and the learnable combination from "
+              "the sparsely pre-trained one; `SkillNet-NLU w/o sparse pre-training` starts from the dense BERT "
+              "with every skill a copy of its FFN (§4.2).")
+        smap = task_skills(out / "configs" / "nlu_main.json")
+        if smap:
+            doc.p("Each task stands in for a dataset of the paper. Its skills follow the logic of Table 2 of "
+                  "SkillNet-NLU (Table 1's skills; insurance counts as the finance domain, s6; a task that reads "
+                  "questions gets s5; s7 is the generic skill):")
+            doc.table(["task", "stands in for", "skills"],
+                      [[t, NLU_STAND_INS.get(t, "-"), " ".join(ss)] for t, ss in smap.items()])
+            doc.p("OCNLI (natural language inference) has no packaged stand-in here.")
+        score_table(doc, nlu, NLU_ROWS)
+        doc.p("Differences from SkillNet-NLU, paired over seeds (positive = SkillNet is better):")
+        d = differences(doc, nlu, "skillnet", NLU_ROWS)
+        n = len(nlu["seeds"])
+        names = dict(NLU_ROWS)
+        for key, text in (("task_specific", "SkillNet-NLU beats task-specific fine-tuning on average (Table 3)"),
+                          ("dense_joint", "SkillNet-NLU beats the dense joint model on average (Table 3)"),
+                          ("moe", "SkillNet-NLU beats the top-2 MoE on average (Table 3)"),
+                          ("skillnet_dense", "Sparse pre-training improves SkillNet-NLU (Table 3, last rows)"),
+                          ("pals", "SkillNet-NLU beats BERT and PALs on average (a comparison the SkillNet papers "
+                                   "do not make; PALs are from Stickland and Murray, 2019)")):
+            claim(findings, text, d.get(key, {}).get("average"), n, f"SkillNet-NLU minus {names[key]}")
+        inv = differences(Document(), nlu, "learnable", NLU_ROWS).get("skillnet", {}).get("average")
+        claim(findings, "The learnable skill combination beats SkillNet's fixed map (learnable-skill-combination "
+                        "Table 1)", inv, n, "learnable (straight-through) minus SkillNet-NLU")
+        maps = nlu.get("learned_maps") or {}
+        if maps:
+            doc.p("Learned task-skill maps: how many task x skill cells the training switched, per seed. Eq. 6 as "
+                  "written (sharpness 1e9) passes no gradient from the task losses to the map in fp32; only the "
+                  "orthogonality loss (Eq. 4) moves its skill embeddings, so the cells it switches are not chosen "
+                  "by the tasks. The straight-through estimator passes the task losses' gradient:")
+            doc.table(["row", "estimator", "sharpness", "changed cells per seed"],
+                      [[k, str(m["estimator"]), f"{m['sharpness']:g}",
+                        ", ".join("-" if c is None else str(c) for c in m["changed_cells"]) + f" of {m['cells']}"]
+                       for k, m in maps.items()])
+            moved = {k: any(c for c in m["changed_cells"] if c) for k, m in maps.items()}
+            findings.append("Learned map: " + "; ".join(
+                f"`{k}` ({maps[k]['estimator']}) {'moved away from' if v else 'stayed at'} its initial map "
+                f"({', '.join('-' if c is None else str(c) for c in maps[k]['changed_cells'])} of "
+                f"{maps[k]['cells']} cells per seed)" for k, v in moved.items())
+                + (". Under Eq. 6 as written only the orthogonality loss moves the map." if "learnable_eq6" in maps
+                   else "."))
+        doc.img(cmp_dir / "nlu_main" / "curves.png", "Dev score against step, per task and method (NLU)")
+        doc.img(cmp_dir / "nlu_main" / "skill_map.png", "The learned task-skill map (learnable, first seed)")
+    else:
+        doc.p("Not run yet (stage nlu_main).")
+
+    doc.h(2, "Adaptation to a new task (Tables 4 and 5 layout)")
+    if cmps["nlu_adapt"]:
+        c = cmps["nlu_adapt"]
+        doc.p("The held-back task is trained from each seed's multi-task SkillNet-NLU: (a) with its existing "
+              "skills {s1, s3, s5, s7}; (b) with a new skill s8 copied from s7, old skills frozen (only s8 and the "
+              "head learn); (c) with s8 and every skill updated; and task-specific fine-tuning of a dense model "
+              "(the generic skill s7 as its FFN) from the same weights.")
+        order = [("a_existing", "(a) existing skills"), ("b_s8_frozen", "(b) + s8, old skills frozen"),
+                 ("c_s8_all", "(c) + s8, all skills updated"), ("task_specific", "task-specific")]
+        score_table(doc, c, order)
+        doc.p("Differences from (a), paired over seeds (positive = (a) is better):")
+        d = differences(doc, c, "a_existing", order)
+        n = len(c["seeds"])
+        claim(findings, "On the new task, SkillNet with its existing skills beats task-specific fine-tuning "
+                        "(Table 4)", d.get("task_specific", {}).get("average"), n, "(a) minus task-specific")
+        inv = differences(Document(), c, "c_s8_all", []).get("a_existing", {}).get("average")
+        claim(findings, "Adding a new skill s8 (all skills updated) improves on the existing skills (Table 5)", inv, n,
+              "(c) minus (a)")
+    doc.h(2, "Skill ablation (Table 6 layout)")
+    if cmps["nlu_ablate"]:
+        c = cmps["nlu_ablate"]
+        order = [("skillnet", "SkillNet-NLU (all skills)")] + [(k, f"without {k[3:]}") for k in c["methods"]
+                                                               if k.startswith("no_")]
+        doc.p("As in §5.1 of SkillNet-NLU, the ablation starts from the dense BERT with every skill a copy of its FFN "
+              "(SkillNet-NLU w/o sparse pre-training); removing a skill removes it from every task that uses it. "
+              f"{n_seeds(c)}.")
+        score_table(doc, c, order, params=False)
+        twins = same_task_sets(out / "configs" / "nlu_main.json", [k[3:] for k in c["methods"] if k.startswith("no_")])
+        if twins:
+            doc.p("Skills used by exactly the same tasks start as identical copies, so removing one or the other "
+                  "gives the same model and the same scores: " + "; ".join(" and ".join(t) for t in twins) + ".")
+        full = c["methods"]["skillnet"]["average"]["mean"]
+        drops = {k[3:]: full - r["average"]["mean"] for k, r in c["methods"].items() if k.startswith("no_")}
+        spread = ((cmps.get("nlu_main") or {}).get("methods", {}).get("skillnet_dense", {}).get("average", {})
+                  .get("std"))
+        if drops:
+            worse = [s for s, v in drops.items() if v > 0]
+            findings.append(f"Ablation ({n_seeds(c)}): removing {', '.join(worse) or 'no skill'} lowers the average; "
+                            f"removing {', '.join(s for s in drops if s not in worse) or 'no skill'} does not "
+                            f"(largest change {max(abs(v) for v in drops.values()):.1f} points"
+                            + (f"; the same setting's spread over seeds in the main table is ±{spread:.1f}, so "
+                               "single-seed gaps smaller than that cannot be told from noise" if spread else "")
+                            + "). The paper finds every removal hurts, s7 most.")
+    doc.h(2, "Task sampling (Figure 3 of SkillNet-NLU)")
+    if cmps["nlu_alpha"]:
+        c = cmps["nlu_alpha"]
+        study_sizes(doc, out / "configs" / "nlu_alpha.json", "alpha", "SkillNet-NLU's dataset table")
+        score_table(doc, c, [(k, f"alpha = {k[6:]}") for k in c["methods"]], params=False)
+        best = max(c["methods"], key=lambda k: c["methods"][k]["average"]["mean"])
+        findings.append(f"Sampling: the best average here is at alpha = {best[6:]} (the paper: alpha = 1.0).")
+        line_plot(c, "alpha", cmp_dir / "nlu_alpha" / "sampling.png", "Average test score against the sampling rate alpha")
+        doc.img(cmp_dir / "nlu_alpha" / "sampling.png", "Average test score against alpha (SkillNet w/o sparse pre-training)")
+
+

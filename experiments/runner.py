@@ -1,0 +1,133 @@
+"""The stage runner: runs a stage's commands from the repository root, logs them, records them for the
+report; and what every stage shares (output paths, config files, the pre-training and compare commands)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import subprocess
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from skillnet.experiments.profiles import Profile
+
+# The stages run the repository's scripts (`deepspeed pretrain/run.py`, ds_configs/) from its root.
+REPO = Path(__file__).resolve().parents[1]
+PY = sys.executable
+
+
+class Runner:
+    """Runs commands of a stage, logs them to <out>/logs/<stage>.log, records them for the report."""
+
+    def __init__(self, out: Path, profile: Profile, dry_run: bool = False) -> None:
+        self.out, self.p, self.dry_run = out, profile, dry_run
+        (out / "stages").mkdir(parents=True, exist_ok=True)
+        (out / "logs").mkdir(parents=True, exist_ok=True)
+        self.stage: str = ""
+        self.commands: list[str] = []
+
+    def env(self) -> dict[str, str]:
+        env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", "PYTHONUNBUFFERED": "1",
+               "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+        return env
+
+    def run(self, cmd: list[str], check_file: Path | None = None) -> None:
+        """Run `cmd` from the repository root; skip it when `check_file` exists (done in an earlier sitting)."""
+        text = shlex.join(cmd)
+        self.commands.append(text)
+        if check_file is not None and check_file.exists():
+            return
+        if self.dry_run:
+            print(f"  $ {text}", flush=True)
+            return
+        log = self.out / "logs" / f"{self.stage}.log"
+        print(f"  $ {text}", flush=True)
+        with open(log, "a", encoding="utf-8") as f:
+            f.write(f"\n$ {text}\n")
+            f.flush()
+            r = subprocess.run(cmd, cwd=REPO, stdout=f, stderr=subprocess.STDOUT, env=self.env())
+        if r.returncode != 0:
+            tail = log.read_text(encoding="utf-8", errors="replace").splitlines()[-15:]
+            raise RuntimeError(f"stage {self.stage}: command failed (exit {r.returncode}): {text}\n  "
+                               + "\n  ".join(tail) + f"\n(full log: {log})")
+
+    def deepspeed(self, script: str, args: list[str], micro_batch: int) -> list[str]:
+        """`deepspeed` over the profile's ranks with a copy of its DeepSpeed JSON whose micro-batch is this
+        stage's (the JSON is the single source of batch geometry)."""
+        cfg = json.loads((REPO / self.p.ds_config).read_text())
+        cfg["train_micro_batch_size_per_gpu"] = micro_batch
+        cfg["gradient_accumulation_steps"] = 1
+        path = self.out / "configs" / f"ds_{self.stage}.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(cfg, indent=2) + "\n")
+        return ["deepspeed", "--num_gpus", str(self.p.ranks), script, *args, "--ds-config", str(path)]
+
+
+@dataclass(frozen=True)
+class Stage:
+    name: str
+    title: str
+    fn: Callable[[Runner], dict[str, Any]]
+
+
+def paths(out: Path) -> dict[str, Path]:
+    return {"corpus": out / "corpus" / "corpus.txt", "shards": out / "shards", "dense": out / "pt_dense",
+            "dense_hf": out / "pt_dense" / "hf", "sparse": out / "pt_sparse", "sparse_hf": out / "pt_sparse" / "hf",
+            "tasks": out / "tasks", "bart": out / "pt_bart", "bart_hf": out / "pt_bart" / "hf",
+            "configs": out / "configs", "cmp": out / "compare"}
+
+
+def stage_corpus(r: Runner) -> dict[str, Any]:
+    P = paths(r.out)
+    cmd = [PY, "-m", "skillnet.data_prep", "sample-corpus", "--out", str(P["corpus"])]
+    if r.p.corpus_docs:
+        cmd += ["--max-docs", str(r.p.corpus_docs)]
+    r.run(cmd, check_file=P["corpus"])
+    return {"bytes": P["corpus"].stat().st_size if P["corpus"].exists() else None}
+
+
+def stage_shards(r: Runner) -> dict[str, Any]:
+    P = paths(r.out)
+    r.run([PY, "-m", "skillnet.data_prep", "build", str(P["corpus"]), "--out", str(P["shards"]), "--workers", "2",
+           "--no-progress"])
+    manifest = json.loads((P["shards"] / "manifest.json").read_text()) if (P["shards"] / "manifest.json").exists() else {}
+    return {"tokens": manifest.get("totals", {}).get("num_tokens")}
+
+
+def write_config(r: Runner, name: str, d: dict[str, Any]) -> Path:
+    P = paths(r.out)
+    P["configs"].mkdir(parents=True, exist_ok=True)
+    path = P["configs"] / f"{name}.json"
+    path.write_text(json.dumps(d, indent=2) + "\n", encoding="utf-8")
+    return path
+
+
+def pt_args(r: Runner, steps: int) -> list[str]:
+    p = r.p
+    return ["--max-seq-len", str(p.pt_seq), "--max-steps", str(steps), "--lr", str(p.pt_lr), "--warmup-steps",
+            str(max(1, steps // 20)), "--log-every", str(max(1, steps // 20)), "--save-every", str(max(10, steps // 4)),
+            "--no-progress"]
+
+
+def compare(r: Runner, config: Path, out: Path, rows: list[str], seeds: list[int], init: Path | None,
+            extra: Sequence[str] = ()) -> None:
+    """One `finetune.compare` run (skipped once its comparison.json exists)."""
+    cmd = [PY, "-m", "skillnet.finetune.compare", "--config", str(config), "--methods", *rows,
+           "--seeds", *map(str, seeds), "--output-dir", str(out), *extra]
+    if init is not None:
+        cmd += ["--init", str(init)]
+    if r.p.threads:
+        cmd += ["--threads", str(r.p.threads)]
+    if r.p.in_process:
+        cmd += ["--in-process"]
+    r.run(cmd, check_file=out / "comparison.json")
+
+
+def paper_ratio_caps(sizes: dict[str, int], cap: int) -> dict[str, int]:
+    top = max(sizes.values())
+    return {n: max(1, round(cap * v / top)) for n, v in sizes.items()}
+

@@ -1,0 +1,137 @@
+"""What the reproduction report's halves share: the papers' row names, score and difference tables, the
+sizes of the sampling studies, their line plots."""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+from pathlib import Path
+from typing import Any
+
+from skillnet.finetune.document import Document, paired_test, verdict
+
+# The packaged task each of the papers' datasets is replaced by (same task type and skills).
+NLU_STAND_INS = {"sentiment": "ChnSentiCorp", "ner": "OntoNotes", "domain": "TNEWS", "qa_match": "AFQMC",
+                 "span": "CMRC 2018", "answer_select": "NLPCC-DBQA (the new task, §4.3)"}
+
+# Row labels of the compare runs -> the names the papers' tables use.
+NLU_ROWS = [("task_specific", "Task-specific fine-tuning"), ("dense_joint", "Joint fine-tuning (Dense)"),
+            ("moe", "Joint fine-tuning (MoE, top-2)"), ("pals", "BERT and PALs (joint)"),
+            ("learnable", "Learnable skill combination (straight-through)"),
+            ("learnable_eq6", "Learnable skill combination (Eq. 6 as written)"),
+            ("skillnet_dense", "SkillNet-NLU w/o sparse pre-training"), ("skillnet", "SkillNet-NLU")]
+NLG_ROWS = [("task_specific", "Task-specific fine-tuning"), ("dense_joint", "Joint fine-tuning (Dense)"),
+            ("moe", "Joint fine-tuning (MoE, top-2)"), ("skillnet", "SkillNet-NLG")]
+
+
+
+def load(path: Path) -> dict[str, Any] | None:
+    return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else None
+
+
+def ms(d: dict[str, Any]) -> str:
+    m, s = d.get("mean"), d.get("std")
+    if m is None or (isinstance(m, float) and math.isnan(m)):
+        return "-"
+    return f"{m:.1f} ± {s:.1f}" if s is not None and len(d.get("values", [])) > 1 else f"{m:.1f}"
+
+
+def score_table(doc: Document, cmp: dict[str, Any], order: list[tuple[str, str]], params: bool = True) -> None:
+    tasks = cmp["tasks"]
+    rows_data = cmp["methods"]
+    metric = {t: next(iter(rows_data.values()))["tasks"][t]["metric"] for t in tasks}
+    head = ["model", *[f"{t} ({metric[t]})" for t in tasks], "Avg"]
+    rows = []
+    labels = [(k, name) for k, name in order if k in rows_data] + [(k, k) for k in rows_data
+                                                                    if k not in dict(order)]
+    for key, name in labels:
+        r = rows_data[key]
+        rows.append([name, *[ms(r["tasks"][t]) for t in tasks], ms(r["average"])])
+    doc.table(head, rows)
+    if params:
+        prow = []
+        for key, name in labels:
+            p = rows_data[key]["params"]
+            prow.append([name, f"{p['total'] / 1e6:.2f} M", f"{p['trainable'] / 1e6:.2f} M",
+                         *[f"{p['activated'][t] / 1e6:.2f} M" for t in tasks]])
+        doc.table(["model", "total params", "trainable", *[f"activated: {t}" for t in tasks]], prow)
+
+
+def differences(doc: Document, cmp: dict[str, Any], ref: str, order: list[tuple[str, str]]) -> dict[str, Any]:
+    """Paired differences (row - ref) over seeds per task and on the average; returns them for the
+    findings."""
+    rows_data, tasks = cmp["methods"], cmp["tasks"]
+    if ref not in rows_data:
+        return {}
+    names = dict(order)
+    out, table = {}, []
+    n = len(cmp["seeds"])
+    for key in rows_data:
+        if key == ref:
+            continue
+        cells, entry = [], {}
+        for t in [*tasks, "average"]:
+            a = rows_data[ref]["average"]["values"] if t == "average" else rows_data[ref]["tasks"][t]["values"]
+            b = rows_data[key]["average"]["values"] if t == "average" else rows_data[key]["tasks"][t]["values"]
+            diff = statistics.fmean(a) - statistics.fmean(b)
+            p = paired_test(a, b)
+            entry[t] = {"diff": diff, "p": p}
+            cells.append(verdict(diff, p, n))
+        out[key] = entry
+        table.append([names.get(key, key), *cells])
+    doc.table([f"{names.get(ref, ref)} minus", *tasks, "Avg"], table)
+    return out
+
+
+def n_seeds(c: dict[str, Any]) -> str:
+    n = len(c["seeds"])
+    return f"{n} seed{'s' if n > 1 else ''}"
+
+
+def task_skills(config: Path) -> dict[str, list[str]]:
+    d = load(config)
+    return {t["name"]: list(t["skills"]) for t in d["tasks"]} if d else {}
+
+
+def same_task_sets(config: Path, skills: list[str]) -> list[list[str]]:
+    """Groups of skills that exactly the same tasks use (their ablations give the same model)."""
+    users: dict[tuple[str, ...], list[str]] = {}
+    for sk in skills:
+        key = tuple(sorted(t for t, ss in task_skills(config).items() if sk in ss))
+        users.setdefault(key, []).append(sk)
+    return [g for g in users.values() if len(g) > 1]
+
+
+def study_sizes(doc: Document, config: Path, var: str, source: str) -> None:
+    """The training-set sizes of a sampling study, read from the config it ran."""
+    d = load(config)
+    if not d:
+        return
+    sizes = ", ".join(f"{t['name']} {t.get('max_train_examples', 'all')}" for t in d["tasks"])
+    doc.p(f"Sampling only matters when tasks differ in size, so this study cuts each training set to the relative "
+          f"size of the dataset it stands in for ({source}): {sizes} examples. With the equal sizes of the main "
+          f"table every {var} gives the same task mix. One seed.")
+
+
+def line_plot(c: dict[str, Any], var: str, path: Path, title: str, logx: bool = False) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    pts = sorted((float(k.split("_", 1)[1]), r["average"]) for k, r in c["methods"].items())
+    fig, ax = plt.subplots(figsize=(5, 3.2))
+    ax.errorbar([x for x, _ in pts], [a["mean"] for _, a in pts], yerr=[a["std"] for _, a in pts], marker="o",
+                capsize=3)
+    if logx:
+        ax.set_xscale("log")
+    ax.set_xlabel(var)
+    ax.set_ylabel("average test score")
+    ax.set_title(title, fontsize=10)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+

@@ -1,0 +1,86 @@
+"""Routing of SkillNet-BART: task names or skill ids -> a `SkillRouting` per stack, through the config's
+router, for the model and for its encoder and decoder run alone (as `generate` runs the encoder)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from .registry import Router, build_router
+from .routers import task_routing
+from .skill_ffn import SkillRouting
+
+
+class SkillRoutingMixin:
+    """Task names / skill ids -> `SkillRouting`, for any module with a `SkillNetBartConfig` at `.config`."""
+
+    config: Any
+
+    @property
+    def router(self) -> Router:
+        """The config's router (routers.py): routing, auxiliary losses, counts."""
+        return build_router(self.config)
+
+    def routing(
+        self,
+        task: str | Sequence[str] | None = None,
+        skill_ids: Sequence[int] | Sequence[Sequence[int]] | torch.Tensor | None = None,
+        device: torch.device | str = "cpu",
+        batch_size: int | None = None,
+    ) -> SkillRouting:
+        """Skill routing from a task name, one task per row (by the config's task map), or skill ids ([k] or
+        [B, k], -1 pads). `batch_size`, when given, must equal the number of rows of a per-row choice."""
+        if task is None and skill_ids is None:
+            task = self.config.default_task  # an export's default task; None keeps the routing's error
+        return task_routing(self.config, task, skill_ids, device, batch_size, self.config.skill_ids)
+
+    def stack_routing(
+        self,
+        task: str | Sequence[str] | None,
+        skill_ids: Sequence[int] | Sequence[Sequence[int]] | torch.Tensor | None,
+        token_mask_BT: torch.Tensor | None,
+        seq_len: int,
+        device: torch.device | str,
+        batch_size: int | None,
+    ) -> SkillRouting:
+        """The router's routing of one stack (encoder or decoder) over its `seq_len` new tokens; padding
+        (False in `token_mask_BT`) takes no part where the router routes tokens."""
+        if task is None and skill_ids is None:
+            task = self.config.default_task
+        router = self.router
+        keep = _token_mask(token_mask_BT, seq_len) if router.routes_tokens else None
+        return router.route(self, task, skill_ids, token_mask_BT=keep, device=device, batch_size=batch_size)
+
+    def skill_id_rows(self, tasks: Sequence[str]) -> torch.Tensor:
+        """[B, k] skill ids of one task per row, -1 padded: the form that survives HF's beam expansion."""
+        rows = [self.config.skill_ids(t) for t in tasks]
+        out = torch.full((len(rows), max(map(len, rows))), -1, dtype=torch.long)
+        for i, r in enumerate(rows):
+            out[i, : len(r)] = torch.tensor(r)
+        return out
+
+
+def _batch_size(*tensors: torch.Tensor | None) -> tuple[int | None, torch.device]:
+    for t in tensors:
+        if t is not None:
+            return t.shape[0], t.device
+    return None, torch.device("cpu")
+
+
+def _seq_len(*tensors: torch.Tensor | None) -> int:
+    for t in tensors:
+        if t is not None:
+            return t.shape[1]
+    return 0
+
+
+def _token_mask(mask: torch.Tensor | None, seq_len: int) -> torch.Tensor | None:
+    """[B, seq_len] bool, False at padding, from a [B, T] attention mask. With a KV cache the decoder's mask
+    covers the cached tokens too ([B, past + new]): the new tokens are its last `seq_len` columns."""
+    if mask is None:
+        return None
+    if mask.dim() != 2:
+        raise ValueError(f"a token-routing router needs a 2-D [batch, tokens] attention mask, got shape {tuple(mask.shape)}")
+    return mask[:, mask.shape[1] - seq_len :].bool()

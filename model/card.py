@@ -1,0 +1,277 @@
+"""The last step of every export: its default task, the labels and prompts pipelines read, and a model card.
+
+`finish_export(model, folder, ...)` runs after ``save_pretrained`` (and the tokenizer) of a pre-training
+export (pretrain/export.py) or a fine-tuning one (finetune/run.py ``save_model_dir``):
+
+* ``config.default_task``: what a call without ``task=`` runs (pre-trained SkillNet-BERT: ``mlm``; a
+  fine-tuned model: ``export --task``, the task of a ``best_per_task/<task>`` folder, else the first task);
+* ``config.id2label`` / ``label2id``: the default task's labels (classification, NER);
+* SkillNet-BART: ``config.task_prefixes`` (each task's source prefix) and the default task's beams and
+  length in generation_config.json, so the text2text pipeline and ``generate`` match the project's decode;
+* ``model_card.json`` (the facts: tasks and skills, parameter counts, training) and ``README.md`` rendered
+  from it and from the run's results.json. `refresh_model_cards(run_dir)` renders the cards again once
+  results.json exists (the fine-tuning run writes its scores after its exports).
+
+Nothing written holds an absolute path: files of the run are named relative to the run directory.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+import torch
+
+CARD_FACTS = "model_card.json"
+FINETUNE_META = "finetune_tasks.json"
+_PAPERS = {
+    "skillnet-bert": ("SkillNet-BERT", "SkillNet-NLU, a sparsely activated BERT whose FFNs are banks of skills "
+                      "(Zhang, Tang et al., *SkillNet-NLU: A Sparsely Activated Model for General-Purpose Natural "
+                      "Language Understanding*, Tencent AI Lab, 2022)"),
+    "skillnet-bart": ("SkillNet-BART", "SkillNet-NLG, a sparsely activated BART whose FFNs are banks of skills "
+                      "(Liao, Tang et al., *SkillNet-NLG: General-Purpose Natural Language Generation with a "
+                      "Sparsely Activated Approach*, Tencent AI Lab, 2022)"),
+    "bert": ("BERT (dense)", "a dense BERT pre-trained by this project's pipeline (the starting point of "
+             "SkillNet-BERT's skill surgery)"),
+    "bart": ("BART (dense)", "a dense BART pre-trained by this project's pipeline (the starting point of "
+             "SkillNet-BART)"),
+}
+
+
+def _read(path: Path) -> Any:
+    return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else None
+
+
+def _write(path: Path, obj: Any) -> None:
+    path.write_text(json.dumps(obj, indent=2, sort_keys=True, ensure_ascii=False) + "\n", encoding="utf-8")
+
+
+def _run_dir(final: Path) -> Path | None:
+    """The fine-tuning run an export folder belongs to (the folder holding finetune_config.json)."""
+    for d in (final.parent, final.parent.parent):
+        if (d / "finetune_config.json").is_file():
+            return d
+    return None
+
+
+def pick_default_task(config: dict[str, Any], final: Path, requested: str | None,
+                      meta: dict[str, Any]) -> str | None:
+    """`requested` (``export --task``); else the task of a ``best_per_task/<task>`` folder; else the config's
+    default if the export serves it; else the first fine-tuned task; else (pre-trained) ``mlm``."""
+    tasks = config.get("tasks") or {}
+    if requested is not None:
+        if requested not in tasks:
+            raise KeyError(f"--task {requested!r} is not a task of the model; valid tasks: {', '.join(tasks)}")
+        return requested
+    served = list(meta) or list(config.get("task_heads") or {})
+    if final.parent.name == "best_per_task" and final.name in served:
+        return final.name
+    if config.get("default_task") in (served or tasks):
+        return config["default_task"]
+    if served:
+        return served[0]
+    return "mlm" if "mlm" in tasks else None
+
+
+def _params(model: torch.nn.Module, tasks: list[str]) -> dict[str, Any]:
+    from .counts import activated_parameters, count_parameters
+
+    total = sum(p.numel() for p in model.parameters())
+    out: dict[str, Any] = {"total": total, "activated": {}}
+    if tasks:
+        out["total"] = count_parameters(model)["total"]
+        out["activated"] = {t: activated_parameters(model, t) for t in tasks}
+    return out
+
+
+def finish_export(model: torch.nn.Module, folder: str | os.PathLike, *, final: str | os.PathLike | None = None,
+                  default_task: str | None = None, training: dict[str, Any] | None = None,
+                  run_dir: str | os.PathLike | None = None) -> str | None:
+    """Complete an export written to `folder` (to be renamed `final`); returns its default task. `run_dir`:
+    the fine-tuning run it came from (default: found above `final`)."""
+    folder = Path(folder)
+    final = Path(final) if final is not None else folder
+    cfg_path = folder / "config.json"
+    cfg = _read(cfg_path)
+    model_type = cfg.get("model_type")
+    skillnet = model_type in ("skillnet-bert", "skillnet-bart")
+    meta = (_read(folder / FINETUNE_META) or {}).get("tasks", {})
+    task = None
+    if skillnet:
+        task = pick_default_task(cfg, final, default_task, meta)
+        cfg["default_task"] = task
+        model.config.default_task = task
+        labels = ((cfg.get("task_heads") or {}).get(task) or {}).get("labels") or (meta.get(task) or {}).get("labels")
+        if labels and (meta.get(task) or {}).get("type") != "regression":
+            cfg["id2label"] = {str(i): str(x) for i, x in enumerate(labels)}
+            cfg["label2id"] = {str(x): i for i, x in enumerate(labels)}
+        else:  # no labels of an earlier default task may stay behind
+            cfg.pop("id2label", None)
+            cfg.pop("label2id", None)
+        if model_type == "skillnet-bart":
+            cfg["task_prefixes"] = {n: m.get("prefix", "") for n, m in meta.items() if m.get("type") == "generation"}
+            gen_path = folder / "generation_config.json"
+            gen = _read(gen_path) or {}
+            if task in meta and meta[task].get("type") == "generation":
+                gen["num_beams"] = int(meta[task].get("num_beams", gen.get("num_beams", 1)))
+                gen["max_new_tokens"] = int(meta[task]["max_target_len"])
+                _write(gen_path, gen)
+        _write(cfg_path, cfg)
+    run_dir = Path(run_dir) if run_dir is not None else _run_dir(final)
+    if training is None and run_dir is not None:
+        training = _finetune_training(run_dir)
+    tasks = list(meta) if meta else ([t for t in ("mlm", "nsp") if t in cfg.get("tasks", {})] if skillnet else [])
+    facts = {
+        "model_type": model_type,
+        "architecture": (cfg.get("architectures") or [type(model).__name__])[0],
+        "default_task": task,
+        "tasks": {t: _task_facts(cfg, meta, t) for t in tasks} if skillnet else {},
+        "all_tasks": {t: _skills(cfg, t) for t in cfg.get("tasks", {})} if skillnet else {},
+        "skills": cfg.get("skills") or [],
+        "generic_skill": cfg.get("generic_skill"),
+        "params": _params(model, tasks if skillnet else []),
+        "training": training or {},
+        "sizes": {k: cfg.get(k) for k in ("hidden_size", "num_hidden_layers", "d_model", "encoder_layers",
+                                          "decoder_layers", "max_position_embeddings", "vocab_size") if k in cfg},
+    }
+    _write(folder / CARD_FACTS, facts)
+    scores = (_read(run_dir / "results.json") or {}).get("tasks") if run_dir is not None else None
+    (folder / "README.md").write_text(render_card(facts, scores), encoding="utf-8")
+    return task
+
+
+def _skills(cfg: dict[str, Any], task: str) -> list[str]:
+    skills = list(cfg["tasks"][task])
+    g = cfg.get("generic_skill")
+    return skills + [g] if g and g not in skills else skills
+
+
+def _task_facts(cfg: dict[str, Any], meta: dict[str, Any], task: str) -> dict[str, Any]:
+    m = meta.get(task) or {}
+    head = (cfg.get("task_heads") or {}).get(task) or {}
+    return {"skills": _skills(cfg, task), "type": m.get("type") or head.get("type") or "pre-training objective",
+            "labels": m.get("labels") or head.get("labels"), "metric": m.get("metric"), "prefix": m.get("prefix")}
+
+
+def _finetune_training(run_dir: Path) -> dict[str, Any]:
+    cfg = _read(run_dir / "finetune_config.json") or {}
+    tasks = {}
+    for t in cfg.get("tasks", []):
+        files = {k: Path(str(t[k])).name for k in ("train", "dev", "test") if t.get(k)}
+        tasks[t.get("name")] = files
+    res = _read(run_dir / "results.json") or {}
+    train = cfg.get("train", {})
+    return {"stage": "fine-tuning", "method": cfg.get("method"), "data": tasks,
+            "max_steps": train.get("max_steps"), "steps": res.get("steps"), "seed": train.get("seed")}
+
+
+def refresh_model_cards(run_dir: str | os.PathLike) -> None:
+    """Render the cards of a fine-tuning run's exports again, now with the scores of results.json."""
+    run_dir = Path(run_dir)
+    res = _read(run_dir / "results.json") or {}
+    for facts_file in [*run_dir.glob(f"*/{CARD_FACTS}"), *run_dir.glob(f"best_per_task/*/{CARD_FACTS}")]:
+        facts = _read(facts_file)
+        if res.get("steps") is not None:
+            facts.setdefault("training", {})["steps"] = res["steps"]
+            _write(facts_file, facts)
+        (facts_file.parent / "README.md").write_text(render_card(facts, res.get("tasks")), encoding="utf-8")
+
+
+def _fmt(n: int | None) -> str:
+    return "-" if n is None else f"{n / 1e6:.2f}M" if n >= 1e5 else f"{n:,}"
+
+
+def render_card(facts: dict[str, Any], scores: dict[str, Any] | None = None) -> str:
+    mt = facts.get("model_type")
+    name, paper = _PAPERS.get(mt, (mt, ""))
+    default = facts.get("default_task")
+    tasks = facts.get("tasks") or {}
+    skill_desc = {s["name"]: s.get("description", "") for s in facts.get("skills") or [] if isinstance(s, dict)}
+    lines = ["---", "library_name: transformers", "tags:", "- skillnet", f"- {mt}", "---", "",
+             f"# {name}", "", f"**What it is:** {paper}. Architecture `{facts.get('architecture')}`; "
+             + ", ".join(f"{k}={v}" for k, v in (facts.get("sizes") or {}).items()) + ".", ""]
+    if mt in ("skillnet-bert", "skillnet-bart"):
+        lines += ["Every task activates a few *skills* (FFN experts) in the skill layers; the rest of the network "
+                  "is shared. Load with `trust_remote_code=True` (the modeling code is in the `skillnet_*.py` "
+                  "files of this folder: read them before trusting them).", ""]
+        lines += [f"**Default task:** `{default}` (a call without `task=` runs it; `task=` picks any task below).",
+                  "", "## Tasks and their skills", "", "| task | type | skills | labels |", "|---|---|---|---|"]
+        for t, f in sorted(tasks.items(), key=lambda kv: kv[0] != default):
+            labels = ", ".join(map(str, f.get("labels") or [])) or "-"
+            mark = " (default)" if t == default else ""
+            lines.append(f"| `{t}`{mark} | {f.get('type')} | {', '.join(f['skills'])} | {labels} |")
+        others = {t: sk for t, sk in (facts.get("all_tasks") or {}).items() if t not in tasks}
+        if others:
+            lines += ["", "The config also maps these tasks to skills (no head yet; fine-tuning adds one): "
+                      + "; ".join(f"`{t}` {', '.join(sk)}" for t, sk in others.items()) + "."]
+        lines += ["", "Skills: " + "; ".join(f"`{k}` {v}" for k, v in skill_desc.items()) + ".", ""]
+    p = facts.get("params") or {}
+    lines += ["## Parameters", "", f"Total: {_fmt(p.get('total'))} ({p.get('total'):,})."]
+    if p.get("activated"):
+        lines += ["", "| task | activated parameters |", "|---|---|"]
+        lines += [f"| `{t}` | {_fmt(n)} ({n:,}) |" for t, n in p["activated"].items()]
+    tr = facts.get("training") or {}
+    lines += ["", "## Training", ""]
+    if tr.get("stage") == "fine-tuning":
+        lines.append(f"Multi-task fine-tuning (method `{tr.get('method')}`), {tr.get('steps') or tr.get('max_steps')} "
+                     f"steps, seed {tr.get('seed')}. Task data:")
+        lines += [f"- `{t}`: " + ", ".join(f"{k} `{v}`" for k, v in files.items()) for t, files in tr["data"].items()]
+    elif tr:
+        lines.append(f"Pre-training, step {tr.get('step')}; objectives {tr.get('objectives')}; data "
+                     f"`{tr.get('data')}`.")
+    if scores:
+        lines += ["", "## Scores it was selected with", "",
+                  "| task | metric | dev | test | checkpoint |", "|---|---|---|---|---|"]
+        for t, r in scores.items():
+            m = r.get("metric")
+            dev, test = (r.get("dev") or {}).get(m), (r.get("test") or {}).get(m)
+            step = f" (step {r['best_step']})" if r.get("best_step") is not None else ""
+            lines.append(f"| `{t}` | {m} | {_num(dev)} | {_num(test)} | {r.get('checkpoint')}{step} |")
+    lines += ["", "## Use", "", "```python", *usage_lines(facts), "```", ""]
+    return "\n".join(lines)
+
+
+def _num(x: Any) -> str:
+    return "-" if x is None else f"{x:.4f}" if isinstance(x, float) else str(x)
+
+
+def usage_lines(facts: dict[str, Any]) -> list[str]:
+    """Three lines that load this export and use it for its default task."""
+    mt, default = facts.get("model_type"), facts.get("default_task")
+    kind = (facts.get("tasks") or {}).get(default, {}).get("type")
+    p = '"path/to/this/folder"'
+    if mt == "skillnet-bart":
+        return ["from transformers import pipeline",
+                f'gen = pipeline("text2text-generation", model={p}, trust_remote_code=True)',
+                'print(gen("输入文本")[0]["generated_text"])']
+    task = {"classification": "text-classification", "regression": "text-classification",
+            "ner": "token-classification", "pair": "text-classification"}.get(kind)
+    if mt == "skillnet-bert" and default in ("mlm", None) or kind == "pre-training objective":
+        return ["from transformers import pipeline",
+                f'fill = pipeline("fill-mask", model={p}, trust_remote_code=True)',
+                'print(fill("今天天气很[MASK]。")[0]["token_str"])']
+    if task is not None:
+        extra = ', aggregation_strategy="simple"' if task == "token-classification" else ""
+        return ["from transformers import pipeline",
+                f'nlp = pipeline("{task}", model={p}, trust_remote_code=True{extra})',
+                'print(nlp("这家酒店的服务很好"))']
+    return ["from transformers import AutoModel, AutoTokenizer",
+            f"tok, model = AutoTokenizer.from_pretrained({p}), AutoModel.from_pretrained({p}, trust_remote_code=True)",
+            f'h = model(**tok("这家酒店的服务很好", return_tensors="pt"), task="{default}").last_hidden_state']
+
+
+_ABS = re.compile(r"(?<![\w.])/(?:tmp|root|home|work|mnt|data|Users|var|opt)/[^\s\"']+")
+
+
+def absolute_paths(folder: str | os.PathLike) -> dict[str, list[str]]:
+    """Absolute paths found in the text files of an export (an export must hold none: it moves)."""
+    found = {}
+    for f in Path(folder).iterdir():
+        if f.is_file() and f.suffix in (".json", ".md", ".txt", ".py"):
+            hits = _ABS.findall(f.read_text(encoding="utf-8", errors="replace"))
+            if hits:
+                found[f.name] = hits[:3]
+    return found

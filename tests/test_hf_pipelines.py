@@ -1,0 +1,267 @@
+"""Exports work wherever a transformers model works (issue 19): one test per row of its table, each run in
+a subprocess whose import path cannot see this project, each checked against the project's own output.
+
+Rows: fill-mask pipeline, AutoModelForMaskedLM, feature-extraction / AutoModel without task=,
+text-classification, token-classification (CRF decode), truncation, model card; plus the QA class and the
+SkillNet-BART text2text pipeline (a custom pipeline: transformers 5 has none for text2text).
+
+``SKILLNET_PLAIN_PYTHON=/path/to/venv/bin/python`` runs the loading side in another interpreter, e.g. a venv
+with only torch, transformers and safetensors (no torchcrf, no project dependencies).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.fixtures.pretrain.helpers import subprocess_env
+
+REPO = Path(__file__).resolve().parents[1]
+FIX = REPO / "tests" / "fixtures" / "finetune"
+
+# Drop every path and import hook that would find this project, prove it is gone, then run `body`.
+_PRELUDE = r"""
+import importlib.util, json, sys
+sys.meta_path[:] = [f for f in sys.meta_path if "skillnet" not in repr(f).lower()]
+sys.path[:] = [p for p in sys.path if not p.startswith(REPO)]
+assert importlib.util.find_spec("skillnet") is None, "the project is still importable"
+assert importlib.util.find_spec("model") is None
+import torch
+from transformers import pipeline, AutoModel, AutoTokenizer
+folder, out_file = sys.argv[1:3]
+res = {}
+"""
+_POST = r"""
+res["modules"] = sorted({m for m in sys.modules if m.split(".")[0] in ("skillnet", "model", "training")})
+json.dump(res, open(out_file, "w"), ensure_ascii=False)
+"""
+
+
+def run_plain(tmp: Path, folder: Path, body: str) -> dict:
+    script = tmp / "plain.py"
+    script.write_text(f"REPO = {str(REPO)!r}\n" + _PRELUDE + body + _POST, encoding="utf-8")
+    out = tmp / "plain_out.json"
+    py = os.environ.get("SKILLNET_PLAIN_PYTHON") or sys.executable
+    r = subprocess.run([py, str(script), str(folder), str(out)], cwd=tmp, capture_output=True,
+                       text=True, env={**subprocess_env(), "PYTHONPATH": ""}, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    res = json.loads(out.read_text(encoding="utf-8"))
+    assert res.pop("modules") == []
+    return res
+
+
+@pytest.fixture(scope="module")
+def pt_export(tmp_path_factory) -> Path:
+    from skillnet.pretrain.export import export
+
+    tmp = tmp_path_factory.mktemp("pt")
+    r = subprocess.run([sys.executable, "pretrain/run.py", "--synthetic", "64", "--preset", "tiny", "--max_steps", "2",
+                        "--output_dir", str(tmp / "run"), "--no_progress", "--no_tensorboard"],
+                       cwd=REPO, capture_output=True, text=True, timeout=600, env=subprocess_env())
+    assert r.returncode == 0, r.stderr[-2000:]
+    return export(tmp / "run", tmp / "hf")
+
+
+@pytest.fixture(scope="module")
+def ft_run(tmp_path_factory) -> Path:
+    from skillnet.finetune import run as run_cli
+    from skillnet.finetune.config import FinetuneConfig
+
+    from tests.test_finetune_e2e import _task, tiny_config
+
+    out = tmp_path_factory.mktemp("ft") / "run"
+    d = tiny_config(out)
+    d["tasks"] = [_task("sentiment", "classification", "sent", ["s1", "s4", "s7"]),
+                  _task("ner", "ner", "ner", ["s2", "s7"]), _task("mrc", "span", "mrc", ["s2", "s3", "s5", "s7"])]
+    run_cli.run(FinetuneConfig.from_dict(d), tensorboard=False, progress=False)
+    return out
+
+
+def _mlm_reference(folder: Path, text: str) -> tuple[list[int], torch.Tensor, torch.Tensor]:
+    from skillnet.model import SkillNetBertForPreTraining
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(folder))
+    m = SkillNetBertForPreTraining.from_pretrained(str(folder)).eval()
+    ids = tok(text, return_tensors="pt")
+    with torch.no_grad():
+        logits = m(**ids, task="mlm").logits
+        hidden = m.bert(**ids, task="mlm").last_hidden_state
+    return ids["input_ids"][0].tolist(), logits[0], hidden[0]
+
+
+def test_fill_mask_pipeline(pt_export, tmp_path):
+    text = "今天天气很[MASK]。"
+    ids, logits, _ = _mlm_reference(pt_export, text)
+    pos = ids.index(103)
+    res = run_plain(tmp_path, pt_export, r"""
+fill = pipeline("fill-mask", model=folder, trust_remote_code=True)
+res["top"] = [(r["token"], r["token_str"]) for r in fill("今天天气很[MASK]。", top_k=3)]
+""")
+    assert [t for t, _ in res["top"]] == logits[pos].topk(3).indices.tolist()
+
+
+def test_auto_model_for_masked_lm(pt_export, tmp_path):
+    text = "我爱北京天安门"
+    _, logits, _ = _mlm_reference(pt_export, text)
+    res = run_plain(tmp_path, pt_export, r"""
+from transformers import AutoModelForMaskedLM
+tok = AutoTokenizer.from_pretrained(folder)
+m = AutoModelForMaskedLM.from_pretrained(folder, trust_remote_code=True).eval()
+with torch.no_grad():
+    res["logits"] = m(**tok("我爱北京天安门", return_tensors="pt")).logits[0].tolist()
+res["class"] = type(m).__name__
+""")
+    assert res["class"] == "SkillNetBertForMaskedLM"
+    torch.testing.assert_close(torch.tensor(res["logits"]), logits, rtol=1e-4, atol=1e-4)
+
+
+def test_feature_extraction_and_auto_model_without_task(pt_export, tmp_path):
+    text = "我爱北京天安门"
+    _, _, hidden = _mlm_reference(pt_export, text)
+    assert json.loads((pt_export / "config.json").read_text())["default_task"] == "mlm"
+    res = run_plain(tmp_path, pt_export, r"""
+fe = pipeline("feature-extraction", model=folder, trust_remote_code=True)
+res["pipe"] = fe("我爱北京天安门")[0]
+tok = AutoTokenizer.from_pretrained(folder)
+m = AutoModel.from_pretrained(folder, trust_remote_code=True).eval()
+with torch.no_grad():
+    res["auto"] = m(**tok("我爱北京天安门", return_tensors="pt")).last_hidden_state[0].tolist()
+    res["nsp_differs"] = not torch.allclose(m(**tok("我爱北京天安门", return_tensors="pt"), task="nsp")
+                                            .last_hidden_state[0], torch.tensor(res["auto"]))
+""")
+    torch.testing.assert_close(torch.tensor(res["pipe"]), hidden, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(torch.tensor(res["auto"]), hidden, rtol=1e-4, atol=1e-4)
+    assert res["nsp_differs"]  # task= still picks another task's skills
+
+
+def test_text_classification_matches_predict(ft_run, tmp_path):
+    from skillnet.finetune.predict import Predictor
+
+    folder = ft_run / "export"
+    texts = [json.loads(x)["text"] for x in (FIX / "sent_dev.jsonl").read_text(encoding="utf-8").splitlines()[:6]]
+    want = Predictor(folder).predict("sentiment", [{"text": t} for t in texts])
+    cfg = json.loads((folder / "config.json").read_text())
+    assert cfg["default_task"] == "sentiment" and set(cfg["label2id"]) == {"pos", "neg"}
+    res = run_plain(tmp_path, folder, f"""
+clf = pipeline("text-classification", model=folder, trust_remote_code=True)
+res["labels"] = [r["label"] for r in clf({texts!r})]
+""")
+    assert res["labels"] == want
+
+
+def test_token_classification_entities_match_predict(ft_run, tmp_path):
+    from skillnet.finetune.predict import Predictor
+
+    folder = ft_run / "export"
+    recs = [{"tokens": json.loads(x)["tokens"]} for x in (FIX / "ner_dev.jsonl").read_text(encoding="utf-8").splitlines()]
+    want = [[(e["type"], e["start"], e["end"], e["text"]) for e in p["entities"]]
+            for p in Predictor(folder).predict("ner", recs)]
+    assert any(want), "the tiny model tags no entity: the comparison would be empty"
+    texts = ["".join(r["tokens"]) for r in recs]
+    res = run_plain(tmp_path, folder, f"""
+ner = pipeline("token-classification", model=folder, trust_remote_code=True, aggregation_strategy="simple")
+res["ents"] = [[(e["entity_group"], e["start"], e["end"], e["word"].replace(" ", "")) for e in row]
+               for row in ner({texts!r})]
+""")
+    assert [[tuple(e) for e in row] for row in res["ents"]] == want
+
+
+def test_question_answering_class_serves_the_span_task(ft_run, tmp_path):
+    from skillnet.model import SkillNetBertForMultiTask
+    from transformers import AutoTokenizer
+
+    folder = ft_run / "export"
+    tok = AutoTokenizer.from_pretrained(str(folder))
+    m = SkillNetBertForMultiTask.from_pretrained(str(folder)).eval()
+    enc = tok("谁在上海", "王五在上海工作", return_tensors="pt")
+    with torch.no_grad():
+        want = m(task="mrc", **enc).logits[0]
+    res = run_plain(tmp_path, folder, r"""
+from transformers import AutoModelForQuestionAnswering
+tok = AutoTokenizer.from_pretrained(folder)
+qa = AutoModelForQuestionAnswering.from_pretrained(folder, trust_remote_code=True).eval()
+with torch.no_grad():
+    o = qa(**tok("谁在上海", "王五在上海工作", return_tensors="pt"))
+res["start"], res["end"] = o.start_logits[0].tolist(), o.end_logits[0].tolist()
+""")
+    torch.testing.assert_close(torch.tensor(res["start"]), want[:, 0], rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(torch.tensor(res["end"]), want[:, 1], rtol=1e-4, atol=1e-4)
+
+
+def test_truncation_fits_the_model(pt_export, tmp_path):
+    cfg = json.loads((pt_export / "config.json").read_text())
+    res = run_plain(tmp_path, pt_export, r"""
+tok = AutoTokenizer.from_pretrained(folder)
+m = AutoModel.from_pretrained(folder, trust_remote_code=True).eval()
+enc = tok("好" * 2000, truncation=True, return_tensors="pt")
+with torch.no_grad():
+    res["shape"] = list(m(**enc).last_hidden_state.shape)
+res["max"] = tok.model_max_length
+""")
+    assert res["max"] == cfg["max_position_embeddings"]
+    assert res["shape"][1] == cfg["max_position_embeddings"]
+
+
+def test_model_card_and_no_absolute_paths(pt_export, ft_run):
+    from skillnet.model.card import absolute_paths
+
+    card = (ft_run / "export" / "README.md").read_text(encoding="utf-8")
+    results = json.loads((ft_run / "results.json").read_text())
+    params = json.loads((ft_run / "params.json").read_text())
+    assert "SkillNet-BERT" in card and "**Default task:** `sentiment`" in card
+    assert "| `ner` | ner | s2, s7 |" in card
+    assert f"({params['total']:,})" in card and f"({params['tasks']['ner']['activated']:,})" in card
+    dev = results["tasks"]["sentiment"]["dev"][results["tasks"]["sentiment"]["metric"]]
+    assert f"{dev:.4f}" in card and "sent_train.jsonl" in card
+    assert 'pipeline("text-classification"' in card
+    pt_card = (pt_export / "README.md").read_text(encoding="utf-8")
+    assert "**Default task:** `mlm`" in pt_card and 'pipeline("fill-mask"' in pt_card
+    for folder in (pt_export, ft_run / "export", ft_run / "best"):
+        assert absolute_paths(folder) == {}, folder
+
+
+def test_text2text_pipeline_matches_generate(tmp_path):
+    from skillnet.finetune import run as run_cli
+    from skillnet.finetune.config import FinetuneConfig
+    from skillnet.finetune.predict import Predictor
+
+    from tests.test_finetune_generation import gen_config
+
+    out = tmp_path / "gen"
+    run_cli.run(FinetuneConfig.from_dict(gen_config(out)), tensorboard=False, progress=False)
+    folder = out / "export"
+    srcs = [json.loads(x)["source"] for x in (FIX / "gen_fix_dev.jsonl").read_text(encoding="utf-8").splitlines()[:3]]
+    want = Predictor(folder).predict("fix", [{"source": s} for s in srcs])
+    cfg = json.loads((folder / "config.json").read_text())
+    assert cfg["default_task"] == "fix" and cfg["task_prefixes"]["fix"] == "fix: "
+    res = run_plain(tmp_path, folder, f"""
+gen = pipeline("text2text-generation", model=folder, trust_remote_code=True)
+res["out"] = [gen(s)[0]["generated_text"] for s in {srcs!r}]
+""")
+    assert res["out"] == want
+
+
+def test_export_task_picks_the_default_and_no_default_keeps_the_error(ft_run, tmp_path):
+    from skillnet.model import SkillNetBertConfig, SkillNetBertModel
+    from skillnet.pretrain.export import main
+    from transformers import AutoModel
+
+    assert main(["--checkpoint", str(ft_run / "export"), "--out", str(tmp_path / "ner"), "--task", "ner"]) == 0
+    cfg = json.loads((tmp_path / "ner" / "config.json").read_text())
+    assert cfg["default_task"] == "ner" and cfg["id2label"]["0"] == "O"
+    assert "**Default task:** `ner`" in (tmp_path / "ner" / "README.md").read_text(encoding="utf-8")
+    m = AutoModel.from_pretrained(str(tmp_path / "ner")).eval()
+    ids = torch.tensor([[101, 4374, 758, 102]])
+    with torch.no_grad():
+        torch.testing.assert_close(m(ids).last_hidden_state, m(ids, task="ner").last_hidden_state)
+    assert main(["--checkpoint", str(ft_run / "export"), "--out", str(tmp_path / "x"), "--task", "nope"]) == 2
+    plain = SkillNetBertModel(SkillNetBertConfig.preset("tiny")).eval()  # no default task
+    with pytest.raises(ValueError, match="pass exactly one of task="):
+        plain(ids)

@@ -1,0 +1,38 @@
+"""`deepspeed pretrain/run.py --ds_config ds_configs/zero2.json`, then `export`: the folder passes the
+fill-mask and feature-extraction rows of issue 19 in an environment that cannot see the project."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from tests.fixtures.pretrain.helpers import REPO, build_shards, launch, subprocess_env
+from tests.test_hf_pipelines import _mlm_reference, run_plain
+
+pytestmark = pytest.mark.slow
+
+
+def test_zero2_pretraining_export_serves_fill_mask_and_features(tmp_path):
+    shards = build_shards(tmp_path / "data")
+    run = tmp_path / "run"
+    launch("pretrain/run.py", ["--ds_config", "ds_configs/zero2.json", "--shards", str(shards), "--preset", "tiny",
+                               "--max_seq_len", "32", "--max_steps", "24", "--lr", "5e-3", "--log_every", "4",
+                               "--output_dir", str(run), "--no_progress", "--no_tensorboard"])
+    r = subprocess.run([sys.executable, "-m", "skillnet.pretrain.export", "--checkpoint", str(run),
+                        "--out", str(tmp_path / "hf")], cwd=REPO, capture_output=True, text=True, timeout=600,
+                       env=subprocess_env())
+    assert r.returncode == 0, r.stderr[-2000:]
+    folder = tmp_path / "hf"
+    text = "技能[MASK]。"  # a word of the training corpus, masked
+    ids, logits, hidden = _mlm_reference(folder, text)
+    res = run_plain(tmp_path, folder, r"""
+fill = pipeline("fill-mask", model=folder, trust_remote_code=True)
+res["top"] = [r["token"] for r in fill("技能[MASK]。", top_k=3)]
+fe = pipeline("feature-extraction", model=folder, trust_remote_code=True)
+res["features"] = fe("技能[MASK]。")[0]
+""")
+    assert res["top"] == logits[ids.index(103)].topk(3).indices.tolist()
+    torch.testing.assert_close(torch.tensor(res["features"]), hidden, rtol=1e-4, atol=1e-4)
