@@ -54,34 +54,21 @@ from .samplers import SamplerConfig
 if TYPE_CHECKING:
     from datasets import Dataset, DatasetDict
 
-TASK_TYPES: dict[str, dict[str, Any]] = {
-    "classification": {"head": "classification", "kinds": ("single", "pair"), "metric": "accuracy"},
-    "regression": {"head": "regression", "kinds": ("single", "pair"), "metric": "pearson"},
-    "ner": {"head": "token_crf", "kinds": ("tagging",), "metric": "f1"},
-    "span": {"head": "span", "kinds": ("span",), "metric": "f1"},
-    "matching": {"head": "matching", "kinds": ("choice",), "metric": "top1_accuracy"},
-    # seq2seq on SkillNet-BART: no head of its own (the LM head is shared), decoded with beam search
-    "generation": {"head": None, "kinds": ("generation",), "metric": "rouge_l"},
-}
-METRICS_OF_TYPE: dict[str, tuple[str, ...]] = {
-    "classification": ("accuracy", "macro_f1", "f1"),
-    "regression": ("pearson", "spearman"),
-    "ner": ("f1", "precision", "recall", "f1_strict", "precision_strict", "recall_strict"),
-    "span": ("f1", "em", "char_bag_f1", "char_bag_em"),
-    "matching": ("top1_accuracy",),
-    "generation": ("rouge_l", "bleu_2", "bleu_4", "f0.5"),
-}
 GEN_LANGS = ("zh", "en")
-# Extra head settings a task may give under "head", per task type, with their check.
-HEAD_OPTIONS: dict[str, dict[str, tuple[str, Any]]] = {
-    "classification": {"dropout": ("a number in [0, 1)", lambda v: _num(v) and 0 <= v < 1)},
-    "regression": {"dropout": ("a number in [0, 1)", lambda v: _num(v) and 0 <= v < 1)},
-    "ner": {"dropout": ("a number in [0, 1)", lambda v: _num(v) and 0 <= v < 1)},
-    "span": {"max_answer_len": ("an integer >= 1", lambda v: _int(v) and v >= 1)},
-    "matching": {"dropout": ("a number in [0, 1)", lambda v: _num(v) and 0 <= v < 1),
-                 "max_candidates": ("an integer >= 0 (0 = all)", lambda v: _int(v) and v >= 0)},
-    "generation": {},
-}
+
+
+def _codec(task_type: str) -> Any:
+    """The codec of a task type (finetune/task_types/): its data kinds, metrics, head and head options. Imported
+    here, not at the top, so that reading a config does not import torch until a task is checked."""
+    from .task_types import codec_for
+
+    return codec_for(task_type)
+
+
+def _task_types() -> list[str]:
+    from .task_types import task_types
+
+    return task_types()
 
 
 def _num(v: Any) -> bool:
@@ -163,20 +150,21 @@ class TaskConfig:
     lang: str = "zh"  # metric tokenisation: "zh" = per character (Latin runs as words), "en" = words
 
     def __post_init__(self) -> None:
-        if self.type not in TASK_TYPES:
-            raise ValueError(f"task {self.name!r}: unknown type {self.type!r}; valid: {', '.join(TASK_TYPES)}")
+        if self.type not in _task_types():
+            raise ValueError(f"task {self.name!r}: unknown type {self.type!r}; valid: {', '.join(_task_types())}")
+        codec = _codec(self.type)
         if not isinstance(self.skills, list) or not all(isinstance(x, str) and x for x in self.skills):
             raise ValueError(f"skills: must be a list of skill names (e.g. [\"s1\", \"s7\"]), got {self.skills!r}")
         if not self.skills:
             raise ValueError(f"task {self.name!r}: 'skills' is empty (list the skills it activates, e.g. s1 s7)")
-        if self.kind is not None and self.kind not in TASK_TYPES[self.type]["kinds"]:
+        if self.kind is not None and self.kind not in codec.kinds:
             raise ValueError(f"task {self.name!r}: data kind {self.kind!r} does not fit type {self.type!r} "
-                             f"(expected one of {TASK_TYPES[self.type]['kinds']})")
+                             f"(expected one of {codec.kinds})")
         if self.metric is None:
-            self.metric = TASK_TYPES[self.type]["metric"]
-        if self.metric not in METRICS_OF_TYPE[self.type]:
+            self.metric = codec.metric
+        if self.metric not in codec.metrics:
             raise ValueError(f"task {self.name!r}: metric {self.metric!r} not available for type {self.type!r}; "
-                             f"valid: {METRICS_OF_TYPE[self.type]}")
+                             f"valid: {codec.metrics}")
         self._check_sources()
         self._check_columns()
         if not _int(self.max_seq_len) or self.max_seq_len < 8:
@@ -196,7 +184,7 @@ class TaskConfig:
         if self.prefix is not None and not isinstance(self.prefix, str):
             raise ValueError(f"prefix must be a string, got {self.prefix!r}")
         self._check_head()
-        self._check_positive_label()
+        codec.check_config(self)  # type-specific checks (classification: positive_label against labels)
 
     def _check_sources(self) -> None:
         for key in ("train", "dev", "test", "dataset"):
@@ -231,7 +219,7 @@ class TaskConfig:
         if not isinstance(self.columns, dict):
             raise ValueError(f"columns: expected a JSON object mapping schema fields to column names, got "
                              f"{self.columns!r}")
-        kinds = [self.kind] if self.kind is not None else TASK_TYPES[self.type]["kinds"]
+        kinds = [self.kind] if self.kind is not None else _codec(self.type).kinds
         known = sorted({f for k in kinds for f in kind_fields(k)})
         what = f"kind {self.kind!r}" if self.kind is not None else f"a {self.type} task"
         for k, v in self.columns.items():
@@ -243,7 +231,7 @@ class TaskConfig:
     def _check_head(self) -> None:
         if not isinstance(self.head, dict):
             raise ValueError(f"head: expected a JSON object of head settings, got {self.head!r}")
-        options = HEAD_OPTIONS[self.type]
+        options = _codec(self.type).head_options
         unknown = sorted(set(self.head) - set(options))
         if unknown:
             raise ValueError(f"head: unknown option(s) {unknown} for a {self.type} task; known: {sorted(options)}")
@@ -252,25 +240,9 @@ class TaskConfig:
             if not ok(v):
                 raise ValueError(f"head: {k} must be {what}, got {v!r}")
 
-    def _check_positive_label(self) -> None:
-        if self.positive_label is not None and self.type != "classification":
-            raise ValueError(f"positive_label applies to classification tasks, not {self.type!r}")
-        if self.positive_label is not None:
-            self.positive_label = str(self.positive_label)
-        labels = [str(x) for x in self.labels] if self.labels is not None else None
-        if labels is not None and self.positive_label is not None and self.positive_label not in labels:
-            raise ValueError(f"positive_label {self.positive_label!r} is not one of the labels {labels}")
-        if labels is not None and self.metric == "f1" and self.type == "classification":
-            if len(labels) != 2:
-                raise ValueError(f"metric 'f1' is the positive-class F1 of a binary task; 'labels' has "
-                                 f"{len(labels)}: {labels} (use macro_f1)")
-            if self.positive_label is None and "1" not in labels:
-                raise ValueError(f"metric 'f1' needs 'positive_label' (one of {labels}); the default '1' is "
-                                 "not a label")
-
     @property
     def head_type(self) -> str | None:
-        return TASK_TYPES[self.type]["head"]
+        return _codec(self.type).head
 
     @property
     def source_prefix(self) -> str:
@@ -418,7 +390,7 @@ class FinetuneConfig:
         if self.freeze_old_skills and not self.new_skills:
             raise ValueError("freeze_old_skills needs at least one new skill (nothing else would train "
                              "but the heads); add one with --new-skill s8")
-        gen = [t.name for t in self.tasks if t.type == "generation"]
+        gen = [t.name for t in self.tasks if _codec(t.type).arch == "bart"]
         if gen and len(gen) != len(self.tasks):
             raise ValueError(f"tasks: generation tasks {gen} run on the encoder-decoder (SkillNet-BART), the others "
                              "on SkillNet-BERT: put them in separate configs")
@@ -435,7 +407,7 @@ class FinetuneConfig:
     def arch(self) -> str:
         """The architecture the tasks need: "bart" for generation tasks, else "bert" (an init folder of the
         other kind is an error, found by check_model)."""
-        return "bart" if any(t.type == "generation" for t in self.tasks) else "bert"
+        return "bart" if any(_codec(t.type).arch == "bart" for t in self.tasks) else "bert"
 
     # --- derived -------------------------------------------------------------------------------
     def task(self, name: str) -> TaskConfig:

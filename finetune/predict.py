@@ -26,11 +26,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-if __package__ in (None, ""):
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
 from skillnet.data_prep.tasks.schema import TaskDataError, check_record, iter_jsonl
-from skillnet.finetune.metrics import bio_entities
 from skillnet.finetune.tasks import TaskData
 from skillnet.training.cli import Parser
 
@@ -71,17 +67,7 @@ class Predictor:
     def predict(self, task: str, recs: list[dict[str, Any]], batch_size: int = 32) -> list[Any]:
         d = self.tasks[task]
         preds = d.predict_records(self.model, recs, batch_size)
-        if d.cfg.type == "ner":
-            out = []
-            for r, tags in zip(recs, preds):
-                ents = [{"type": t, "start": s, "end": e, "text": "".join(r["tokens"][s:e])}
-                        for t, s, e in bio_entities(tags)]
-                out.append({"tags": tags, "entities": ents})
-            return out
-        if d.cfg.type == "matching":
-            return [{"best": p["candidates"][max(range(len(p["scores"])), key=p["scores"].__getitem__)],
-                     "scores": p["scores"]} for p in preds]
-        return preds
+        return [d.codec.present(r, p) for r, p in zip(recs, preds)]
 
 
 def build_parser() -> argparse.ArgumentParser:

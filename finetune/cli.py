@@ -1,0 +1,149 @@
+"""The command line of multi-task fine-tuning of SkillNet-BERT (skillnet-nlu.md §3.3-3.4, §4.1, Table 6).
+
+    # one process (CPU or one GPU)
+    python -m skillnet.finetune.run --config finetune/configs/tiny.json --output-dir runs/ft-tiny
+    # several ranks through DeepSpeed (ZeRO-1/2; same task on every rank for every step)
+    deepspeed --num_gpus 8 finetune/run.py --config CFG --ds-config ds_configs/zero2.json
+    # adaptation (§3.4): a new skill s8 copied from s7, only s8 and the heads train
+    python -m skillnet.finetune.run --config CFG --init runs/mt/export --new-skill s8 --freeze-old-skills
+    # ablation (Table 6): no task uses s4
+    python -m skillnet.finetune.run --config CFG --drop-skill s4
+
+Writes to ``--output-dir``: ``log.jsonl`` + ``tensorboard/`` (per-task ``train/<task>/loss``,
+``eval/<task>/<metric>``, ``eval/mix_target/<task>`` vs ``eval/mix_realised/<task>``), ``best/<task>/``
+(the checkpoint with the best dev score of that task), ``export/`` (the final model), ``results.json``
+and ``results.md`` (dev and test scores of each task's best checkpoint, next to a trivial baseline),
+``params.json`` (activated and trainable parameter counts per task) and ``checkpoints/`` (resumable).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from skillnet.data_prep.tasks.schema import TaskDataError
+from skillnet.training.cli import Parser
+
+from .config import SELECTIONS, ConfigError, FinetuneConfig, NewSkill
+from .methods import METHODS, method_names
+from .samplers import SAMPLER_KINDS
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = Parser(
+        "skillnet.finetune.run",
+        description="Multi-task fine-tuning of SkillNet-BERT (NLU tasks) or SkillNet-BART (generation tasks): one "
+        "task's mini-batch per step, drawn by a task sampler identical on all ranks; one checkpoint for all tasks "
+        "selected on dev; dev/test scores as JSON and Markdown. Options given here override the config file; "
+        "options without a default shown take the config's value.",
+        epilog=__doc__.split("Writes to")[0].split("\n\n", 1)[1],
+    )
+    p.add_argument("--config", required=True, help="fine-tuning config (JSON; see finetune/config.py, docs/finetune.md)")
+    p.add_argument("--output-dir", help="where logs, checkpoints, best models and results go")
+    p.add_argument("--init", help="SkillNet export or dense HF BERT folder to start from (overrides model.init)")
+    p.add_argument("--method", choices=method_names(),
+                   help="multi-task method (finetune/methods.py): " + "; ".join(
+                       f"{n}: {m.summary}" for n, m in METHODS.items()) + " (default: the config's, else skillnet)")
+    p.add_argument("--selection", choices=SELECTIONS,
+                   help="mean: one checkpoint for all tasks, best mean dev score (default); per_task: each task "
+                        "from its own best-on-dev checkpoint")
+    p.add_argument("--max-steps", type=int, help="optimizer steps")
+    p.add_argument("--batch-size", type=int, help="global batch size (summed over ranks)")
+    p.add_argument("--lr", type=float, help="peak learning rate (§4.1: 2e-5 for BERT-base)")
+    p.add_argument("--seed", type=int, help="seed of the initial weights of new parts, the task sequence and the data "
+                   "order")
+    p.add_argument("--eval-every", type=int, help="evaluate on dev every N steps (and at the end)")
+    p.add_argument("--early-stopping", type=int, metavar="N",
+                   help="stop after N evaluations without improvement of the mean dev score (0 = off)")
+    g = p.add_argument_group("task sampling")
+    g.add_argument("--sampler", choices=SAMPLER_KINDS, help="proportional (Eq. 3) | temperature (NLG Eq. 4) | "
+                   "annealed (PALs Eq. 6) | round_robin")
+    g.add_argument("--alpha", type=float, help="proportional: q_i ∝ p_i^alpha (1 = natural mix, 0 = uniform)")
+    g.add_argument("--temperature", type=float, help="temperature: p_i ∝ min(n_i, K)^(1/T)")
+    g.add_argument("--size-cap", type=int, help="temperature: K")
+    g.add_argument("--num-epochs", type=int, help="annealed: E (alpha goes from 1 to 0.2 over E epochs; "
+                   "0 = derived from --max-steps and the epoch length)")
+    g = p.add_argument_group("adaptation and ablation")
+    g.add_argument("--new-skill", action="append", default=[], metavar="NAME",
+                   help="add a skill (e.g. s8) to every skill layer, activated with the tasks' skills")
+    g.add_argument("--new-skill-init", default="generic", metavar="SKILL",
+                   help="initialise new skills as a copy of this skill ('generic': the model's generic skill, s7 "
+                        "for NLU; 'random' for a fresh init)")
+    g.add_argument("--new-skill-tasks", default="", metavar="T1,T2",
+                   help="tasks that activate the new skills (default: every task of the config)")
+    g.add_argument("--freeze-old-skills", action="store_true",
+                   help="train only the new skills and the task heads (Table 5 'Update Old Skills: N')")
+    g.add_argument("--drop-skill", action="append", default=[], metavar="SKILL",
+                   help="ablation: remove this skill from every task that uses it (repeatable)")
+    g = p.add_argument_group("data")
+    g.add_argument("--skip-bad", action="store_true",
+                   help="count and skip bad task records instead of stopping at the first one")
+    g = p.add_argument_group("runtime")
+    g.add_argument("--ds-config", dest="ds_config",
+                   help="DeepSpeed JSON (ZeRO-1/2); without it: plain PyTorch, one process")
+    g.add_argument("--resume", help="'auto' (the newest complete checkpoint in the output dir, if any) or a "
+                   "checkpoint directory; default: start over")
+    g.add_argument("--no-tensorboard", action="store_true", help="no TensorBoard event files")
+    g.add_argument("--no-progress", action="store_true", help="no tqdm bars (CI logs)")
+    g.add_argument("--threads", type=int, help="torch CPU threads")
+    g.add_argument("--local-rank", type=int, default=None, help=argparse.SUPPRESS)  # the deepspeed launcher's
+    return p
+
+
+def apply_overrides(cfg: FinetuneConfig, a: argparse.Namespace) -> FinetuneConfig:
+    d = cfg.to_dict()
+    if a.output_dir:
+        d["output_dir"] = a.output_dir
+    if a.method:
+        d["method"] = a.method
+    if a.selection:
+        d["train"]["selection"] = a.selection
+    if a.init:
+        d["model"]["init"] = str(Path(a.init).resolve())  # CLI paths are relative to the working directory
+    for key, val in (("max_steps", a.max_steps), ("batch_size", a.batch_size), ("lr", a.lr), ("seed", a.seed),
+                     ("eval_every", a.eval_every), ("early_stopping_patience", a.early_stopping)):
+        if val is not None:
+            d["train"][key] = val
+    for key, val in (("kind", a.sampler), ("alpha", a.alpha), ("temperature", a.temperature),
+                     ("size_cap", a.size_cap), ("num_epochs", a.num_epochs)):
+        if val is not None:
+            d["sampler"][key] = val
+    if a.new_skill:
+        tasks = [t for t in a.new_skill_tasks.split(",") if t]
+        init = None if a.new_skill_init in ("random", "none", "") else a.new_skill_init
+        d["new_skills"] = d.get("new_skills", []) + [
+            NewSkill(name=n, init_from=init, tasks=tasks).__dict__ for n in a.new_skill]
+    if a.freeze_old_skills:
+        d["freeze_old_skills"] = True
+    if a.drop_skill:
+        d["drop_skills"] = sorted(set(d.get("drop_skills", [])) | set(a.drop_skill))
+    if a.skip_bad:
+        d["skip_bad"] = True
+    return FinetuneConfig.from_dict(d, where="config + command line", base_dir=cfg.base_dir)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    a = build_parser().parse_args(argv)
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    if a.threads:
+        import torch
+
+        torch.set_num_threads(a.threads)
+    from skillnet.data_prep.tokenizer import TokenizerError
+
+    from .run import run
+
+    try:
+        cfg = apply_overrides(FinetuneConfig.load(a.config), a)
+        run(cfg, ds_config=a.ds_config, resume=a.resume, tensorboard=not a.no_tensorboard,
+            progress=not a.no_progress, where=a.config)
+    except (ConfigError, TaskDataError, TokenizerError, FileNotFoundError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    return 0

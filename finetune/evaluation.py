@@ -1,0 +1,224 @@
+"""Evaluation and selection: dev evaluation during training (best checkpoints, early stopping), the final dev
+and test scores of the selected checkpoint(s) next to a trivial baseline, and the results files (JSON,
+Markdown, TensorBoard's HPARAMS)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from . import skill_map
+from .build import load_weights, save_model_dir
+from .config import FinetuneConfig
+from .methods import METHODS
+from .source import MultiTaskBatchSource
+from .tasks import TaskData
+
+log = logging.getLogger("finetune")
+SAMPLES = 20  # generation outputs kept in samples.json per task
+
+
+class DevEvaluator:
+    """Runs on every rank (identical results, so early stopping agrees); rank 0 saves best checkpoints."""
+
+    def __init__(self, cfg: FinetuneConfig, data: dict[str, TaskData], source: MultiTaskBatchSource,
+                 out: Path, vocab: Path, is_main: bool, inherited: dict[str, Any] | None = None) -> None:
+        self.cfg = cfg
+        self.inherited = inherited
+        self.data = data
+        self.source = source
+        self.out = out
+        self.vocab = vocab
+        self.is_main = is_main
+        self.best: dict[str, float] = {}
+        self.best_step: dict[str, int] = {}
+        self.best_mean = -math.inf
+        self.best_mean_step: int | None = None
+        self.bad_evals = 0
+        self.trainer: Any = None
+        self.per_task = cfg.train.selection == "per_task"
+        self.history: list[dict[str, Any]] = []
+        self.early_stopped = False
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"best": self.best, "best_step": self.best_step, "best_mean": self.best_mean,
+                "best_mean_step": self.best_mean_step, "bad_evals": self.bad_evals, "history": self.history}
+
+    def load_state_dict(self, s: dict[str, Any]) -> None:
+        self.best, self.best_step = dict(s["best"]), {k: int(v) for k, v in s["best_step"].items()}
+        self.best_mean, self.bad_evals = float(s["best_mean"]), int(s["bad_evals"])
+        self.best_mean_step = s.get("best_mean_step")
+        self.history = list(s.get("history", []))
+
+    def __call__(self, model: torch.nn.Module, step: int) -> dict[str, float]:
+        res: dict[str, float] = {}
+        sel = []
+        bs = self.cfg.train.eval_batch_size
+        for name, d in self.data.items():
+            if "dev" not in d.records:
+                continue
+            scores = d.score("dev", d.predict_split(model, "dev", bs))
+            for k, v in scores.items():
+                res[f"{name}/{k}"] = v
+            s = scores[d.cfg.metric]
+            sel.append(s)
+            if s > self.best.get(name, -math.inf):
+                self.best[name] = s
+                self.best_step[name] = step
+                if self.is_main and self.per_task:
+                    save_model_dir(model, self.out / "best_per_task" / name, self.data, self.vocab,
+                                   self.inherited)
+        if sel:
+            mean = sum(sel) / len(sel)
+            res["mean_dev"] = mean
+            if mean > self.best_mean:
+                self.best_mean, self.best_mean_step, self.bad_evals = mean, step, 0
+                if self.is_main and not self.per_task:
+                    save_model_dir(model, self.out / "best", self.data, self.vocab, self.inherited)
+            else:
+                self.bad_evals += 1
+        snap = skill_map.snapshot(model, list(self.data))
+        if snap is not None:
+            res.update(skill_map.scalars(snap))
+        target, real = self.source.target_mix(), self.source.realised_mix()
+        for t in target:
+            res[f"mix_target/{t}"] = target[t]
+            res[f"mix_realised/{t}"] = real[t]
+        self.history.append({"step": step, **res})
+        patience = self.cfg.train.early_stopping_patience
+        if patience and self.bad_evals >= patience and self.trainer is not None:
+            log.warning("early stopping at step %d: mean dev score did not improve for %d evaluations",
+                        step, self.bad_evals)
+            self.early_stopped = True
+            request_stop(self.trainer)
+        return res
+
+
+def request_stop(trainer: Any) -> None:
+    # The trainer all-reduces this flag after the next step, so every rank stops at the same step.
+    if hasattr(trainer, "request_stop"):
+        trainer.request_stop()
+    else:
+        trainer._stop_requested = True
+
+
+def final_scores(model: torch.nn.Module, cfg: FinetuneConfig, data: dict[str, TaskData], out: Path,
+                 evaluator: DevEvaluator, progress: bool) -> dict[str, Any]:
+    """Dev and test scores of every task from one checkpoint, the one with the best mean dev score
+    (``train.selection="mean"``), or of each task from its own best-on-dev checkpoint ("per_task").
+    Without dev sets (or evaluations), the final model."""
+    final_state = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    results: dict[str, Any] = {}
+    samples: dict[str, list[dict[str, str]]] = {}  # generation: the first outputs of the last split scored
+    bs = cfg.train.eval_batch_size
+    shared_best = out / "best"
+    if not evaluator.per_task and shared_best.exists():
+        load_weights(model, shared_best)
+    for name, d in data.items():
+        if evaluator.per_task:
+            best_dir = out / "best_per_task" / name
+            if best_dir.exists():
+                load_weights(model, best_dir)
+                source, step = f"best_per_task/{name}", evaluator.best_step.get(name)
+            else:
+                model.load_state_dict(final_state)
+                source, step = "final", None
+        elif shared_best.exists():
+            source, step = "best (mean dev)", evaluator.best_mean_step
+        else:
+            source, step = "final", None
+        r: dict[str, Any] = {"type": d.cfg.type, "metric": d.cfg.metric, "checkpoint": source,
+                             "best_step": step, "skills": model.config.task_skill_names(name),
+                             "train_examples": d.num_train}
+        for split in ("dev", "test"):
+            if split in d.records:
+                preds = d.predict_split(model, split, bs, progress=progress)
+                r[split] = d.score(split, preds)
+                r[f"trivial_{split}"] = d.trivial_baseline(split)
+                r[f"{split}_examples"] = len(d.records[split])
+                if d.codec.shows_samples:  # what a reader wants to see of a generation model
+                    samples[name] = [d.codec.sample(x, y)
+                                     for x, y in zip(d.records[split][:SAMPLES], preds[:SAMPLES])]
+        results[name] = r
+    model.load_state_dict(final_state)
+    if samples:
+        _write_json(out / "samples.json", samples)
+    return results
+
+
+def results_markdown(results: dict[str, Any], summary: dict[str, Any] | None = None) -> str:
+    lines = []
+    if summary is not None:
+        sel = ("one checkpoint for all tasks (best mean dev score)" if summary.get("selection") == "mean"
+               else "each task from its own best-on-dev checkpoint (per-task selection)")
+        method = METHODS.get(summary.get("method") or "")
+        if method is not None and method.per_task:
+            sel = "one model per task, each at its best-on-dev checkpoint"
+        lines += [f"method: {summary.get('method')}; scores: {sel}", ""]
+    lines += ["| task | type | metric | best step | dev | test | trivial dev | trivial test |",
+              "|---|---|---|---|---|---|---|---|"]
+
+    def f(r: dict[str, Any], key: str) -> str:
+        v = r.get(key, {}).get(r["metric"]) if isinstance(r.get(key), dict) else None
+        return "-" if v is None else f"{v:.1f}"
+
+    for name, r in results.items():
+        lines.append(f"| {name} | {r['type']} | {r['metric']} | {r.get('best_step') or '-'} | {f(r, 'dev')} | "
+                     f"{f(r, 'test')} | {f(r, 'trivial_dev')} | {f(r, 'trivial_test')} |")
+    return "\n".join(lines) + "\n"
+
+
+def _write_json(path: Path, obj: Any) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(obj, ensure_ascii=False, indent=2) + "\n", encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def write_hparams(out: Path, cfg: FinetuneConfig, summary: dict[str, Any]) -> None:
+    """TensorBoard's HPARAMS tab: the run's settings against its final dev/test scores (of the reported
+    checkpoint), one row per run, so runs of a sweep or a comparison sit side by side."""
+    from torch.utils.tensorboard import SummaryWriter
+
+    hp = {"method": cfg.method, "lr": cfg.train.lr, "batch_size": cfg.train.batch_size,
+          "max_steps": cfg.train.max_steps, "seed": cfg.train.seed, "sampler": cfg.sampler.kind,
+          "alpha": cfg.sampler.alpha, "temperature": cfg.sampler.temperature, "selection": cfg.train.selection,
+          "init": str(cfg.model.init or cfg.model.preset), "new_skills": ",".join(n.name for n in cfg.new_skills),
+          "drop_skills": ",".join(cfg.drop_skills), "freeze_old_skills": cfg.freeze_old_skills}
+    metrics: dict[str, float] = {}
+    for name, r in summary["tasks"].items():
+        for split in ("dev", "test"):
+            v = (r.get(split) or {}).get(r["metric"])
+            if v is not None and v == v:
+                metrics[f"hparam/{split}/{name}"] = float(v)
+    for split in ("dev", "test"):
+        vals = [v for k, v in metrics.items() if k.startswith(f"hparam/{split}/")]
+        if vals:
+            metrics[f"hparam/{split}/mean"] = sum(vals) / len(vals)
+    from torch.utils.tensorboard.summary import hparams
+
+    # What add_hparams writes, into one event file of tensorboard/hparams (add_hparams itself opens a second
+    # writer in a sub-folder and leaves the first file empty).
+    with SummaryWriter(log_dir=str(out / "tensorboard" / "hparams")) as w:
+        for summary_pb in hparams(hp, metrics):
+            w._get_file_writer().add_summary(summary_pb)
+        for k, v in metrics.items():
+            w.add_scalar(k, v)
+
+
+def _write_results(out: Path, summary: dict[str, Any]) -> None:
+    _write_json(out / "results.json", summary)
+    md = results_markdown(summary["tasks"], summary)
+    (out / "results.md").write_text(md, encoding="utf-8")
+    print(md, file=sys.stderr)
+
+
+def _mix_table(target: dict[str, float], real: dict[str, float]) -> str:
+    rows = ["task mix      target  realised"] + [f"  {t:<12} {target[t]:6.3f}  {real[t]:6.3f}" for t in target]
+    return "\n".join(rows)

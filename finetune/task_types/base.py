@@ -1,0 +1,211 @@
+"""What every task codec shares: the `TaskCodec` interface, the encoded row, and the tokenising and padding
+helpers the built-in codecs use.
+
+A codec is stateless; every hook takes the `TaskData` it serves (``td``), which holds the task's config,
+tokenizer, records, label list and caches. The hooks, in the order a run calls them:
+
+* ``check_config(cfg)``: type-specific checks of a `TaskConfig` (raise ValueError);
+* ``infer_kind(td, load_splits)``, ``positive_label(td)``: settled while the data loads;
+* ``encode(td, recs, split)``: records -> `Encoded` rows (and how many were truncated);
+* ``collate(td, feats, with_labels)`` / ``train_batch(td, indices, seed, draw)``: rows -> model inputs;
+* ``predict(td, model, recs, split, batch_size, progress)`` through ``decode(td, model, feats, batch)``:
+  model outputs -> predictions in the task's label space;
+* ``score(td, recs, preds)`` and ``trivial(td, recs)``: metrics, and the predictions of a trivial predictor;
+* ``present(rec, pred)``, ``sample(rec, pred)``: what ``finetune.predict`` writes and ``samples.json`` keeps.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import torch
+
+if TYPE_CHECKING:
+    from ..config import TaskConfig
+    from ..tasks import TaskData
+
+
+def stable_hash(s: str) -> int:
+    return int.from_bytes(hashlib.sha256(s.encode()).digest()[:4], "little")
+
+
+@dataclass
+class Encoded:
+    """One model input row (lists of ints) plus what decoding needs."""
+
+    input_ids: list[int]
+    token_type_ids: list[int]
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def _num(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+# A head option: (what it must be, in words; its check).
+HeadOption = tuple[str, Callable[[Any], bool]]
+DROPOUT: HeadOption = ("a number in [0, 1)", lambda v: _num(v) and 0 <= v < 1)
+MAX_ANSWER_LEN: HeadOption = ("an integer >= 1", lambda v: _int(v) and v >= 1)
+MAX_CANDIDATES: HeadOption = ("an integer >= 0 (0 = all)", lambda v: _int(v) and v >= 0)
+
+
+# ---------------------------------------------------------------------------------------- helpers
+def pieces(tok: Any, texts: Sequence[str]) -> list[tuple[list[int], list[tuple[int, int]]]]:
+    """Word-piece ids and character offsets of each text (no special tokens)."""
+    encs = tok.backend.encode_batch(list(texts), add_special_tokens=False)
+    return [(e.ids, e.offsets) for e in encs]
+
+
+def piece_ids(tok: Any, texts: Sequence[str]) -> list[list[int]]:
+    return [ids for ids, _ in pieces(tok, texts)]
+
+
+def pair(tok: Any, a: list[int], b: list[int] | None, max_len: int) -> Encoded:
+    """``[CLS] a [SEP]`` or ``[CLS] a [SEP] b [SEP]``, cut longest-first (as BERT's run_classifier) to
+    ``max_len``; ``extra["truncated"]`` says whether anything was cut."""
+    a, b = list(a), list(b) if b is not None else None
+    budget = max_len - (3 if b is not None else 2)
+    cut = len(a) + (len(b) if b else 0) > budget
+    while len(a) + (len(b) if b else 0) > budget:
+        if b and len(b) >= len(a):
+            b.pop()
+        else:
+            a.pop()
+    cls, sep = tok.cls_id, tok.sep_id
+    ids = [cls] + a + [sep]
+    tt = [0] * len(ids)
+    if b is not None:
+        ids += b + [sep]
+        tt += [1] * (len(b) + 1)
+    return Encoded(ids, tt, {"truncated": cut})
+
+
+def pad(rows: list[list[int]], value: int) -> torch.Tensor:
+    T = max(len(r) for r in rows)
+    return torch.tensor([r + [value] * (T - len(r)) for r in rows], dtype=torch.long)
+
+
+def bert_inputs(tok: Any, feats: list[Encoded]) -> dict[str, torch.Tensor]:
+    """The encoder inputs of a batch of rows, padded to its longest row."""
+    return {
+        "input_ids": pad([f.input_ids for f in feats], tok.pad_id),
+        "token_type_ids": pad([f.token_type_ids for f in feats], 0),
+        "attention_mask": pad([[1] * len(f.input_ids) for f in feats], 0),
+    }
+
+
+def iter_chunks(n: int, bs: int, progress: bool, desc: str) -> Iterator[range]:
+    starts: Any = range(0, n, bs)
+    if progress:
+        from tqdm import tqdm
+
+        starts = tqdm(starts, desc=desc, unit="batch", leave=False)
+    for s in starts:
+        yield range(s, min(n, s + bs))
+
+
+def to_device(batch: dict[str, torch.Tensor], device: torch.device) -> dict[str, torch.Tensor]:
+    return {k: v.to(device) for k, v in batch.items()}
+
+
+# ---------------------------------------------------------------------------------------- interface
+class TaskCodec:
+    """One task type: its config facts (class attributes) and the hooks that turn its records into model
+    inputs and model outputs into scored predictions. Subclass, set the attributes, implement ``encode``,
+    ``collate``, ``decode``, ``score`` and ``trivial`` (or override ``predict``/``train_batch`` where one
+    row is not one example), and `register` an instance."""
+
+    name: ClassVar[str]  # the task ``type`` of the config
+    head: ClassVar[str | None]  # the model head (model/heads.py); None: the shared LM head (BART)
+    kinds: ClassVar[tuple[str, ...]]  # data kinds it reads (data_prep.tasks.schema); the first is the default
+    metrics: ClassVar[tuple[str, ...]]  # what ``score`` returns that a config may select on
+    metric: ClassVar[str]  # the default selection metric
+    head_options: ClassVar[dict[str, HeadOption]] = {}  # settings a task may give under ``head``
+    arch: ClassVar[str] = "bert"  # the architecture it runs on (finetune/archs.py)
+    labelled: ClassVar[bool] = False  # a closed label list: the head has one output per label
+    regression: ClassVar[bool] = False  # labels are numbers (the loader checks them as such)
+    shows_samples: ClassVar[bool] = False  # final scoring keeps the first outputs in samples.json
+
+    # ----------------------------------------------------------------------------- config and loading
+    def check_config(self, cfg: TaskConfig) -> None:
+        """Type-specific checks of a task config (raise ValueError); the last check `TaskConfig` runs."""
+        if cfg.positive_label is not None:
+            raise ValueError(f"positive_label applies to classification tasks, not {cfg.type!r}")
+
+    def infer_kind(self, td: TaskData, load_splits: Sequence[str]) -> tuple[str, str]:
+        """The data kind of a task whose config and spec name none, and a note on how it was inferred
+        (added to data errors)."""
+        return self.kinds[0], ""
+
+    def positive_label(self, td: TaskData) -> str | None:
+        """The class whose F1 is the ``f1`` metric, checked against the loaded labels (None: no such class)."""
+        return None
+
+    def meta(self, td: TaskData) -> dict[str, Any]:
+        """What prediction needs beyond type, kind, labels, skills and lengths (``finetune_tasks.json``)."""
+        return {}
+
+    def config_from_meta(self, meta: dict[str, Any]) -> dict[str, Any]:
+        """`TaskConfig` fields back from what ``meta`` wrote."""
+        return {}
+
+    def head_spec(self, td: TaskData) -> dict[str, Any]:
+        spec = {"type": self.head, "num_labels": max(td.num_labels, 1), **td.cfg.head}
+        if self.labelled:
+            spec["labels"] = list(td.label_list or [])
+        return spec
+
+    # ----------------------------------------------------------------------------- encoding and batches
+    def encode(self, td: TaskData, recs: list[dict[str, Any]], split: str) -> tuple[list[Encoded], int]:
+        """Rows of `recs` (a split, or ``"__predict__"`` for records to label) and how many records
+        ``max_seq_len`` cut."""
+        raise NotImplementedError
+
+    def collate(self, td: TaskData, feats: list[Encoded], with_labels: bool) -> dict[str, torch.Tensor]:
+        raise NotImplementedError
+
+    def num_train_rows(self, td: TaskData) -> int:
+        """Rows a training pass draws from (what the sampler sizes the task by)."""
+        return len(td.features("train"))
+
+    def train_batch(self, td: TaskData, indices: Sequence[int], seed: int, draw: int) -> dict[str, torch.Tensor]:
+        feats = td.features("train")
+        return self.collate(td, [feats[i] for i in indices], with_labels=True)
+
+    # ----------------------------------------------------------------------------- predictions and scores
+    def predict(self, td: TaskData, model: Any, recs: list[dict[str, Any]], split: str | None, bs: int,
+                progress: bool) -> list[Any]:
+        """One prediction per record (`split`'s cached rows, or `recs` encoded now)."""
+        device = next(model.parameters()).device
+        feats = td.features(split) if split is not None else td.encode_records(recs)
+        preds: list[Any] = []
+        for chunk in iter_chunks(len(feats), bs, progress, td.name):
+            fs = [feats[i] for i in chunk]
+            preds += self.decode(td, model, fs, to_device(self.collate(td, fs, with_labels=False), device))
+        return preds
+
+    def decode(self, td: TaskData, model: Any, feats: list[Encoded], batch: dict[str, torch.Tensor]) -> list[Any]:
+        """The model's predictions for one collated batch of `feats`, in the task's label space."""
+        raise NotImplementedError
+
+    def score(self, td: TaskData, recs: list[dict[str, Any]], preds: list[Any]) -> dict[str, float]:
+        raise NotImplementedError
+
+    def trivial(self, td: TaskData, recs: list[dict[str, Any]]) -> list[Any]:
+        """The predictions of the trivial predictor that ``trivial_baseline`` scores."""
+        raise NotImplementedError
+
+    def present(self, rec: dict[str, Any], pred: Any) -> Any:
+        """What ``finetune.predict`` writes as the record's ``prediction``."""
+        return pred
+
+    def sample(self, rec: dict[str, Any], pred: Any) -> dict[str, Any]:
+        """One entry of ``samples.json`` (codecs with ``shows_samples``)."""
+        raise NotImplementedError

@@ -1,0 +1,88 @@
+"""``classification``: one label of a closed set per text or text pair (classification head)."""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import TYPE_CHECKING, Any
+
+import torch
+from skillnet.data_prep.tasks.schema import TaskDataError
+
+from .. import metrics as M
+from . import register
+from .base import DROPOUT, Encoded, bert_inputs
+from .sentence import SentenceCodec
+
+if TYPE_CHECKING:
+    from ..config import TaskConfig
+    from ..tasks import TaskData
+
+
+class ClassificationCodec(SentenceCodec):
+    name = "classification"
+    head = "classification"
+    metrics = ("accuracy", "macro_f1", "f1")
+    metric = "accuracy"
+    head_options = {"dropout": DROPOUT}
+    labelled = True
+
+    def check_config(self, cfg: TaskConfig) -> None:
+        if cfg.positive_label is not None:
+            cfg.positive_label = str(cfg.positive_label)
+        labels = [str(x) for x in cfg.labels] if cfg.labels is not None else None
+        if labels is not None and cfg.positive_label is not None and cfg.positive_label not in labels:
+            raise ValueError(f"positive_label {cfg.positive_label!r} is not one of the labels {labels}")
+        if labels is not None and cfg.metric == "f1":
+            if len(labels) != 2:
+                raise ValueError(f"metric 'f1' is the positive-class F1 of a binary task; 'labels' has "
+                                 f"{len(labels)}: {labels} (use macro_f1)")
+            if cfg.positive_label is None and "1" not in labels:
+                raise ValueError(f"metric 'f1' needs 'positive_label' (one of {labels}); the default '1' is "
+                                 "not a label")
+
+    def positive_label(self, td: TaskData) -> str | None:
+        """The class whose F1 is the ``f1`` metric of a binary task (None otherwise)."""
+        labels = list(td.label_list or [])
+        pos = td.cfg.positive_label
+        where = td.files.get("train", td.name)
+        if pos is not None and pos not in labels:
+            raise TaskDataError(where, 0, f"task {td.name!r}: positive_label {pos!r} is not one of the labels "
+                                f"{labels}")
+        if len(labels) == 2 and pos is None and "1" in labels:
+            pos = "1"
+        if td.cfg.metric == "f1" and (len(labels) != 2 or pos is None):
+            raise TaskDataError(where, 0, f"task {td.name!r}: metric 'f1' is the positive-class F1 of a binary "
+                                f"task; it has {len(labels)} labels {labels}" + (
+                                    "" if len(labels) != 2 else " and no 'positive_label' (the default '1' is "
+                                    "not a label)"))
+        return pos if len(labels) == 2 else None
+
+    def label_of(self, rec: dict[str, Any]) -> Any:
+        return rec.get("label_id", -1)
+
+    def collate(self, td: TaskData, feats: list[Encoded], with_labels: bool) -> dict[str, torch.Tensor]:
+        batch = bert_inputs(td.tok, feats)
+        if with_labels:
+            batch["labels"] = torch.tensor([int(f.extra["label"]) for f in feats], dtype=torch.long)
+        return batch
+
+    def decode(self, td: TaskData, model: Any, feats: list[Encoded], batch: dict[str, torch.Tensor]) -> list[Any]:
+        labels = td.label_list or []
+        return [labels[int(i)] for i in model.predict(td.name, **batch)]
+
+    def score(self, td: TaskData, recs: list[dict[str, Any]], preds: list[Any]) -> dict[str, float]:
+        gold = [r["label"] for r in recs]
+        # macro-F1 over the classes present in gold or predictions (scikit-learn's default): a class
+        # absent from a small dev set would otherwise count as F1 = 0.
+        out = {"accuracy": M.accuracy(gold, preds), "macro_f1": M.macro_f1(gold, preds)}
+        if td.positive_label is not None:
+            out["f1"] = M.binary_f1(gold, preds, td.positive_label)
+        return out
+
+    def trivial(self, td: TaskData, recs: list[dict[str, Any]]) -> list[Any]:
+        """The majority class of train."""
+        major = Counter(r["label"] for r in td.records["train"]).most_common(1)[0][0]
+        return [major] * len(recs)
+
+
+register(ClassificationCodec())
