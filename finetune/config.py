@@ -503,9 +503,13 @@ class FinetuneConfig:
             mc = config_cls.from_json_file(str(cfg_file))
         except Exception as e:  # the config's own validation (huggingface_hub's strict dataclass errors too)
             raise ConfigError(f"{where}: model.init: {cfg_file}: {' '.join(str(e).split())}") from None
-        if getattr(mc, "router", "task") != "task":
+        from skillnet.model.routers import ROUTERS  # torch only once a model folder is read
+
+        router = ROUTERS.get(getattr(mc, "router", "task"))
+        if router is None or not router.starts_runs:
+            starts = ", ".join(repr(n) for n, r in ROUTERS.items() if r.starts_runs)
             raise ConfigError(f"{where}: model.init: {init} is a {mc.router!r}-router model; every method starts "
-                              "from a SkillNet (router 'task') export or a dense checkpoint")
+                              f"from a SkillNet export (router {starts}) or a dense checkpoint")
         return mc
 
     def resolve(self, p: str | None) -> str | None:

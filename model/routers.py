@@ -84,6 +84,9 @@ class Router:
     uses_task_skills: ClassVar[bool] = False
     # Whether each layer routes tokens itself (`route` then needs the padding mask of the stack's tokens).
     routes_tokens: ClassVar[bool] = False
+    # Whether a model saved with this router can start a fine-tuning run (model.init): its weights are a
+    # plain skill layout, with no gate or map of the router's own for a method to inherit by accident.
+    starts_runs: ClassVar[bool] = False
 
     def __init__(self, config: Any) -> None:
         self.config = config
@@ -179,6 +182,7 @@ class TaskMapRouter(Router):
     """SkillNet: each task runs the skills ``config.tasks`` lists (plus the generic skill), averaged."""
 
     uses_task_skills = True
+    starts_runs = True
 
 
 _DENSE_SKILL = [{"name": "shared", "description": "one FFN shared by all tasks"}]
@@ -187,6 +191,8 @@ _DENSE_SKILL = [{"name": "shared", "description": "one FFN shared by all tasks"}
 @register_router("dense")
 class DenseRouter(Router):
     """One FFN that every row runs, whatever its task: a dense model in the skill layout."""
+
+    starts_runs = True
 
     def validate(self) -> None:
         super().validate()

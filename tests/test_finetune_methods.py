@@ -290,3 +290,20 @@ def test_paired_test_is_scipys_and_undefined_without_spread():
     assert compare_cli.paired_test([40.0, 40.0], [40.0, 40.0]) == 1.0
     assert compare_cli.paired_test([30.0, 30.0], [40.0, 40.0]) is None  # the same gap twice: no spread to judge
     assert compare_cli.paired_test([1.0], [2.0]) is None
+
+
+def test_a_dense_joint_model_folder_is_a_valid_init(tmp_path):
+    """A dense_joint model (router 'dense' since the router seam) starts a run as it did when it was saved
+    as a one-skill 'task' router: the check accepts any router that keeps one FFN set per task."""
+    dense = _build(tmp_path, "dense_joint")
+    assert dense.config.router == "dense"
+    dense.save_pretrained(str(tmp_path / "dj"))
+    d = tiny_config(tmp_path / "again", model={"init": str(tmp_path / "dj")})
+    for t in d["tasks"]:
+        t["skills"] = ["shared"]  # the model's one FFN
+    FinetuneConfig.from_dict(d).check_model(where="config")
+    moe = _build(tmp_path, "moe")
+    moe.save_pretrained(str(tmp_path / "moe_dir"))
+    bad = FinetuneConfig.from_dict(tiny_config(tmp_path / "bad", model={"init": str(tmp_path / "moe_dir")}))
+    with pytest.raises(ConfigError, match="'topk'-router model"):
+        bad.check_model(where="config")
