@@ -712,3 +712,38 @@ def test_moe_bart_saves_loads_and_checks_task_names(tmp_path, batch):
     assert torch.equal(a, b)
     with pytest.raises(KeyError, match="unknown task 'poetry'"):
         m(input_ids=x, attention_mask=mask, decoder_input_ids=y, task="poetry")
+
+
+@pytest.mark.parametrize("make", [_random_skillnet, lambda: _moe()], ids=["task_map", "moe"])
+def test_forward_and_generate_warn_about_no_deprecated_argument(batch, make):
+    """model/bart.py calls transformers' BART with its current argument names: transformers 5.24 renamed
+    `past_key_values` to `cache` and warns on every call that still passes the old name (removed in 5.40)."""
+    import warnings
+
+    x, mask, y = batch
+    m = make()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        m.train()(input_ids=x, attention_mask=mask, labels=y[:, 1:].contiguous(), task=TASK_A).loss.backward()
+        m.eval().generate(x, attention_mask=mask, max_new_tokens=4, task=[TASK_A, TASK_B, TASK_A])
+    deprecated = [f"{w.category.__name__}: {w.message}" for w in caught
+                  if issubclass(w.category, (FutureWarning, DeprecationWarning))]
+    assert not deprecated, deprecated
+
+
+def test_the_old_cache_argument_name_still_reaches_the_cache(batch):
+    """A caller still passing `past_key_values` gets transformers' FutureWarning and the same step as with
+    `cache`, never a cache silently dropped."""
+    import copy
+
+    x, mask, y = batch
+    m = _random_skillnet()
+    kw = dict(input_ids=x, attention_mask=mask, task=TASK_A, use_cache=True)
+    with torch.no_grad():
+        cache = m(decoder_input_ids=y[:, :3], **kw).cache
+        new = m(decoder_input_ids=y[:, 3:4], cache=copy.deepcopy(cache), **kw).logits
+        with pytest.warns(FutureWarning, match="past_key_values"):
+            old = m(decoder_input_ids=y[:, 3:4], past_key_values=copy.deepcopy(cache), **kw).logits
+        uncached = m(decoder_input_ids=y[:, 3:4], **kw).logits
+    torch.testing.assert_close(old, new)
+    assert not torch.allclose(new, uncached)  # the cache was used: the step sees the 3 earlier tokens
