@@ -7,11 +7,14 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.fixtures.pretrain.helpers import subprocess_env
 
 REPO = Path(__file__).resolve().parents[1]
 
 
+@pytest.mark.slow  # measured 21 s
 def test_user_modules_named_like_the_folders_do_not_shadow_the_library(tmp_path):
     for name in ("model", "training", "finetune", "data_prep", "pretrain"):
         (tmp_path / f"{name}.py").write_text(f"raise SystemExit('the user\\'s {name}.py was imported')\n")

@@ -225,6 +225,7 @@ def test_labels_give_the_dense_loss(dense, batch):
 
 # ---- generate ----------------------------------------------------------------------------------------
 @pytest.mark.parametrize("skill_layernorm", ["shared", "per_skill"])
+@pytest.mark.slow  # measured 25 and 12 s
 def test_beam_search_equals_dense_token_for_token(dense, batch, skill_layernorm):
     x, mask, _ = batch
     sk = skillnet_bart_from_dense(dense, skill_layers="all", skill_layernorm=skill_layernorm).eval()
@@ -266,6 +267,7 @@ def _row_skills(batch_size: int, routing) -> list[tuple[int, ...]]:
     return out
 
 
+@pytest.mark.slow  # measured 17 s
 def test_skills_stay_fixed_per_row_through_beam_search(batch):
     x, mask, _ = batch
     sk = _random_skillnet()
@@ -284,6 +286,7 @@ def test_skills_stay_fixed_per_row_through_beam_search(batch):
     assert any(_strip(alone[TASK_A][i]) != _strip(alone[TASK_B][i]) for i in range(3))
 
 
+@pytest.mark.slow  # measured 24 s
 def test_task_name_equals_its_skill_ids_and_other_skills_are_unused(batch):
     x, mask, _ = batch
     sk = _random_skillnet()
@@ -464,6 +467,7 @@ torch.save(res, out_file)
 """
 
 
+@pytest.mark.slow  # measured 16 s
 def test_export_loads_in_plain_transformers_with_its_tokenizer(tmp_path, batch):
     """Surgery from a dense BART folder that has a tokenizer -> save -> a process without SkillNet loads it
     with trust_remote_code (AutoModelForSeq2SeqLM), reproduces logits and generation, and has the tokenizer."""
