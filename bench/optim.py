@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import importlib.util
 import json
 import os
 import statistics
@@ -30,7 +31,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch  # noqa: E402
@@ -38,7 +38,11 @@ from skillnet.model import PRESETS, SkillNetBertConfig, SkillNetBertForPreTraini
 from skillnet.training.optim import MaskedAdamW, build_param_groups  # noqa: E402
 from torch import nn  # noqa: E402
 
-from bench.pretrain import make_batch  # noqa: E402
+# bench/ holds scripts, not an installed package: the sibling script is loaded from its file.
+_spec = importlib.util.spec_from_file_location("bench_pretrain", Path(__file__).with_name("pretrain.py"))
+_bench_pretrain = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(_bench_pretrain)
+make_batch = _bench_pretrain.make_batch
 
 Groups = list[dict[str, Any]]
 HYPER: dict[str, Any] = dict(lr=1e-4, betas=(0.9, 0.999), eps=1e-6)

@@ -17,13 +17,10 @@ import json
 import statistics
 import sys
 import time
-from pathlib import Path
 
 import torch
+from skillnet.model.skill_ffn import SkillFFN, SkillRouting
 from torch import nn
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from skillnet.model.skill_ffn import SkillFFN, SkillRouting  # noqa: E402
 
 SHAPES = {"bert-base": (768, 3072, 4096), "small": (256, 1024, 2048)}
 

@@ -49,6 +49,7 @@ from transformers.models.bart.modeling_bart import (
     BartScaledWordEmbedding,
 )
 from transformers.utils import ModelOutput
+from transformers.utils.deprecation import deprecate_kwarg
 
 from .bart_routing import SkillRoutingMixin, _batch_size, _seq_len
 from .hub import has_tokenizer, save_tokenizer, write_remote_code
@@ -219,14 +220,14 @@ class SkillNetBartDecoderLayer(_FFNSublayer, BartDecoderLayer):
         attention_mask: torch.Tensor | None = None,
         encoder_hidden_states: torch.Tensor | None = None,
         encoder_attention_mask: torch.Tensor | None = None,
-        past_key_values: Cache | None = None,
+        cache: Cache | None = None,
         use_cache: bool | None = True,
         routing: SkillRouting | None = None,
         **kwargs: Any,
     ) -> torch.Tensor:
         residual = hidden_states
         hidden_states, _ = self.self_attn(
-            hidden_states, past_key_values=past_key_values, attention_mask=attention_mask, **kwargs
+            hidden_states, cache=cache, attention_mask=attention_mask, **kwargs
         )
         hidden_states = F.dropout(hidden_states, p=self.dropout, training=self.training)
         hidden_states = self.self_attn_layer_norm(residual + hidden_states)
@@ -236,7 +237,7 @@ class SkillNetBartDecoderLayer(_FFNSublayer, BartDecoderLayer):
                 hidden_states,
                 key_value_states=encoder_hidden_states,
                 attention_mask=encoder_attention_mask,
-                past_key_values=past_key_values,
+                cache=cache,
                 **kwargs,
             )
             hidden_states = F.dropout(hidden_states, p=self.dropout, training=self.training)
@@ -312,13 +313,14 @@ class SkillNetBartDecoder(SkillRoutingMixin, BartDecoder):
         self.gradient_checkpointing = False
         self.post_init()
 
+    @deprecate_kwarg("past_key_values", "5.40.0", new_name="cache")  # as HF's own forward
     def forward(
         self,
         input_ids: torch.LongTensor | None = None,
         attention_mask: torch.Tensor | None = None,
         encoder_hidden_states: torch.Tensor | None = None,
         encoder_attention_mask: torch.LongTensor | None = None,
-        past_key_values: Cache | None = None,
+        cache: Cache | None = None,
         inputs_embeds: torch.Tensor | None = None,
         use_cache: bool | None = None,
         *,
@@ -334,7 +336,7 @@ class SkillNetBartDecoder(SkillRoutingMixin, BartDecoder):
             )
         return super().forward(
             input_ids=input_ids, attention_mask=attention_mask, encoder_hidden_states=encoder_hidden_states,
-            encoder_attention_mask=encoder_attention_mask, past_key_values=past_key_values,
+            encoder_attention_mask=encoder_attention_mask, cache=cache,
             inputs_embeds=inputs_embeds, use_cache=use_cache, routing=routing, **kwargs,
         )
 
@@ -392,6 +394,7 @@ class SkillNetBartModel(SkillNetBartPreTrainedModel, BartModel):
         self.decoder = SkillNetBartDecoder(config)
         self.post_init()
 
+    @deprecate_kwarg("past_key_values", "5.40.0", new_name="cache")  # as HF's own forward
     def forward(
         self,
         input_ids: torch.LongTensor | None = None,
@@ -399,7 +402,7 @@ class SkillNetBartModel(SkillNetBartPreTrainedModel, BartModel):
         decoder_input_ids: torch.LongTensor | None = None,
         decoder_attention_mask: torch.LongTensor | None = None,
         encoder_outputs: Any = None,
-        past_key_values: Cache | None = None,
+        cache: Cache | None = None,
         inputs_embeds: torch.Tensor | None = None,
         decoder_inputs_embeds: torch.Tensor | None = None,
         use_cache: bool | None = None,
@@ -440,7 +443,7 @@ class SkillNetBartModel(SkillNetBartPreTrainedModel, BartModel):
         return super().forward(
             input_ids=input_ids, attention_mask=attention_mask, decoder_input_ids=decoder_input_ids,
             decoder_attention_mask=decoder_attention_mask, encoder_outputs=encoder_outputs,
-            past_key_values=past_key_values, inputs_embeds=inputs_embeds,
+            cache=cache, inputs_embeds=inputs_embeds,
             decoder_inputs_embeds=decoder_inputs_embeds, use_cache=use_cache, routing=dec_routing, **kwargs,
         )
 
@@ -458,6 +461,7 @@ class SkillNetBartForConditionalGeneration(SkillNetBartPreTrainedModel, BartForC
         self.generation_config.num_beams = 4
         self.generation_config.early_stopping = True
 
+    @deprecate_kwarg("past_key_values", "5.40.0", new_name="cache")  # as HF's own forward
     def forward(
         self,
         input_ids: torch.LongTensor | None = None,
@@ -465,7 +469,7 @@ class SkillNetBartForConditionalGeneration(SkillNetBartPreTrainedModel, BartForC
         decoder_input_ids: torch.LongTensor | None = None,
         decoder_attention_mask: torch.LongTensor | None = None,
         encoder_outputs: Any = None,
-        past_key_values: Cache | None = None,
+        cache: Cache | None = None,
         inputs_embeds: torch.Tensor | None = None,
         decoder_inputs_embeds: torch.Tensor | None = None,
         labels: torch.LongTensor | None = None,
@@ -486,7 +490,7 @@ class SkillNetBartForConditionalGeneration(SkillNetBartPreTrainedModel, BartForC
         out = super().forward(
             input_ids=input_ids, attention_mask=attention_mask, decoder_input_ids=decoder_input_ids,
             decoder_attention_mask=decoder_attention_mask, encoder_outputs=encoder_outputs,
-            past_key_values=past_key_values, inputs_embeds=inputs_embeds,
+            cache=cache, inputs_embeds=inputs_embeds,
             decoder_inputs_embeds=decoder_inputs_embeds, labels=labels, use_cache=use_cache, task=task,
             skill_ids=skill_ids, routing=routing, routings_out=routings, **kwargs,
         )

@@ -1,6 +1,29 @@
+from __future__ import annotations
+
 import os
+
+import pytest
 
 # Nothing in the test suite may reach a model hub.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+# `slow` means over this many seconds as measured (setup + call); `make test-fast` leaves those out.
+SLOW_SECONDS = 20.0
+_unmarked_slow: dict[str, float] = {}
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    if report.when in ("setup", "call") and "slow" not in report.keywords:
+        _unmarked_slow[report.nodeid] = _unmarked_slow.get(report.nodeid, 0.0) + report.duration
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    """Name the tests that took longer than `slow` allows without the mark, so the marks follow the
+    measured times (a loaded machine can push a test over: a hint, not a failure)."""
+    over = sorted(((t, n) for n, t in _unmarked_slow.items() if t > SLOW_SECONDS), reverse=True)
+    if over:
+        terminalreporter.write_sep("-", f"over {SLOW_SECONDS:.0f} s without the slow mark")
+        for t, n in over:
+            terminalreporter.write_line(f"{t:7.1f}s {n}")

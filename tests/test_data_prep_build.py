@@ -177,10 +177,9 @@ def test_merge_rejects_parts_with_other_settings(corpus, tmp_path):
 
 
 def _cli(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
-    e = {**os.environ, **(env or {})}
-    e["PYTHONPATH"] = str(REPO) + os.pathsep + e.get("PYTHONPATH", "")
     return subprocess.run(
-        [sys.executable, "-m", "skillnet.data_prep", *args], capture_output=True, text=True, env=e, cwd=REPO
+        [sys.executable, "-m", "skillnet.data_prep", *args], capture_output=True, text=True,
+        env={**os.environ, **(env or {})}, cwd=REPO
     )
 
 
@@ -210,11 +209,9 @@ def test_sigkilled_build_reruns_to_identical_result(tmp_path):
     common = [str(tmp_path / "c.txt"), "--unit-bytes", "3000", "--no-progress"]
     ref, out = tmp_path / "ref", tmp_path / "out"
     assert _cli("build", *common, "--out", str(ref)).returncode == 0
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
     proc = subprocess.Popen(
         [sys.executable, "-m", "skillnet.data_prep", "build", *common, "--out", str(out), "--workers", "2"],
         cwd=REPO,
-        env=env,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )

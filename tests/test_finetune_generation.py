@@ -102,6 +102,7 @@ def test_label_smoothing_is_the_smoothed_cross_entropy_of_the_targets():
 
 
 @pytest.mark.parametrize("method", ["dense_joint", "task_specific"])
+@pytest.mark.slow  # measured 17 and 6 s
 def test_baselines_run_on_bart(tmp_path, method):
     out = tmp_path / method
     res = run_cli.run(FinetuneConfig.from_dict(gen_config(out, method=method)), tensorboard=False, progress=False)
@@ -128,6 +129,7 @@ def test_generation_config_errors():
         cfg.check_model()
 
 
+@pytest.mark.slow  # measured 28 s
 def test_adapting_a_generation_export_to_a_new_task_keeps_the_old_ones(tmp_path):
     first = gen_config(tmp_path / "mt")
     first["tasks"] = first["tasks"][:1]  # fix only

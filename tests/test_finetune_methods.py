@@ -85,6 +85,7 @@ def test_method_config_errors():
         FinetuneConfig.from_dict(tiny_config(Path("x"), train={"selection": "best"}))
 
 
+@pytest.mark.slow  # measured 20 s
 def test_one_checkpoint_for_all_tasks_by_default_per_task_on_request(tmp_path):
     mean = run_cli.run(FinetuneConfig.from_dict(tiny_config(tmp_path / "mean")), tensorboard=False, progress=False)
     summary = json.loads((tmp_path / "mean" / "results.json").read_text())
@@ -264,6 +265,7 @@ def test_compare_init_per_seed_and_every_row_checked_before_running(tmp_path, ca
     assert not (tmp_path / "cmp2" / "skillnet").exists()
 
 
+@pytest.mark.slow  # measured 27 s
 def test_compare_in_process_gives_the_same_results_as_subprocesses(tmp_path, capsys):
     cfg = tmp_path / "cfg.json"
     d = tiny_config(tmp_path / "unused")

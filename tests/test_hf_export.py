@@ -15,6 +15,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 from skillnet.data_prep.tokenizer import default_vocab_path, load_tokenizer
 from skillnet.model import SkillNetBertConfig, SkillNetBertForPreTraining, skillnet_from_dense
@@ -52,6 +53,7 @@ def _pretrain_model(vocab: int = 21128) -> SkillNetBertForPreTraining:
     return SkillNetBertForPreTraining(SkillNetBertConfig.preset("tiny", vocab_size=vocab)).eval()
 
 
+@pytest.mark.slow  # measured 26 s
 def test_export_loads_with_trust_remote_code_without_the_project(tmp_path):
     m = _pretrain_model()
     folder = tmp_path / "export"
@@ -105,6 +107,7 @@ def test_plain_bert_loads_a_skillnet_folder_with_random_ffns(tmp_path):
     assert torch.equal(bert.embeddings.word_embeddings.weight, m.bert.embeddings.word_embeddings.weight)
 
 
+@pytest.mark.slow  # measured 40 s
 def test_pretraining_and_finetuning_exports_carry_a_tokenizer(tmp_path):
     from skillnet.finetune import run as run_cli
     from skillnet.finetune.config import FinetuneConfig

@@ -225,6 +225,7 @@ def test_labels_give_the_dense_loss(dense, batch):
 
 # ---- generate ----------------------------------------------------------------------------------------
 @pytest.mark.parametrize("skill_layernorm", ["shared", "per_skill"])
+@pytest.mark.slow  # measured 25 and 12 s
 def test_beam_search_equals_dense_token_for_token(dense, batch, skill_layernorm):
     x, mask, _ = batch
     sk = skillnet_bart_from_dense(dense, skill_layers="all", skill_layernorm=skill_layernorm).eval()
@@ -266,6 +267,7 @@ def _row_skills(batch_size: int, routing) -> list[tuple[int, ...]]:
     return out
 
 
+@pytest.mark.slow  # measured 17 s
 def test_skills_stay_fixed_per_row_through_beam_search(batch):
     x, mask, _ = batch
     sk = _random_skillnet()
@@ -284,6 +286,7 @@ def test_skills_stay_fixed_per_row_through_beam_search(batch):
     assert any(_strip(alone[TASK_A][i]) != _strip(alone[TASK_B][i]) for i in range(3))
 
 
+@pytest.mark.slow  # measured 24 s
 def test_task_name_equals_its_skill_ids_and_other_skills_are_unused(batch):
     x, mask, _ = batch
     sk = _random_skillnet()
@@ -464,6 +467,7 @@ torch.save(res, out_file)
 """
 
 
+@pytest.mark.slow  # measured 16 s
 def test_export_loads_in_plain_transformers_with_its_tokenizer(tmp_path, batch):
     """Surgery from a dense BART folder that has a tokenizer -> save -> a process without SkillNet loads it
     with trust_remote_code (AutoModelForSeq2SeqLM), reproduces logits and generation, and has the tokenizer."""
@@ -721,3 +725,38 @@ def test_moe_bart_saves_loads_and_checks_task_names(tmp_path, batch):
     assert torch.equal(a, b)
     with pytest.raises(KeyError, match="unknown task 'poetry'"):
         m(input_ids=x, attention_mask=mask, decoder_input_ids=y, task="poetry")
+
+
+@pytest.mark.parametrize("make", [_random_skillnet, lambda: _moe()], ids=["task_map", "moe"])
+def test_forward_and_generate_warn_about_no_deprecated_argument(batch, make):
+    """model/bart.py calls transformers' BART with its current argument names: transformers 5.24 renamed
+    `past_key_values` to `cache` and warns on every call that still passes the old name (removed in 5.40)."""
+    import warnings
+
+    x, mask, y = batch
+    m = make()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        m.train()(input_ids=x, attention_mask=mask, labels=y[:, 1:].contiguous(), task=TASK_A).loss.backward()
+        m.eval().generate(x, attention_mask=mask, max_new_tokens=4, task=[TASK_A, TASK_B, TASK_A])
+    deprecated = [f"{w.category.__name__}: {w.message}" for w in caught
+                  if issubclass(w.category, (FutureWarning, DeprecationWarning))]
+    assert not deprecated, deprecated
+
+
+def test_the_old_cache_argument_name_still_reaches_the_cache(batch):
+    """A caller still passing `past_key_values` gets transformers' FutureWarning and the same step as with
+    `cache`, never a cache silently dropped."""
+    import copy
+
+    x, mask, y = batch
+    m = _random_skillnet()
+    kw = dict(input_ids=x, attention_mask=mask, task=TASK_A, use_cache=True)
+    with torch.no_grad():
+        cache = m(decoder_input_ids=y[:, :3], **kw).cache
+        new = m(decoder_input_ids=y[:, 3:4], cache=copy.deepcopy(cache), **kw).logits
+        with pytest.warns(FutureWarning, match="past_key_values"):
+            old = m(decoder_input_ids=y[:, 3:4], past_key_values=copy.deepcopy(cache), **kw).logits
+        uncached = m(decoder_input_ids=y[:, 3:4], **kw).logits
+    torch.testing.assert_close(old, new)
+    assert not torch.allclose(new, uncached)  # the cache was used: the step sees the 3 earlier tokens

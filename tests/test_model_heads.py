@@ -78,6 +78,7 @@ def test_pack_left_moves_words_to_front():
     assert packed[0, :2].tolist() == [1, 2] and packed[1, :3].tolist() == [3, 4, 5]
 
 
+@pytest.mark.slow  # measured 62 s
 def test_crf_decode_follows_transitions():
     torch.manual_seed(0)
     m = SkillNetBertForMultiTask(

@@ -164,6 +164,7 @@ def test_eq6_with_the_papers_sharpness_passes_no_gradient_but_ste_does():
         assert set(w.detach().unique().tolist()) <= {0.0, 1.0}  # both are hard maps in the forward pass
 
 
+@pytest.mark.slow  # measured 47 s
 def test_learned_map_moves_under_ste_and_prediction_uses_the_trained_map(tmp_path):
     m = _model(router="learned", learned_threshold=0.5)
     lm = m.bert.skill_map

@@ -86,6 +86,7 @@ def test_single_process_resume_after_sigterm_is_exact(shards: Path, tmp_path: Pa
         assert torch.equal(mt.bert.state_dict()[k], v), k
 
 
+@pytest.mark.slow  # measured 31 s
 def test_launch_mismatch_is_a_clear_error(shards: Path, tmp_path: Path) -> None:
     cfg = tmp_path / "ds.json"
     cfg.write_text(
@@ -132,6 +133,7 @@ def test_launch_mismatch_is_a_clear_error(shards: Path, tmp_path: Path) -> None:
     assert "Traceback" not in r.stderr
 
 
+@pytest.mark.slow  # measured 32 s
 def test_help_explains_the_options() -> None:
     r = subprocess.run(
         [sys.executable, "pretrain/run.py", "--help"],

@@ -133,6 +133,7 @@ def test_csc_bad_sighan_line(tmp_path: Path) -> None:
     assert main(["convert", "csc", "--out", str(tmp_path / "o"), "--data-path", str(d), "--clean-ratio", "1.5"]) == 1
 
 
+@pytest.mark.slow  # measured 18 s
 def test_csc_installed_packages() -> None:
     conv = convert_spelling_correction()
     n = _sizes(conv)
@@ -281,6 +282,7 @@ def test_poetry_cli_fixture(tmp_path: Path, capsys) -> None:
     assert set(ds.column_names) == {"id", "source", "target"}
 
 
+@pytest.mark.slow  # measured 17 s
 def test_poetry_installed() -> None:
     title = convert_poetry("title")
     nxt = convert_poetry("next-line")

@@ -338,6 +338,7 @@ def test_non_contiguous_parameter(masked: bool) -> None:
             torch.testing.assert_close(p.detach(), ref.detach(), rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.slow  # measured 20 s
 def test_bench_prints_both_ratios_as_the_last_line() -> None:
     """bench/optim.py (issue 8 item 4) runs, agrees with fused AdamW where gradients are nonzero, and
     prints its JSON last. No timing assertion: the ratios are the bench's output, not a test."""

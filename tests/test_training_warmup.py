@@ -13,6 +13,7 @@ from skillnet.training import warmup
 REPO = Path(__file__).resolve().parents[1]
 
 
+@pytest.mark.slow  # measured 19 s
 def test_warmup_builds_or_reports_the_ops() -> None:
     r = subprocess.run(
         [sys.executable, "-m", "skillnet.training.warmup"], cwd=REPO, capture_output=True, text=True, timeout=900
