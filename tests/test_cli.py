@@ -77,6 +77,7 @@ def test_a_whole_command_line_with_underscores(tmp_path):
     ([sys.executable, "-m", "skillnet.data_prep", "build", "--help"], "usage: python -m skillnet.data_prep build "),
     (["skillnet-data", "build", "--help"], "usage: skillnet-data build "),
 ])
+@pytest.mark.slow  # keeps make test-fast under 3 min (measured 9-30 s on 2 loaded cores)
 def test_usage_line_follows_the_invocation(cmd, usage):
     r = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, env=subprocess_env(), timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]

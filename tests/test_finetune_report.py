@@ -34,6 +34,7 @@ def test_report_of_a_finetuning_run_draws_every_picture(tmp_path, capsys):
         assert f"<td>{r['dev'][r['metric']]:.1f}</td>" in page
 
 
+@pytest.mark.slow  # keeps make test-fast under 3 min (measured 9-30 s on 2 loaded cores)
 def test_report_of_a_learned_map_run_and_of_a_pretraining_log(tmp_path):
     run = _run(tmp_path / "learn", method="learnable")
     assert (run / "skill_map.json").is_file()  # the learned map is what the report draws, not Table 2

@@ -188,6 +188,7 @@ def test_skill_layer_specs_build_the_right_layers(spec, decoder_spec, enc, dec):
         ("per_skill", "every_other", "loop"),
     ],
 )
+@pytest.mark.slow  # keeps make test-fast under 3 min (measured 9-30 s on 2 loaded cores)
 def test_any_skill_set_reproduces_dense_logits(dense, batch, skill_layernorm, skill_layers, ffn_impl):
     x, mask, y = batch
     sk = skillnet_bart_from_dense(
@@ -665,6 +666,7 @@ def test_moe_bart_unused_experts_get_no_gradient(batch):
     assert unused >= 4  # 2 tokens x top-2 leave at least 2 of 6 experts idle in each of the 4 layers
 
 
+@pytest.mark.slow  # keeps make test-fast under 3 min (measured 9-30 s on 2 loaded cores)
 def test_moe_bart_generates_with_beam_search_routing_every_step(batch):
     """`generate` with the token gate: the decoder gates the one new token per beam at every step (a KV
     cache), in eval mode, and the default evaluation capacity (None) drops no token, so cached decoding
@@ -713,6 +715,7 @@ def test_moe_bart_eval_capacity_is_its_own(batch):
     assert caps == want
 
 
+@pytest.mark.slow  # keeps make test-fast under 3 min (measured 9-30 s on 2 loaded cores)
 def test_moe_bart_saves_loads_and_checks_task_names(tmp_path, batch):
     x, mask, y = batch
     m = _moe().eval()

@@ -139,6 +139,7 @@ def test_insuranceqa_pairs_balance_and_determinism() -> None:
     assert convert_insuranceqa("pairs", negatives=2, max_examples=300, seed=1).splits["train"] != tr
 
 
+@pytest.mark.slow  # keeps make test-fast under 3 min (measured 9-30 s on 2 loaded cores)
 def test_insuranceqa_groups(tmp_path: Path) -> None:
     conv = convert_insuranceqa("groups", negatives=4, max_examples=50, max_eval_examples=20)
     assert conv.spec.kind == "choice" and conv.spec.label_list is None
