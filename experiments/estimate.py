@@ -238,7 +238,7 @@ def projection(mfus: Sequence[float], mlm_share: float, recipe: dict[str, int] =
         "counted on the real model (torch `FlopCounterMode`, forward + backward, CPU), the throughput is an "
         "assumption.",
         "",
-        f"- Recipe (skillnet-nlu.md §B): {recipe['steps']:,} steps × {recipe['batch']:,} sequences × {seq} tokens "
+        f"- Recipe (the SkillNet-NLU paper §B): {recipe['steps']:,} steps × {recipe['batch']:,} sequences × {seq} tokens "
         f"= {tokens:.3e} tokens on {recipe['gpus']} GPUs.",
         f"- Model: preset `base` (BERT-base with 7 skills per layer). Counted FLOPs per token (fwd + bwd): "
         f"MLM step (s2, s7; decoder on the 15% masked positions) {mlm / 1e9:.3f} GFLOP, NSP step (s1, s3, s7) "

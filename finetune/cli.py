@@ -1,4 +1,4 @@
-"""The command line of multi-task fine-tuning of SkillNet-BERT (skillnet-nlu.md §3.3-3.4, §4.1, Table 6).
+"""The command line of multi-task fine-tuning of SkillNet-BERT (the SkillNet-NLU paper §3.3-3.4, §4.1, Table 6).
 
     # one process (CPU or one GPU)
     python -m skillnet.finetune.run --config finetune/configs/tiny.json --output-dir runs/ft-tiny

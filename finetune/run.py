@@ -1,19 +1,5 @@
-"""Multi-task fine-tuning of SkillNet-BERT (skillnet-nlu.md §3.3-3.4, §4.1, Table 6).
-
-    # one process (CPU or one GPU)
-    python -m skillnet.finetune.run --config finetune/configs/tiny.json --output-dir runs/ft-tiny
-    # several ranks through DeepSpeed (ZeRO-1/2; same task on every rank for every step)
-    deepspeed --num_gpus 8 finetune/run.py --config CFG --ds-config ds_configs/zero2.json
-    # adaptation (§3.4): a new skill s8 copied from s7, only s8 and the heads train
-    python -m skillnet.finetune.run --config CFG --init runs/mt/export --new-skill s8 --freeze-old-skills
-    # ablation (Table 6): no task uses s4
-    python -m skillnet.finetune.run --config CFG --drop-skill s4
-
-Writes to ``--output-dir``: ``log.jsonl`` + ``tensorboard/`` (per-task ``train/<task>/loss``,
-``eval/<task>/<metric>``, ``eval/mix_target/<task>`` vs ``eval/mix_realised/<task>``), ``best/<task>/``
-(the checkpoint with the best dev score of that task), ``export/`` (the final model), ``results.json``
-and ``results.md`` (dev and test scores of each task's best checkpoint, next to a trivial baseline),
-``params.json`` (activated and trainable parameter counts per task) and ``checkpoints/`` (resumable).
+"""Multi-task fine-tuning of SkillNet-BERT/-BART (the SkillNet-NLU paper §3.3-3.4, §4.1, Table 6). The commands and
+what a run writes are in ``finetune/cli.py`` (``python -m skillnet.finetune.run --help``).
 
 This module is the orchestration (setup, the joint run, one run per task for ``per_task`` methods, the
 plan printed at the start); the command line is finetune/cli.py, the model finetune/build.py, evaluation

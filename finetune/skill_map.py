@@ -1,4 +1,4 @@
-"""The task x skill map of a run: Table 2 (fixed) or the learned map (learnable-skill-combination.md
+"""The task x skill map of a run: Table 2 (fixed) or the learned map (the learnable skill combination paper
 Figure 2), as data (`snapshot`), as JSON (`skill_map.json`) and as a heatmap (`skill_map.png`)."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Pre-training: sparse MLM + NSP of SkillNet-BERT (skillnet-nlu.md §3.5, Appendix B), dense BERT, dense BART.
+"""Pre-training: sparse MLM + NSP of SkillNet-BERT (the SkillNet-NLU paper §3.5, Appendix B), dense BERT, dense BART.
 
     python pretrain/run.py --shards data/shards --preset small --output-dir runs/pt        # one process
     deepspeed pretrain/run.py --ds-config ds_configs/zero2.json --shards ... --preset base  # ZeRO-2
