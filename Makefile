@@ -47,11 +47,12 @@ lint: setup
 	$(PYTHON) -m ruff check .
 
 bench: setup
-	$(PYTHON) bench/skill_ffn.py
-	$(PYTHON) bench/data_prep.py
-	$(PYTHON) bench/pretrain.py
-	$(PYTHON) bench/optim.py
-	$(PYTHON) bench/generate.py
+	$(PYTHON) bench/skill_ffn.py --write
+	$(PYTHON) bench/data_prep.py --write
+	$(PYTHON) bench/pretrain.py --write
+	$(PYTHON) bench/optim.py --write
+	$(PYTHON) bench/generate.py --write
+	$(PYTHON) bench/projection.py --write docs/gpu.md
 
 clean:
 	rm -rf $(STAMP) runs outputs .pytest_cache

@@ -20,8 +20,8 @@ CPU fp32 by default, warm-up first, median of the repetitions:
   groups; the "(opt)" columns are the optimizer part of each step.
 
 ``generate_over_dense`` and ``train_over_dense`` are SkillNet tokens/s over dense tokens/s at the worst
-measured (size, k) (targets >= 0.9 and >= 0.95); the ``*_min`` keys are the same from each model's
-fastest repetition. On a machine shared with other jobs, wall time with several torch threads is
+measured (size, k) (targets >= 0.9 and >= 0.95): the median of the per-repetition ratios (each compares
+two calls made under the same load), with their ``*_min``/``*_max`` at that (size, k). On a machine shared with other jobs, wall time with several torch threads is
 dominated by threads waiting for each other (a thread descheduled mid-op stalls the rest);
 ``--threads 1 --clock cpu`` then measures the work itself. ``--profile`` prints torch profiler tables of
 one generate call of each model at the largest k, to show where a gap comes from.
@@ -31,6 +31,7 @@ one generate call of each model at the largest k, to show where a gap comes from
     python bench/generate.py --sizes small,base    # + BART-base sizes (d 768, 6+6 layers, ffn 3072): ~8 GB RAM, minutes more
     python bench/generate.py --threads 1 --clock cpu   # on a busy shared machine: CPU time, one thread
     python bench/generate.py --device cuda --dtype fp16   # on a GPU, under autocast
+    python bench/generate.py --write               # also rewrite its section of docs/speed.md
 """
 
 from __future__ import annotations
@@ -50,6 +51,7 @@ from typing import Any
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch  # noqa: E402
+from skillnet.experiments.benchdoc import machine_line, md_table, paired_ratio, write_section  # noqa: E402
 from skillnet.model import BART_PRESETS, SkillNetBartConfig, skillnet_bart_from_dense  # noqa: E402
 from skillnet.training.optim import MaskedAdamW, build_param_groups  # noqa: E402
 from torch import nn  # noqa: E402
@@ -95,9 +97,11 @@ class Row:
     train_skill_tok_s: float
     train_dense_tok_s: float
     train_over_dense: float
-    # The same ratios from the fastest repetition of each model (least disturbed on a shared machine).
+    # Range of the per-repetition ratios (the two ratios above are their medians).
     generate_over_dense_min: float
+    generate_over_dense_max: float
     train_over_dense_min: float
+    train_over_dense_max: float
 
 
 # ---- models ------------------------------------------------------------------------------------------
@@ -262,14 +266,13 @@ def measure_k(size: str, k: int, skill: nn.Module, s_opt: torch.optim.Optimizer,
     return Row(
         size=size, k=k, skills=label, ffn_width=k * cfg.encoder_ffn_dim,
         gen_skill_ms=g_s * 1e3, gen_dense_ms=g_d * 1e3,
-        gen_skill_tok_s=gen_tokens / g_s, gen_dense_tok_s=gen_tokens / g_d, generate_over_dense=g_d / g_s,
+        gen_skill_tok_s=gen_tokens / g_s, gen_dense_tok_s=gen_tokens / g_d,
         train_skill_ms=t_s * 1e3, train_dense_ms=t_d * 1e3,
         train_skill_opt_ms=statistics.median(o for _, o in t["skill"]) * 1e3,
         train_dense_opt_ms=statistics.median(o for _, o in t["dense"]) * 1e3,
         train_skill_tok_s=train_tokens / t_s, train_dense_tok_s=train_tokens / t_d,
-        train_over_dense=t_d / t_s,
-        generate_over_dense_min=min(g["dense"]) / min(g["skill"]),
-        train_over_dense_min=min(x for x, _ in t["dense"]) / min(x for x, _ in t["skill"]),
+        **paired_ratio(g["dense"], g["skill"], "generate_over_dense"),
+        **paired_ratio([x for x, _ in t["dense"]], [x for x, _ in t["skill"]], "train_over_dense"),
     )
 
 
@@ -318,6 +321,34 @@ def _positive(text: str) -> int:
     return v
 
 
+DOC = "docs/speed.md"
+
+
+def doc_section(rows: list[Row], args: argparse.Namespace, result: dict[str, Any]) -> str:
+    ks = "tasks" if args.ks is None else ",".join(map(str, args.ks))
+    cmd = (f"python bench/generate.py --sizes {args.sizes} --ks {ks} --batch {args.batch} --src-len {args.src_len} "
+           f"--new-tokens {args.new_tokens} --tgt-len {args.tgt_len} --reps {args.reps} --threads {args.threads} "
+           f"--clock {args.clock} --device {args.device} --dtype {args.dtype} --write")
+
+    def rng(r: Row, key: str) -> str:
+        return f"{getattr(r, key):.3f} ({getattr(r, key + '_min'):.3f}-{getattr(r, key + '_max'):.3f})"
+
+    table = md_table(
+        ["size", "k", "skills", "FFN width", "generate tok/s SkillNet / dense", "generate ratio (min-max)",
+         "train tok/s SkillNet / dense", "train ratio (min-max)"],
+        [(r.size, r.k, r.skills, r.ffn_width, f"{r.gen_skill_tok_s:.1f} / {r.gen_dense_tok_s:.1f}",
+          rng(r, "generate_over_dense"), f"{r.train_skill_tok_s:.0f} / {r.train_dense_tok_s:.0f}",
+          rng(r, "train_over_dense")) for r in rows])
+    return "\n\n".join([
+        f"`{cmd}` (beam 4; dense twin = HF `BartForConditionalGeneration` of the same activated width). "
+        f"{machine_line()}",
+        table,
+        f"Throughput ratios, higher is faster. Worst: `generate_over_dense` **{result['generate_over_dense']:.3f}** "
+        f"({result['worst_generate']}, target >= 0.9), `train_over_dense` **{result['train_over_dense']:.3f}** "
+        f"({result['worst_train']}, target >= 0.95).",
+    ])
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--sizes", default="small", help=f"comma-separated subset of {','.join(SIZES)} (default: %(default)s)")
@@ -342,6 +373,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         "barely disturbs (use with --threads 1 on a shared machine; CPU only) "
                         "(default: %(default)s)")
     p.add_argument("--profile", action="store_true", help="print torch profiler tables of one generate call per model at the largest k")
+    p.add_argument("--write", nargs="?", const=DOC, metavar="MD",
+                   help=f"rewrite the 'generate' section of this Markdown file (default: {DOC})")
     p.add_argument("--json", action="store_true", help="print one JSON object as the last line")
     args = p.parse_args(argv)
     bad = [s for s in args.sizes.split(",") if s not in SIZES]
@@ -382,9 +415,10 @@ def main(argv: list[str] | None = None) -> int:
         "train_over_dense": round(worst_train.train_over_dense, 3),
         "worst_generate": f"{worst_gen.size} k={worst_gen.k}",
         "worst_train": f"{worst_train.size} k={worst_train.k}",
-        # The same from each model's fastest repetition: steadier than the median on a shared machine.
-        "generate_over_dense_min": round(min(r.generate_over_dense_min for r in rows), 3),
-        "train_over_dense_min": round(min(r.train_over_dense_min for r in rows), 3),
+        "generate_over_dense_min": worst_gen.generate_over_dense_min,
+        "generate_over_dense_max": worst_gen.generate_over_dense_max,
+        "train_over_dense_min": worst_train.train_over_dense_min,
+        "train_over_dense_max": worst_train.train_over_dense_max,
         "device": args.device,
         "dtype": args.dtype,
         "clock": args.clock,
@@ -393,11 +427,14 @@ def main(argv: list[str] | None = None) -> int:
         "reps": args.reps,
         "rows": [{k: round(v, 3) if isinstance(v, float) else v for k, v in asdict(r).items()} for r in rows],
     }
-    print(f"fastest repetitions: generate {result['generate_over_dense_min']:.3f}, "
-          f"train {result['train_over_dense_min']:.3f}")
+    print(f"per-repetition range at the worst (size, k): generate {result['generate_over_dense_min']:.3f}-"
+          f"{result['generate_over_dense_max']:.3f}, train {result['train_over_dense_min']:.3f}-"
+          f"{result['train_over_dense_max']:.3f}")
     print(f"worst: generate_over_dense = {result['generate_over_dense']:.3f} ({result['worst_generate']}, "
           f"target >= 0.9), train_over_dense = {result['train_over_dense']:.3f} ({result['worst_train']}, "
           f"target >= 0.95)")
+    if args.write:
+        write_section(args.write, "generate", doc_section(rows, args, result))
     if args.json:
         print(json.dumps(result))
     return 0

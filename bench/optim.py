@@ -10,12 +10,14 @@ The gradients are those of one real MLM step of SkillNet-BERT (2 of 7 skills act
 
 Only ``step()`` is timed. Both optimizers run interleaved in one process (so machine load hits them
 alike) on their own copy of the parameters with the same gradients; one warm-up step creates the
-moments, then the median of ``--reps`` steps is reported.
+moments, then ``--reps`` steps of each. A ratio is the median of the per-repetition ratios (each one
+compares two steps taken under the same load), with ``_min``/``_max``.
 
     python bench/optim.py                     # table (preset base, batch 16 x seq 128)
     python bench/optim.py --json              # table, then one JSON object (last line)
     python bench/optim.py --preset small --reps 5
     python bench/optim.py --threads 1         # steadier on a loaded machine (no waits for a busy core)
+    python bench/optim.py --write             # also rewrite its section of docs/speed.md
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from typing import Any
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch  # noqa: E402
+from skillnet.experiments.benchdoc import machine_line, md_table, paired_ratio, write_section  # noqa: E402
 from skillnet.model import PRESETS, SkillNetBertConfig, SkillNetBertForPreTraining  # noqa: E402
 from skillnet.training.optim import MaskedAdamW, build_param_groups  # noqa: E402
 from torch import nn  # noqa: E402
@@ -93,8 +96,8 @@ def flat_groups(groups: Groups, world: int) -> Groups:
     return out
 
 
-def time_pair(make_groups: Any, reps: int) -> tuple[float, float, int, bool]:
-    """Median seconds of one step of (MaskedAdamW, fused AdamW), interleaved; elements with a gradient;
+def time_pair(make_groups: Any, reps: int) -> tuple[list[float], list[float], int, bool]:
+    """Seconds of each timed step of (MaskedAdamW, fused AdamW), interleaved; elements with a gradient;
     and whether both made the same update wherever the gradient is nonzero (a fast path that skipped
     work would show here, not in the times)."""
     masked = MaskedAdamW(make_groups(), **HYPER)
@@ -113,7 +116,10 @@ def time_pair(make_groups: Any, reps: int) -> tuple[float, float, int, bool]:
         for p, q in zip(gm["params"], gf["params"])
         if p.grad is not None
     )
-    return statistics.median(times["masked"]), statistics.median(times["fused"]), n_grad, agree
+    return times["masked"], times["fused"], n_grad, agree
+
+
+DOC = "docs/speed.md"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -126,8 +132,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--threads", type=int, default=0, help="torch threads (default: 0 = torch's default, one per core)"
     )
+    p.add_argument("--write", nargs="?", const=DOC, metavar="MD",
+                   help=f"rewrite the 'optim' section of this Markdown file (default: {DOC})")
     p.add_argument("--json", action="store_true", help="print one JSON object as the last line")
     args = p.parse_args(argv)
+    if args.reps < 1 or args.world < 1:
+        p.error("--reps and --world must be >= 1")
     if args.threads:
         torch.set_num_threads(args.threads)
 
@@ -138,7 +148,9 @@ def main(argv: list[str] | None = None) -> int:
         ("flat", lambda: flat_groups(groups, args.world)),
     ):
         t_masked, t_fused, n_grad, agree = time_pair(make, args.reps)
-        rows.append((case, n_grad, t_masked, t_fused, agree))
+        key = "masked_over_fused" if case == "none" else "masked_over_fused_flat"
+        rows.append((case, n_grad, statistics.median(t_masked), statistics.median(t_fused), agree,
+                     paired_ratio(t_masked, t_fused, key)))
         gc.collect()  # the other case's copies (GBs at preset base) go before the next one is built
 
     load = os.getloadavg()[0]  # ratios on a shared machine mean little under load: say how loaded it was
@@ -151,12 +163,13 @@ def main(argv: list[str] | None = None) -> int:
         f"{'gradients':<10}{'elements':>14}{'MaskedAdamW ms':>16}{'fused AdamW ms':>16}{'ratio':>8}"
         f"{'same update':>13}"
     )
-    for case, n_grad, tm, tf, agree in rows:
-        print(f"{case:<10}{n_grad:>14,}{tm * 1e3:>16.1f}{tf * 1e3:>16.1f}{tm / tf:>8.2f}{str(agree):>13}")
-    (_, _, tm, tf, agree), (_, _, tm_flat, tf_flat, agree_flat) = rows
+    for case, n_grad, tm, tf, agree, ratio in rows:
+        r = next(iter(ratio.values()))
+        print(f"{case:<10}{n_grad:>14,}{tm * 1e3:>16.1f}{tf * 1e3:>16.1f}{r:>8.2f}{str(agree):>13}")
+    (_, _, tm, tf, agree, ratio), (_, _, tm_flat, tf_flat, agree_flat, ratio_flat) = rows
     result = {
-        "masked_over_fused": round(tm / tf, 3),
-        "masked_over_fused_flat": round(tm_flat / tf_flat, 3),
+        **ratio,
+        **ratio_flat,
         "masked_ms": round(tm * 1e3, 1),
         "fused_ms": round(tf * 1e3, 1),
         "masked_flat_ms": round(tm_flat * 1e3, 1),
@@ -169,7 +182,22 @@ def main(argv: list[str] | None = None) -> int:
         "threads": torch.get_num_threads(),
         "load_avg_1min": round(load, 2),
     }
-    print(f"masked_over_fused = {result['masked_over_fused']:.3f} on None gradients (target <= 1.3)")
+    print(f"masked_over_fused = {result['masked_over_fused']:.3f} ({result['masked_over_fused_min']:.3f}-"
+          f"{result['masked_over_fused_max']:.3f}) on None gradients (target <= 1.3)")
+    if args.write:
+        body = "\n\n".join([
+            f"`python bench/optim.py --preset {args.preset} --batch {args.batch} --seq {args.seq} --reps {args.reps} "
+            f"--world {args.world} --write` ({n_params / 1e6:.0f}M parameters; only `step()` is timed). "
+            f"{machine_line()}",
+            md_table(["gradients", "elements with a gradient", "MaskedAdamW ms (median)", "fused AdamW ms (median)",
+                      "ratio: median (min-max)", "same update"],
+                     [(case, f"{n:,}", f"{a * 1e3:.1f}", f"{b * 1e3:.1f}",
+                       "{:.3f} ({:.3f}-{:.3f})".format(*rt.values()), ok)
+                      for case, n, a, b, ok, rt in rows]),
+            "`none` = plain PyTorch (`masked_over_fused`, target <= 1.3); `flat` = one rank's ZeRO-1/2 "
+            "partition with zero-filled inactive slices (`masked_over_fused_flat`).",
+        ])
+        write_section(args.write, "optim", body)
     if args.json:
         print(json.dumps(result))
     return 0

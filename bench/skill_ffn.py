@@ -19,6 +19,7 @@ import sys
 import time
 
 import torch
+from skillnet.experiments.benchdoc import machine_line, md_table, paired_ratio, write_section
 from skillnet.model.skill_ffn import SkillFFN, SkillRouting
 from torch import nn
 
@@ -80,22 +81,49 @@ def bench_shape(d: int, f: int, n: int, ks: list[int], reps: int, num_skills: in
         flops = 3 * 2 * 2 * n * d * k * f  # fwd (2 GEMMs) + bwd (4 GEMMs)
         rows.append({
             "k": k, "dense_ms": med["dense"] * 1e3, "fused_ms": med["fused"] * 1e3, "loop_ms": med["loop"] * 1e3,
-            "fused_over_dense": med["fused"] / med["dense"], "loop_over_dense": med["loop"] / med["dense"],
+            **paired_ratio(times["fused"], times["dense"], "fused_over_dense"),
+            **paired_ratio(times["loop"], times["dense"], "loop_over_dense"),
             "dense_gflops": flops / med["dense"] / 1e9,
         })
     return rows
 
 
+DOC = "docs/speed.md"
+
+
+def doc_section(per_shape: dict, args: argparse.Namespace) -> str:
+    rows = [(name, r["k"], f"{r['dense_ms']:.1f}", f"{r['fused_ms']:.1f}", f"{r['loop_ms']:.1f}",
+             f"{r['fused_over_dense']:.3f} ({r['fused_over_dense_min']:.3f}-{r['fused_over_dense_max']:.3f})",
+             f"{r['loop_over_dense']:.3f} ({r['loop_over_dense_min']:.3f}-{r['loop_over_dense_max']:.3f})")
+            for name, s in per_shape.items() for r in s["rows"]]
+    return "\n\n".join([
+        f"`python bench/skill_ffn.py --reps {args.reps} --ks {args.ks} --shapes {args.shapes} --device {args.device} "
+        f"--dtype {args.dtype} --write` ({machine_line()})",
+        md_table(["shape", "k", "dense ms", "fused ms", "loop ms", "fused/dense (min-max)", "loop/dense (min-max)"],
+                 rows),
+        "Time ratios, lower is faster; median of the per-repetition ratios. Target: fused/dense <= 1.10 at "
+        "every k.",
+    ])
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--json", action="store_true", help="print one JSON object as the last line")
-    ap.add_argument("--reps", type=int, default=5, help="timed repetitions per method (median reported)")
-    ap.add_argument("--ks", default="1,2,3,4", help="numbers of active skills to measure")
-    ap.add_argument("--shapes", default="bert-base,small", help=f"subset of {','.join(SHAPES)}")
-    ap.add_argument("--device", default="cpu", help="cpu or cuda")
+    ap.add_argument("--reps", type=int, default=5,
+                    help="timed repetitions per method, interleaved (default: %(default)s)")
+    ap.add_argument("--ks", default="1,2,3,4", help="numbers of active skills to measure (default: %(default)s)")
+    ap.add_argument("--shapes", default="bert-base,small",
+                    help=f"subset of {','.join(SHAPES)} (default: %(default)s)")
+    ap.add_argument("--device", default="cpu", help="cpu or cuda (default: %(default)s)")
     ap.add_argument("--dtype", default="fp32", choices=list(DTYPES),
-                    help="fp32, or fp16/bf16 under autocast (GPU; bf16 on this CPU is ~85x slower than fp32)")
+                    help="fp32, or fp16/bf16 under autocast (GPU; bf16 on this CPU is ~85x slower than fp32) "
+                         "(default: %(default)s)")
+    ap.add_argument("--write", nargs="?", const=DOC, metavar="MD",
+                    help=f"rewrite the 'skill_ffn' section of this Markdown file (default: {DOC})")
     args = ap.parse_args()
+    bad = [s for s in args.shapes.split(",") if s not in SHAPES]
+    if bad:
+        ap.error(f"--shapes: unknown {','.join(bad)}; valid: {','.join(SHAPES)}")
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         sys.exit("error: --device cuda but CUDA is not available")
     ks = [int(k) for k in args.ks.split(",")]
@@ -112,15 +140,24 @@ def main() -> None:
             print(f"{name:10} {r['k']:>2} {r['dense_ms']:9.1f} {r['fused_ms']:9.1f} {r['loop_ms']:9.1f} "
                   f"{r['fused_over_dense']:11.3f} {r['loop_over_dense']:10.3f} {r['dense_gflops']:8.1f}", flush=True)
     ref = per_shape.get("bert-base") or next(iter(per_shape.values()))
+    worst = max(ref["rows"], key=lambda r: r["fused_over_dense"])
+    worst_loop = max(ref["rows"], key=lambda r: r["loop_over_dense"])
     result = {
-        "fused_over_dense": max(r["fused_over_dense"] for r in ref["rows"]),
-        "loop_over_dense": max(r["loop_over_dense"] for r in ref["rows"]),
+        "fused_over_dense": worst["fused_over_dense"],
+        "fused_over_dense_min": worst["fused_over_dense_min"],
+        "fused_over_dense_max": worst["fused_over_dense_max"],
+        "loop_over_dense": worst_loop["loop_over_dense"],
+        "loop_over_dense_min": worst_loop["loop_over_dense_min"],
+        "loop_over_dense_max": worst_loop["loop_over_dense_max"],
+        "worst_k": worst["k"],
         "device": args.device,
         "dtype": args.dtype,
         "per_shape": per_shape,
     }
     print(f"worst k at {ref['d']}x{ref['f']}: fused/dense = {result['fused_over_dense']:.3f} (target <= 1.10), "
           f"loop/dense = {result['loop_over_dense']:.3f}")
+    if args.write:
+        write_section(args.write, "skill_ffn", doc_section(per_shape, args))
     if args.json:
         print(json.dumps(result))
 
