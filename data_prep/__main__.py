@@ -1,4 +1,4 @@
-"""`python -m skillnet.data_prep {build,merge,verify,show,train-tokenizer}`: raw text -> pre-training shards.
+"""`python -m skillnet.data_prep {build,merge,verify,show,vocab,train-tokenizer}`: raw text -> pre-training shards.
 
 Examples:
   python -m skillnet.data_prep build 'corpus/*.txt.zst' --out shards/ --workers 8
@@ -6,6 +6,7 @@ Examples:
   python -m skillnet.data_prep merge shards/
   python -m skillnet.data_prep verify shards/
   python -m skillnet.data_prep show shards/ --docs 3
+  python -m skillnet.data_prep vocab corpus.txt tasks/*/train.jsonl --check tasks/*/test.jsonl --out vocab/
   python -m skillnet.data_prep train-tokenizer 'corpus/*.txt' --vocab-size 32000 --out my_vocab/
 """
 
@@ -15,6 +16,7 @@ import argparse
 import json
 import os
 import sys
+from pathlib import Path
 
 from skillnet.training.cli import HelpFormatter, Parser
 
@@ -148,6 +150,25 @@ def build_parser() -> Parser:
     t.add_argument("--max-bytes", type=_size, default=None, help="read at most this much text")
     t.add_argument("--no-lowercase", action="store_true", help="keep case (a cased vocab)")
 
+    vb = sub.add_parser(
+        "vocab",
+        formatter_class=fmt,
+        help="a compact vocab: the entries of bert-base-chinese (or --base) that a corpus and task files use",
+        description="Keep the base vocab's special block ([PAD] ... [MASK], same ids) and every entry the "
+        "inputs use at least --min-count times, in base order: the inputs tokenise exactly as with the base "
+        "vocab. Prints and writes (OUT/vocab_report.json) the share of characters that become [UNK], per "
+        "input and per --check file (e.g. dev/test splits the vocab was not built from). Then: "
+        "`build ... --vocab OUT/vocab.txt`.",
+    )
+    vb.add_argument("inputs", nargs="+",
+                    help="text files (one document per line) and task files (.jsonl: every string value)")
+    vb.add_argument("--out", required=True, help="directory for vocab.txt and vocab_report.json")
+    vb.add_argument("--check", nargs="*", default=[], help="files to report coverage on, not built from")
+    vb.add_argument("--base", default="", help="base vocab.txt (default: bert-base-chinese from cn_clip)")
+    vb.add_argument("--min-count", type=int, default=1,
+                    help="keep entries used at least this often (default: %(default)s: lossless on the inputs)")
+    vb.add_argument("--no-lowercase", action="store_true", help="keep case (use with a cased vocab)")
+
     c = sub.add_parser(
         "sample-corpus",
         formatter_class=fmt,
@@ -175,6 +196,15 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _run(a: argparse.Namespace) -> int:
+    if a.cmd == "vocab":
+        from skillnet.data_prep.vocab import build_compact_vocab, format_report
+
+        rep = build_compact_vocab(a.inputs, a.out, check=a.check, base_vocab=a.base or None,
+                                  min_count=a.min_count, lowercase=not a.no_lowercase)
+        print(format_report(rep))
+        print(f"wrote {Path(a.out) / 'vocab.txt'}; use it with: python -m skillnet.data_prep build ... "
+              f"--vocab {Path(a.out) / 'vocab.txt'}")
+        return 0
     if a.cmd == "sample-corpus":
         from skillnet.data_prep.sample_corpus import write_sample_corpus
 
@@ -242,7 +272,6 @@ def _run(a: argparse.Namespace) -> int:
         m = load_manifest(a.dir)
         print(json.dumps({"tokenizer": m["tokenizer"], "totals": m["totals"]}, indent=1, ensure_ascii=False))
         print(BadInputReport.from_json(m["bad_input"]).table())
-        from pathlib import Path
 
         vocab = a.vocab or (str(Path(a.dir) / "vocab.txt") if (Path(a.dir) / "vocab.txt").is_file() else None)
         tok = load_tokenizer(vocab, lowercase=m["tokenizer"]["settings"]["lowercase"])

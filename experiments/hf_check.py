@@ -46,7 +46,8 @@ def run_plain(python: str, folder: Path, inputs: Any, body: str) -> Any:
         script.write_text(f"HIDE = {hide!r}\n{_PRELUDE}{body}\njson.dump(res, sys.stdout, ensure_ascii=False)\n",
                           encoding="utf-8")
         env = {**os.environ, "PYTHONPATH": "", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
-        r = subprocess.run([python, str(script), str(folder), str(Path(tmp) / "in.json")], cwd=tmp,
+        # The interpreter runs in tmp: a relative folder would read as a hub repo id there.
+        r = subprocess.run([python, str(script), str(Path(folder).resolve()), str(Path(tmp) / "in.json")], cwd=tmp,
                            capture_output=True, text=True, env=env, stdin=subprocess.DEVNULL, timeout=1800)
     if r.returncode != 0:
         raise RuntimeError(f"plain transformers on {folder}: {r.stderr.strip().splitlines()[-1:]}")

@@ -7,7 +7,16 @@ import json
 from pathlib import Path
 from typing import Any
 
-from skillnet.experiments.runner import PY, Runner, compare, paper_ratio_caps, paths, pt_args, write_config
+from skillnet.experiments.runner import (
+    PY,
+    Runner,
+    check_floor,
+    compare,
+    paper_ratio_caps,
+    paths,
+    pt_args,
+    write_config,
+)
 
 
 def stage_bart_pt(r: Runner) -> dict[str, Any]:
@@ -20,7 +29,7 @@ def stage_bart_pt(r: Runner) -> dict[str, Any]:
             "--output-dir", str(P["bart"])]
     r.run(r.deepspeed("pretrain/run.py", args, r.p.bart_pt_batch or r.p.pt_batch))
     r.run([PY, "-m", "skillnet.pretrain.export", "--checkpoint", str(P["bart"]), "--out", str(P["bart_hf"])])
-    return {}
+    return check_floor(r, P["bart"])
 
 
 NLG_FORMATS = {"csc": "csc", "insuranceqa_answer": "insuranceqa-answer", "insuranceqa_question": "insuranceqa-question",
@@ -70,7 +79,7 @@ def nlg_config(r: Runner, names: list[str], steps: int, name: str, caps: dict[st
         "sampler": {"kind": "temperature", "temperature": 4.0, "size_cap": 2**21, **sampler},
         "train": {"max_steps": steps, "batch_size": p.nlg_batch, "eval_batch_size": 32, "lr": p.nlg_lr,
                   "warmup_ratio": 0.1, "eval_every": p.nlg_eval_every, "log_every": max(1, p.nlg_eval_every // 2),
-                  "label_smoothing": 0.1, "seed": 0},
+                  "label_smoothing": 0.1, "task_specific_budget": p.task_specific_budget, "seed": 0},
         "output_dir": str(r.out / "unused"),
     }
     return write_config(r, name, d)

@@ -7,7 +7,16 @@ import json
 from pathlib import Path
 from typing import Any
 
-from skillnet.experiments.runner import PY, Runner, compare, paper_ratio_caps, paths, pt_args, write_config
+from skillnet.experiments.runner import (
+    PY,
+    Runner,
+    check_floor,
+    compare,
+    paper_ratio_caps,
+    paths,
+    pt_args,
+    write_config,
+)
 
 
 def stage_dense_pt(r: Runner) -> dict[str, Any]:
@@ -18,7 +27,7 @@ def stage_dense_pt(r: Runner) -> dict[str, Any]:
             "--micro-batch-size", str(r.p.pt_batch), "--output-dir", str(P["dense"])]
     r.run([PY, "pretrain/run.py", *args])
     r.run([PY, "-m", "skillnet.pretrain.export", "--checkpoint", str(P["dense"]), "--out", str(P["dense_hf"])])
-    return {}
+    return check_floor(r, P["dense"])
 
 
 def stage_sparse_pt(r: Runner) -> dict[str, Any]:
@@ -27,7 +36,7 @@ def stage_sparse_pt(r: Runner) -> dict[str, Any]:
             "--output-dir", str(P["sparse"])]
     r.run(r.deepspeed("pretrain/run.py", args, r.p.pt_batch))
     r.run([PY, "-m", "skillnet.pretrain.export", "--checkpoint", str(P["sparse"]), "--out", str(P["sparse_hf"])])
-    return {}
+    return check_floor(r, P["sparse"])
 
 
 NLU_TASKS = {  # name -> (converter, extra options, task config)
@@ -67,7 +76,7 @@ def nlu_config(r: Runner, tasks: dict[str, dict[str, Any]], steps: int, name: st
         "sampler": {"kind": "proportional", "alpha": 1.0},  # §3.3: alpha = 1.0 in the paper's experiments
         "train": {"max_steps": steps, "batch_size": p.nlu_batch, "eval_batch_size": 64, "lr": p.nlu_lr,
                   "warmup_ratio": 0.1, "eval_every": p.nlu_eval_every, "log_every": max(1, p.nlu_eval_every // 2),
-                  "seed": 0, **train},
+                  "task_specific_budget": p.task_specific_budget, "seed": 0, **train},
         "output_dir": str(r.out / "unused"),
     }
     return write_config(r, name, d)

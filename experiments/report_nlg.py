@@ -7,7 +7,15 @@ import json
 from pathlib import Path
 from typing import Any
 
-from skillnet.experiments.tables import NLG_ROWS, differences, line_plot, load, score_table, study_sizes
+from skillnet.experiments.tables import (
+    NLG_ROWS,
+    baseline_scores,
+    differences,
+    line_plot,
+    load,
+    score_table,
+    study_sizes,
+)
 from skillnet.finetune.document import Document, claim
 
 
@@ -46,6 +54,7 @@ def nlg_part(doc: Document, cmps: dict[str, Any], cmp_dir: Path, out: Path, find
                           ("moe", "SkillNet-NLG beats the MoE on average (NLG Table 3)")):
             claim(findings, text, d.get(key, {}).get("average"), n, f"SkillNet-NLG minus {dict(NLG_ROWS)[key]}")
         doc.img(cmp_dir / "nlg_main" / "curves.png", "Dev score against step, per task and method (NLG)")
+        degenerate_outputs(doc, nlg, cmp_dir / "nlg_main", findings)
         const, pairs = constant_outputs(samples(doc, cmp_dir / "nlg_main"))
         if pairs:
             findings.append(f"Generation outputs: in {const} of {pairs} (row, task) pairs the first seed's model gives "
@@ -81,13 +90,52 @@ def nlg_part(doc: Document, cmps: dict[str, Any], cmp_dir: Path, out: Path, find
 
 
 def trivial(cmp_dir: Path, cmp: dict[str, Any]) -> dict[str, float]:
-    """Each task's trivial test score (copy the source), from the first run that recorded it."""
-    out: dict[str, float] = {}
-    for f in sorted(cmp_dir.glob("*/seed*/results.json")) + sorted(cmp_dir.glob("*/seed*/*/results.json")):
-        for t, r in (load(f) or {}).get("tasks", {}).items():
-            if t in cmp["tasks"] and t not in out and (r.get("trivial_test") or {}).get(r["metric"]) is not None:
-                out[t] = r["trivial_test"][r["metric"]]
+    """Each task's trivial test score (copy the source), when every task recorded one."""
+    out = baseline_scores(cmp_dir, cmp, "trivial_test")
     return out if len(out) == len(cmp["tasks"]) else {}
+
+
+def diagnostics(run_dir: Path, method: str, task: str, key: str) -> list[float]:
+    """``key`` of the task's test scores in every seed's run of one row (a task-specific row keeps one
+    run per task), in seed order."""
+    files = sorted((run_dir / method).glob("seed*/results.json")) + sorted(
+        (run_dir / method).glob(f"seed*/{task}/results.json"))
+    vals = []
+    for f in files:
+        r = (load(f) or {}).get("tasks", {}).get(task) or {}
+        v = (r.get("test") or {}).get(key)
+        if v is not None:
+            vals.append(float(v))
+    return vals
+
+
+DISTINCT_FLOOR = 90.0  # percent of test inputs with their own output; below it a row is called degenerate
+
+
+def degenerate_outputs(doc: Document, nlg: dict[str, Any], run_dir: Path, findings: list[str]) -> None:
+    """Share of distinct outputs and repetition rate per row and task (all test inputs, mean over seeds);
+    a finding names every (row, task) below DISTINCT_FLOOR."""
+    rows, low = [], []
+    for m in nlg["methods"]:
+        cells = []
+        for t in nlg["tasks"]:
+            d, rep = diagnostics(run_dir, m, t, "distinct"), diagnostics(run_dir, m, t, "repetition")
+            if not d:
+                cells.append("-")
+                continue
+            mean_d = sum(d) / len(d)
+            cells.append(f"{mean_d:.0f}% / {sum(rep) / len(rep):.0f}%" if rep else f"{mean_d:.0f}%")
+            if mean_d < DISTINCT_FLOOR:
+                low.append(f"`{m}` on {t} ({mean_d:.0f}%)")
+        rows.append([m, *cells])
+    if all(c == "-" for r in rows for c in r[1:]):
+        return
+    doc.p(f"Distinct outputs among the test inputs / repetition rate (token 4-grams repeating an earlier one in "
+          f"the same output), mean over seeds. A row below {DISTINCT_FLOOR:.0f}% distinct gives the same text to "
+          "many inputs: it has not learnt to condition on the source.")
+    doc.table(["row", *nlg["tasks"]], rows)
+    findings.append("Degenerate generation (below " f"{DISTINCT_FLOOR:.0f}% distinct test outputs): "
+                    + (", ".join(low) if low else "none: every row's output depends on its input") + ".")
 
 
 def samples(doc: Document, cmp_dir: Path, n: int = 3) -> dict[str, dict[str, Any]]:

@@ -9,6 +9,7 @@ from typing import Any
 from skillnet.experiments.tables import (
     NLU_ROWS,
     NLU_STAND_INS,
+    baseline_scores,
     differences,
     line_plot,
     n_seeds,
@@ -38,6 +39,7 @@ def nlu_part(doc: Document, cmps: dict[str, Any], cmp_dir: Path, out: Path, find
                       [[t, NLU_STAND_INS.get(t, "-"), " ".join(ss)] for t, ss in smap.items()])
             doc.p("OCNLI (natural language inference) has no packaged stand-in here.")
         score_table(doc, nlu, NLU_ROWS)
+        baselines(doc, nlu, cmp_dir / "nlu_main", findings)
         doc.p("Differences from SkillNet-NLU, paired over seeds (positive = SkillNet is better):")
         d = differences(doc, nlu, "skillnet", NLU_ROWS)
         n = len(nlu["seeds"])
@@ -128,3 +130,36 @@ def nlu_part(doc: Document, cmps: dict[str, Any], cmp_dir: Path, out: Path, find
         doc.img(cmp_dir / "nlu_alpha" / "sampling.png", "Average test score against alpha (SkillNet w/o sparse pre-training)")
 
 
+
+
+def baselines(doc: Document, nlu: dict[str, Any], run_dir: Path, findings: list[str]) -> None:
+    """Non-neural anchors on the same test splits: the trivial predictor of each task type, and the
+    TF-IDF baseline fit on train where the type has one; then where the neural rows stand."""
+    tasks = nlu["tasks"]
+    triv = baseline_scores(run_dir, nlu, "trivial_test")
+    lex = baseline_scores(run_dir, nlu, "lexical_test")
+    names = baseline_scores(run_dir, nlu, "lexical_name")
+    size = baseline_scores(run_dir, nlu, "test_examples")
+    if not triv:
+        return
+
+    def cell(d: dict[str, Any], t: str) -> str:
+        return f"{d[t]:.1f}" if t in d else "-"
+
+    doc.p("Non-neural baselines on the same test splits: the trivial predictor (majority class; all-`O` for "
+          "NER; the context's first character for spans; random choice for matching) and, where the task type "
+          "has one, a baseline fit on the train split (" + "; ".join(sorted({f"{n}" for n in names.values()}))
+          + ", character 1-2-grams, scikit-learn). The last row is each test split's size.")
+    doc.table(["baseline", *tasks], [["trivial", *[cell(triv, t) for t in tasks]],
+                                     ["TF-IDF", *[cell(lex, t) for t in tasks]],
+                                     ["test examples", *[f"{size[t]:,}" if t in size else "-" for t in tasks]]])
+    below_triv = [(m, t) for m, r in nlu["methods"].items() for t in tasks
+                  if t in triv and r["tasks"][t]["mean"] <= triv[t]]
+    if below_triv:
+        findings.append("At or below the trivial baseline: " + ", ".join(f"`{m}` on {t}" for m, t in below_triv)
+                        + " (those rows learnt nothing usable on that task).")
+    for t in (t for t in tasks if t in lex):
+        best = max(nlu["methods"], key=lambda m: nlu["methods"][m]["tasks"][t]["mean"])
+        top = nlu["methods"][best]["tasks"][t]["mean"]
+        findings.append(f"{t}: the best neural row (`{best}`, {top:.1f}) is "
+                        f"{'above' if top > lex[t] else 'at or below'} the TF-IDF baseline ({lex[t]:.1f}).")

@@ -67,6 +67,57 @@ class Runner:
         return ["deepspeed", "--num_gpus", str(self.p.ranks), script, *args, "--ds-config", str(path)]
 
 
+# Accuracy floors of the pre-trained models, over the last logged training windows. Below them the model
+# is still at the init plateau and fine-tuning it wastes the budget:
+# - BART text infilling keeps about 70% of the target's tokens visible in the source (30% masked in
+#   spans), so a decoder that has learned to copy what it sees scores ~0.7 before it infills anything;
+#   one stuck at the plateau predicts frequent characters and scores ~0.2. Floor: 0.5.
+# - MLM: BERT's 80/10/10 rule leaves 10% of the predicted tokens unchanged in the input, and the most
+#   frequent character is ~0.05 of the packaged Chinese text (bench/init_sweep.py prints it). A model on
+#   the unigram plateau scores ~0.05 (its training accuracy, as logged); one that reads its input copies
+#   the unchanged tenth and scores ~0.14 before it uses any context. Floor: 0.10, between the two.
+FLOORS: dict[str, tuple[str, float, str]] = {  # stage -> (log key, floor, what the floor means)
+    "dense_pt": ("mlm/acc", 0.10, "MLM accuracy (the most frequent character alone scores ~0.05)"),
+    "sparse_pt": ("mlm/acc", 0.10, "MLM accuracy (the most frequent character alone scores ~0.05)"),
+    "bart_pt": ("denoise/acc", 0.5, "denoising accuracy (copying the ~70% visible tokens scores ~0.7)"),
+}
+
+
+def last_logged(log: Path, key: str, windows: int = 3) -> float | None:
+    """Mean of ``key`` over the last ``windows`` training lines of a run's log.jsonl that carry it."""
+    if not log.is_file():
+        return None
+    vals = []
+    for line in log.read_text(encoding="utf-8").splitlines():
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if rec.get("split", "train") == "train" and isinstance(rec.get(key), (int, float)):
+            vals.append(float(rec[key]))
+    return sum(vals[-windows:]) / len(vals[-windows:]) if vals else None
+
+
+def check_floor(r: Runner, run_dir: Path) -> dict[str, Any]:
+    """The stage's floor check: a record for the report; an error (the reproduction stops before any
+    fine-tuning) when the profile enforces floors and the model is below its floor."""
+    key, floor, what = FLOORS[r.stage]
+    if r.dry_run:
+        return {}
+    value = last_logged(run_dir / "log.jsonl", key)
+    rec = {"floor_key": key, "floor": floor, "floor_value": value,
+           "floor_passed": value is not None and value >= floor, "floor_enforced": r.p.enforce_floors}
+    if not rec["floor_passed"]:
+        msg = (f"stage {r.stage}: {what} over the last logged steps is "
+               f"{'missing' if value is None else f'{value:.3f}'}, below the floor {floor}: the pre-trained model "
+               f"has not learned yet, and fine-tuning it would not either. Pre-train longer, or check the init "
+               f"and learning rate (run log: {run_dir / 'log.jsonl'}).")
+        if r.p.enforce_floors:
+            raise RuntimeError(msg)
+        print(f"  note: {msg} (profile {r.p.name} does not enforce floors: going on)", flush=True)
+    return rec
+
+
 @dataclass(frozen=True)
 class Stage:
     name: str
@@ -77,7 +128,7 @@ class Stage:
 def paths(out: Path) -> dict[str, Path]:
     return {"corpus": out / "corpus" / "corpus.txt", "shards": out / "shards", "dense": out / "pt_dense",
             "dense_hf": out / "pt_dense" / "hf", "sparse": out / "pt_sparse", "sparse_hf": out / "pt_sparse" / "hf",
-            "tasks": out / "tasks", "bart": out / "pt_bart", "bart_hf": out / "pt_bart" / "hf",
+            "tasks": out / "tasks", "vocab": out / "vocab", "bart": out / "pt_bart", "bart_hf": out / "pt_bart" / "hf",
             "configs": out / "configs", "cmp": out / "compare"}
 
 
@@ -90,10 +141,25 @@ def stage_corpus(r: Runner) -> dict[str, Any]:
     return {"bytes": P["corpus"].stat().st_size if P["corpus"].exists() else None}
 
 
+def stage_vocab(r: Runner) -> dict[str, Any]:
+    """The compact vocab of a CPU profile: the bert-base-chinese entries that the corpus and the tasks'
+    training files use (dev and test are checked, not built from). The scale profile keeps all 21,128."""
+    P = paths(r.out)
+    if not r.p.compact_vocab:
+        return {"vocab": "bert-base-chinese (21,128 entries)"}
+    train = sorted(str(f) for f in P["tasks"].glob("*/train.jsonl"))
+    check = sorted(str(f) for split in ("dev", "test") for f in P["tasks"].glob(f"*/{split}.jsonl"))
+    r.run([PY, "-m", "skillnet.data_prep", "vocab", str(P["corpus"]), *train, "--check", *check,
+           "--out", str(P["vocab"])], check_file=P["vocab"] / "vocab_report.json")
+    report = P["vocab"] / "vocab_report.json"
+    return json.loads(report.read_text(encoding="utf-8")) if report.exists() else {}
+
+
 def stage_shards(r: Runner) -> dict[str, Any]:
     P = paths(r.out)
+    vocab = P["vocab"] / "vocab.txt"
     r.run([PY, "-m", "skillnet.data_prep", "build", str(P["corpus"]), "--out", str(P["shards"]), "--workers", "2",
-           "--no-progress"])
+           "--no-progress", *(["--vocab", str(vocab)] if r.p.compact_vocab else [])])
     manifest = json.loads((P["shards"] / "manifest.json").read_text()) if (P["shards"] / "manifest.json").exists() else {}
     return {"tokens": manifest.get("totals", {}).get("num_tokens")}
 

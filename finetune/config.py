@@ -256,7 +256,9 @@ class ModelConfig:
     arch: str | None = None
     preset: str = "tiny"  # model.config preset when init is None
     overrides: dict[str, Any] = field(default_factory=dict)  # config fields when init is None
-    vocab: str | None = None  # WordPiece vocab.txt; None = the default bert-base-chinese vocab
+    # WordPiece vocab.txt; None = the init folder's vocab.txt (every export carries its tokenizer), else the
+    # default bert-base-chinese vocab
+    vocab: str | None = None
 
 
 @dataclass
@@ -456,8 +458,32 @@ class FinetuneConfig:
             if t.max_seq_len > mc.max_position_embeddings:
                 raise ConfigError(f"{where}: tasks[{i}].max_seq_len: {t.max_seq_len} is longer than the model's "
                                   f"{mc.max_position_embeddings} positions")
+            if t.type == "generation":
+                # The prefix comes on top of the source's max_seq_len; a word piece covers at least one
+                # non-space character, so this bounds its token count without a tokenizer.
+                n_prefix = len("".join(t.source_prefix.split()))
+                if t.max_seq_len + n_prefix > mc.max_position_embeddings:
+                    raise ConfigError(
+                        f"{where}: tasks[{i}]: max_seq_len {t.max_seq_len} plus the prefix {t.source_prefix!r} "
+                        f"(up to {n_prefix} tokens) is longer than the model's {mc.max_position_embeddings} "
+                        f"positions; lower max_seq_len to {mc.max_position_embeddings - n_prefix}")
         if self.model.vocab and not Path(self.resolve(self.model.vocab)).is_file():
             raise ConfigError(f"{where}: model.vocab: {self.resolve(self.model.vocab)} not found")
+        vocab = self.vocab_path()
+        if vocab is not None:
+            n = sum(1 for t in Path(vocab).read_text(encoding="utf-8").split("\n") if t)
+            if n > mc.vocab_size:
+                raise ConfigError(f"{where}: the vocab {vocab} has {n:,} entries but the model embeds only "
+                                  f"{mc.vocab_size:,} ids; give model.vocab the vocab the model was trained with")
+
+    def vocab_path(self) -> str | None:
+        """The tokenizer's vocab: ``model.vocab``, else the init folder's own vocab.txt, else None (the
+        default bert-base-chinese vocab)."""
+        if self.model.vocab:
+            return self.resolve(self.model.vocab)
+        if self.model.init and (Path(self.resolve(self.model.init)) / "vocab.txt").is_file():
+            return str(Path(self.resolve(self.model.init)) / "vocab.txt")
+        return None
 
     def _model_config(self, where: str) -> Any:
         """The model config the run starts from (``model.init``'s config.json, or the preset)."""

@@ -142,6 +142,10 @@ def final_scores(model: torch.nn.Module, cfg: FinetuneConfig, data: dict[str, Ta
                 preds = d.predict_split(model, split, bs, progress=progress)
                 r[split] = d.score(split, preds)
                 r[f"trivial_{split}"] = d.trivial_baseline(split)
+                lexical = d.lexical_baseline(split)
+                if lexical is not None:
+                    r[f"lexical_{split}"] = lexical
+                    r["lexical_name"] = d.codec.lexical_name
                 r[f"{split}_examples"] = len(d.records[split])
                 if d.codec.shows_samples:  # what a reader wants to see of a generation model
                     samples[name] = [d.codec.sample(x, y)

@@ -27,7 +27,7 @@ from collections.abc import Sequence
 from typing import Any
 
 LANGS = ("zh", "en")
-GEN_METRICS = ("rouge_l", "bleu_2", "bleu_4", "f0.5", "edit_p", "edit_r")
+GEN_METRICS = ("rouge_l", "bleu_2", "bleu_4", "f0.5", "edit_p", "edit_r", "distinct", "repetition")
 References = Sequence[str] | Sequence[Sequence[str]]
 # A run of ASCII letters/digits is one token; any other non-space character (CJK, punctuation) is one token.
 _TOKEN_RE = re.compile(r"[A-Za-z0-9]+|\S")
@@ -350,6 +350,27 @@ def correction_prf(sources: Sequence[str], hypotheses: Sequence[str], references
 # --------------------------------------------------------------------------- entry point
 
 
+def distinct_share(hypotheses: Sequence[str]) -> float:
+    """Percent of outputs that are distinct (100: every input got its own text; a model stuck at the init
+    plateau answers every input alike and scores 100/n)."""
+    return 100.0 * len(set(hypotheses)) / len(hypotheses) if hypotheses else 0.0
+
+
+def repetition_rate(hypotheses: Sequence[str], n: int = 4, lang: str = "zh") -> float:
+    """Percent of token n-grams that repeat an earlier n-gram of the same output, over all outputs
+    ("我们们们们们" repeats; a fluent sentence rarely does)."""
+    total = repeated = 0
+    for h in hypotheses:
+        toks = gen_tokens(h) if lang == "zh" else h.split()
+        seen: set[tuple[str, ...]] = set()
+        for i in range(len(toks) - n + 1):
+            g = tuple(toks[i:i + n])
+            total += 1
+            repeated += g in seen
+            seen.add(g)
+    return 100.0 * repeated / total if total else 0.0
+
+
 def score_generation(metric_names: Sequence[str], sources: Sequence[str] | None, hypotheses: Sequence[str],
                      references: References, lang: str = "zh", lowercase: bool = False) -> dict[str, float]:
     """{name: value in percent} for each requested name of GEN_METRICS.
@@ -373,7 +394,11 @@ def score_generation(metric_names: Sequence[str], sources: Sequence[str] | None,
         prf = correction_prf(sources, hypotheses, references, beta=0.5)
         out.update({"f0.5": prf["f"], "edit_p": prf["precision"], "edit_r": prf["recall"]})
     for m in metric_names:
-        if m == "rouge_l":
+        if m == "distinct":
+            out[m] = distinct_share(hypotheses)
+        elif m == "repetition":
+            out[m] = repetition_rate(hypotheses, lang=lang)
+        elif m == "rouge_l":
             out[m] = rouge_l(hypotheses, references, lang=lang)
         elif m.startswith("bleu_"):
             out[m] = bleu(hypotheses, references, int(m[5:]), lang=lang)

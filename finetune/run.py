@@ -96,7 +96,7 @@ def setup(cfg: FinetuneConfig, *, ds_config: str | None = None, resume: str | No
                     tc.batch_size)
     torch.manual_seed(tc.seed)
 
-    tok = load_tokenizer(cfg.resolve(cfg.model.vocab) if cfg.model.vocab else None)
+    tok = load_tokenizer(cfg.vocab_path())
     if data is None:
         data = load_task_data(cfg, tok)
     sizes = {n: d.num_train_rows() for n, d in data.items()}
@@ -227,7 +227,7 @@ def _run_per_task(cfg: FinetuneConfig, *, ds_config: str | None, resume: str | N
     from skillnet.training import dist as D
 
     t_start = time.time()
-    tok = load_tokenizer(cfg.resolve(cfg.model.vocab) if cfg.model.vocab else None)
+    tok = load_tokenizer(cfg.vocab_path())
     data = load_task_data(cfg, tok)
     global_batch = cfg.train.batch_size
     budget = task_specific_budget(cfg, {n: d.num_train_rows() for n, d in data.items()}, global_batch)

@@ -259,3 +259,10 @@ class TaskData:
         character (span), a copy of the source (generation), constant scores (matching: random choice)."""
         recs = self.records[split]
         return self.score_records(recs, self.codec.trivial(self, recs))
+
+    def lexical_baseline(self, split: str) -> dict[str, float] | None:
+        """Scores of the task type's non-neural baseline fit on train (``codec.lexical``: TF-IDF + logistic
+        regression for classification, TF-IDF similarity for matching), or None where it has none."""
+        recs = self.records[split]
+        preds = self.codec.lexical(self, recs)
+        return None if preds is None else self.score_records(recs, preds)

@@ -129,8 +129,11 @@ class SkillNetBartConfig(SkillLayoutMixin, BartConfig):
     default_skills = NLG_SKILLS
     default_tasks = NLG_TASKS
     presets = BART_PRESETS
+    init_std_field = "init_std"
+    width_field = "d_model"
 
     generic_skill: str | None = "general"
+    init_std: float | None = None  # None: width_init_std(d_model)
     skill_layers: str | list | None = "every_other"
     decoder_skill_layers: str | list | None = None
     # Generation decodes few tokens per step (one per beam), the beams of one input tend to pick the same

@@ -12,7 +12,7 @@ from huggingface_hub.dataclasses import strict
 from transformers import BertConfig
 
 from .registry import LearnedMapSettings, ProjectedAttentionSettings
-from .skill_layout import SkillLayoutMixin, layer_ids_from_spec
+from .skill_layout import SkillLayoutMixin, layer_ids_from_spec, width_init_std  # noqa: F401  (re-exported)
 
 # Table 1 of SkillNet-NLU.
 DEFAULT_SKILLS: list[dict[str, str]] = [
@@ -89,8 +89,11 @@ class SkillNetBertConfig(SkillLayoutMixin, LearnedMapSettings, ProjectedAttentio
     default_skills = DEFAULT_SKILLS
     default_tasks = DEFAULT_TASKS
     presets = PRESETS
+    init_std_field = "initializer_range"
+    width_field = "hidden_size"
 
     generic_skill: str | None = "s7"
+    initializer_range: float | None = None  # None: width_init_std(hidden_size)
     task_heads: dict | None = None
 
     def __post_init__(self, **kwargs: Any) -> None:

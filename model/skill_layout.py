@@ -20,6 +20,21 @@ from typing import Any, ClassVar
 from .registry import TokenGateSettings, build_router
 
 FFN_IMPLS = ("fused", "loop")
+
+# Below this width a new model's weights are drawn with std d^-0.5, from it up with the papers' 0.02.
+PAPER_INIT_WIDTH = 768
+
+
+def width_init_std(width: int) -> float:
+    """Init std of a model built from scratch at this hidden width.
+
+    0.02 is tuned for d = 768-1024. At d = 128 with tied embeddings it leaves a BART decoder unable to
+    use its encoder for thousands of steps (one output for every input); std = d^-0.5 keeps each
+    projection's output at unit scale and learns in hundreds (``bench/init_sweep.py`` measures both).
+    """
+    if width <= 0:
+        raise ValueError(f"width must be positive, got {width}")
+    return 0.02 if width >= PAPER_INIT_WIDTH else width**-0.5
 SKILL_LAYERNORMS = ("shared", "per_skill")
 
 
@@ -44,12 +59,18 @@ class SkillLayoutMixin(TokenGateSettings):
         task-skill map; SkillNet-BERT only).
     default_task: the task a call without ``task=`` / ``skill_ids=`` runs (an export's; set by
         ``export --task``). ``None``: such a call is an error.
+
+    The backbone's init std field (``initializer_range`` / ``init_std``) defaults to ``None``, which
+    becomes `width_init_std` of its width; a saved config carries the number, so a checkpoint (or a
+    converted dense one) keeps the std it was built with for any weights added later.
     """
 
     # Declared by the backbone (its own defaults and tables).
     default_skills: ClassVar[list[dict[str, str]]]
     default_tasks: ClassVar[dict[str, list[str]]]
     presets: ClassVar[dict[str, dict[str, Any]]]
+    init_std_field: ClassVar[str]  # the HF config's init std attribute
+    width_field: ClassVar[str]  # the HF config's hidden width attribute
 
     skills: list | None = None
     tasks: dict | None = None
@@ -69,6 +90,8 @@ class SkillLayoutMixin(TokenGateSettings):
         if self.tasks is None:
             self.tasks = copy.deepcopy(self.default_tasks)
         self.skills = [s if isinstance(s, dict) else {"name": str(s), "description": ""} for s in self.skills]
+        if getattr(self, self.init_std_field) is None:
+            setattr(self, self.init_std_field, width_init_std(getattr(self, self.width_field)))
         super().__post_init__(**kwargs)  # type: ignore[misc]  # the HF config's
         self.validate_skills()
 

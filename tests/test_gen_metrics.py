@@ -309,3 +309,16 @@ def test_score_generation_lowercase_compares_every_metric_case_insensitively():
     # without it, the lower-cased hypothesis loses the word and counts a spurious edit
     raw = score_generation(names, src, hyp, ref)
     assert raw["rouge_l"] < low["rouge_l"] and raw["f0.5"] < low["f0.5"]
+
+
+def test_distinct_share_and_repetition_rate_by_hand() -> None:
+    from skillnet.finetune.gen_metrics import distinct_share, repetition_rate, score_generation
+
+    assert distinct_share(["医疗保险？"] * 4) == 25.0
+    assert distinct_share(["甲", "乙", "甲", "丙"]) == 75.0
+    # "我们们们们们": 4-grams 我们们们, 们们们们, 们们们们, 们们们们 -> 2 of 4 repeat an earlier one
+    assert repetition_rate(["我们们们们们们"]) == 50.0
+    assert repetition_rate(["今天天气很好"]) == 0.0
+    assert repetition_rate(["短"]) == 0.0  # no 4-gram
+    out = score_generation(["distinct", "repetition"], None, ["a b", "a b"], ["x", "y"])
+    assert out == {"distinct": 50.0, "repetition": 0.0}

@@ -202,6 +202,13 @@ class TaskCodec:
         """The predictions of the trivial predictor that ``trivial_baseline`` scores."""
         raise NotImplementedError
 
+    # A non-neural baseline learnt from the train split (``lexical_baseline``), or None where the type has
+    # none: a neural row below it has not learnt more than which characters occur.
+    lexical_name: str | None = None
+
+    def lexical(self, td: TaskData, recs: list[dict[str, Any]]) -> list[Any] | None:
+        return None
+
     def present(self, rec: dict[str, Any], pred: Any) -> Any:
         """What ``finetune.predict`` writes as the record's ``prediction``."""
         return pred

@@ -79,6 +79,19 @@ class ClassificationCodec(SentenceCodec):
             out["f1"] = M.binary_f1(gold, preds, td.positive_label)
         return out
 
+    lexical_name = "TF-IDF + logistic regression"
+
+    def lexical(self, td: TaskData, recs: list[dict[str, Any]]) -> list[Any] | None:
+        """Character 1-2-gram TF-IDF (of text and pair, side by side) and a logistic regression, fit on
+        train (scikit-learn)."""
+        from ..lexical import tfidf_classifier
+
+        def text(r: dict[str, Any]) -> str:
+            return r["text"] + ("\u2028" + r["text_pair"] if td.kind == "pair" else "")
+
+        train = td.records["train"]
+        return tfidf_classifier([text(r) for r in train], [r["label"] for r in train], [text(r) for r in recs])
+
     def trivial(self, td: TaskData, recs: list[dict[str, Any]]) -> list[Any]:
         """The majority class of train."""
         major = Counter(r["label"] for r in td.records["train"]).most_common(1)[0][0]

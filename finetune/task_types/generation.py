@@ -18,6 +18,8 @@ class GenerationCodec(TaskCodec):
     head = None
     kinds = ("generation",)
     metrics = ("rouge_l", "bleu_2", "bleu_4", "f0.5")
+    # Reported beside the metrics, never selected on: does the output depend on the input at all?
+    diagnostics = ("distinct", "repetition")
     metric = "rouge_l"
     arch = "bart"
     shows_samples = True
@@ -31,11 +33,18 @@ class GenerationCodec(TaskCodec):
         return {k: meta[k] for k in ("max_target_len", "prefix", "num_beams", "lang") if k in meta}
 
     def encode(self, td: TaskData, recs: list[dict[str, Any]], split: str) -> tuple[list[Encoded], int]:
-        """Source: [CLS] prefix + source [SEP] (max_seq_len); labels: [CLS] target [SEP] (max_target_len), as
-        the public SkillNet-NLG code; the decoder starts from [SEP] (the model config's
-        decoder_start_token_id), so the labels' [CLS] is the first token it generates."""
-        cls, sep, max_len, max_tgt = td.tok.cls_id, td.tok.sep_id, td.max_len, td.cfg.max_target_len
-        srcs = piece_ids(td.tok, [td.cfg.source_prefix + r["source"] for r in recs])
+        """Source: [CLS] prefix + source [SEP], the source cut to max_seq_len - 2 tokens (the prefix comes on
+        top: it must not cut the source, or an aligned task such as csc would train on targets that keep
+        characters the model never saw); labels: [CLS] target [SEP] (max_target_len), as the public
+        SkillNet-NLG code; the decoder starts from [SEP] (the model config's decoder_start_token_id), so
+        the labels' [CLS] is the first token it generates."""
+        cls, sep, max_tgt = td.tok.cls_id, td.tok.sep_id, td.cfg.max_target_len
+        prefix = td.cfg.source_prefix
+        # Tokenised together (a prefix without a trailing space may merge with the source's first word);
+        # the prefix's own token count says where the source starts.
+        n_prefix = len(piece_ids(td.tok, [prefix])[0]) if prefix else 0
+        max_len = td.max_len + n_prefix
+        srcs = piece_ids(td.tok, [prefix + r["source"] for r in recs])
         tgts = (piece_ids(td.tok, [r["target"] for r in recs]) if all("target" in r for r in recs)
                 else [None] * len(recs))
         feats = []
@@ -64,7 +73,7 @@ class GenerationCodec(TaskCodec):
     def score(self, td: TaskData, recs: list[dict[str, Any]], preds: list[Any]) -> dict[str, float]:
         from .. import gen_metrics
 
-        return gen_metrics.score_generation(list(self.metrics), [r["source"] for r in recs], preds,
+        return gen_metrics.score_generation([*self.metrics, *self.diagnostics], [r["source"] for r in recs], preds,
                                             [r["target"] for r in recs], lang=td.cfg.lang, lowercase=True)
 
     def trivial(self, td: TaskData, recs: list[dict[str, Any]]) -> list[Any]:

@@ -142,6 +142,22 @@ class MatchingCodec(TaskCodec):
         res = M.group_top1_accuracy(gids, scores, labels)
         return {"top1_accuracy": res["top1_accuracy"]}
 
+    lexical_name = "TF-IDF cosine similarity"
+
+    def lexical(self, td: TaskData, recs: list[dict[str, Any]]) -> list[Any] | None:
+        """Each candidate scored by the cosine similarity of its character 1-2-gram TF-IDF vector to the
+        question's (the vocabulary and idf fit on train's questions and candidates)."""
+        from ..lexical import tfidf_similarity
+
+        train = td.records["train"]
+        fit = [r["question"] for r in train] + [c for r in train for c in r["candidates"]]
+        out = []
+        for r in recs:
+            cands = self.eval_candidates(td, r)
+            scores = tfidf_similarity(fit, r["question"], [r["candidates"][i] for i in cands])
+            out.append({"candidates": cands, "scores": scores})
+        return out
+
     def trivial(self, td: TaskData, recs: list[dict[str, Any]]) -> list[Any]:
         """Constant scores: the tie rule of group_top1_accuracy gives the random-choice expectation."""
         return [{"candidates": self.eval_candidates(td, r), "scores": [0.0] * len(self.eval_candidates(td, r))}
