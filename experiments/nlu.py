@@ -76,7 +76,8 @@ def nlu_config(r: Runner, tasks: dict[str, dict[str, Any]], steps: int, name: st
         "sampler": {"kind": "proportional", "alpha": 1.0},  # §3.3: alpha = 1.0 in the paper's experiments
         "train": {"max_steps": steps, "batch_size": p.nlu_batch, "eval_batch_size": 64, "lr": p.nlu_lr,
                   "warmup_ratio": 0.1, "eval_every": p.nlu_eval_every, "log_every": max(1, p.nlu_eval_every // 2),
-                  "task_specific_budget": p.task_specific_budget, "seed": 0, **train},
+                  "task_specific_budget": p.task_specific_budget, "lexical_baselines": True, "seed": 0,
+                  **train},
         "output_dir": str(r.out / "unused"),
     }
     return write_config(r, name, d)

@@ -293,6 +293,9 @@ class TrainConfig:
     # method "task_specific": "share" = each task gets the steps it would get in the joint run (the
     # sampler's share of max_steps, so the total equals one joint run); "full" = max_steps each.
     task_specific_budget: str = "share"
+    # Also score the task type's non-neural baseline fit on train (TF-IDF + logistic regression, TF-IDF
+    # similarity) beside each task's results; off by default: a fit on a large train split takes seconds.
+    lexical_baselines: bool = False
     label_smoothing: float = 0.0  # generation: cross-entropy label smoothing (0 = plain CE)
     save_every: int = 0  # resumable trainer checkpoints every N steps (0 = only at the end / on SIGTERM)
     keep_last: int = 2

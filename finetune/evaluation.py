@@ -142,7 +142,7 @@ def final_scores(model: torch.nn.Module, cfg: FinetuneConfig, data: dict[str, Ta
                 preds = d.predict_split(model, split, bs, progress=progress)
                 r[split] = d.score(split, preds)
                 r[f"trivial_{split}"] = d.trivial_baseline(split)
-                lexical = d.lexical_baseline(split)
+                lexical = d.lexical_baseline(split) if cfg.train.lexical_baselines else None
                 if lexical is not None:
                     r[f"lexical_{split}"] = lexical
                     r["lexical_name"] = d.codec.lexical_name

@@ -67,6 +67,10 @@ def test_zero2_two_ranks_match_plain_and_keep_unused_skills(tmp_path):
     a = load_file(str(plain / "export" / "model.safetensors"))
     b = load_file(str(zero / "export" / "model.safetensors"))
     for k in a:
+        if k.endswith("attention.self.key.bias"):
+            # Softmax ignores a bias added to every key, so its gradient is pure rounding noise, which Adam
+            # scales to lr-sized steps of arbitrary sign: two reduction orders differ there by design.
+            continue
         torch.testing.assert_close(b[k], a[k], rtol=1e-4, atol=1e-5, msg=f"ZeRO-2 differs from plain at {k}")
     s6 = [k for k in init if ".skill_ffn.skills.5." in k]
     assert s6 and all(torch.equal(b[k], init[k]) for k in s6), "unused skill s6 changed under ZeRO-2"
