@@ -44,6 +44,7 @@ def test_write_section_refuses_a_file_without_markers(tmp_path: Path) -> None:
         write_section(tmp_path / "missing.md", "a", "x")
 
 
+@pytest.mark.slow  # ~9 s each (torch import in a subprocess), 7 of them: kept out of make test-fast
 @pytest.mark.parametrize("name", [*BENCHES, "init_sweep"])
 def test_every_bench_offers_write(name: str) -> None:
     r = subprocess.run([sys.executable, f"bench/{name}.py", "--help"], cwd=REPO, capture_output=True, text=True,
@@ -66,6 +67,7 @@ def test_the_init_sweep_writes_one_section_per_probe() -> None:
         assert f"<!-- bench:init_sweep_{probe}:begin -->" in body and f"<!-- bench:init_sweep_{probe}:end -->" in body
 
 
+@pytest.mark.slow  # ~9 s
 def test_skill_ffn_write_fills_its_section_and_nothing_else(tmp_path: Path) -> None:
     doc = tmp_path / "speed.md"
     doc.write_text("# Speed\n\n<!-- bench:skill_ffn:begin -->\nstale\n<!-- bench:skill_ffn:end -->\n\ntail\n",
