@@ -21,6 +21,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .shards import atomic_write_json, atomic_write_text
 from .tokenizer import SPECIAL_TOKENS, TokenizerConfig, WordPieceTokenizer, load_tokenizer
 
 BATCH = 2000
@@ -56,16 +57,16 @@ def _strings(v: object) -> Iterator[str]:
             yield from _strings(x)
 
 
-def _batches(paths: Sequence[Path]) -> Iterator[tuple[Path, list[str]]]:
+def _batches(paths: Sequence[Path]) -> Iterator[list[str]]:
     for p in paths:
         batch: list[str] = []
         for t in texts_of(p):
             batch.append(t)
             if len(batch) == BATCH:
-                yield p, batch
+                yield batch
                 batch = []
         if batch:
-            yield p, batch
+            yield batch
 
 
 @dataclass
@@ -101,7 +102,7 @@ class VocabReport:
 def coverage(tok: WordPieceTokenizer, path: Path) -> Coverage:
     """Non-space characters of ``path`` and those inside [UNK] pieces."""
     cov = Coverage(str(path))
-    for _, batch in _batches([path]):
+    for batch in _batches([path]):
         for text, (ids, offsets) in zip(batch, tok.encode_batch_offsets(batch)):
             cov.chars += sum(1 for ch in text if not ch.isspace())
             cov.unk_chars += sum(e - s for i, (s, e) in zip(ids, offsets) if i == tok.unk_id)
@@ -121,21 +122,18 @@ def build_compact_vocab(inputs: Sequence[str | os.PathLike], out: str | os.PathL
         raise FileNotFoundError(f"no such file: {', '.join(missing)}")
     base = load_tokenizer(base_vocab, lowercase=lowercase)
     counts: Counter[int] = Counter()
-    for _, batch in _batches(paths):
+    for batch in _batches(paths):
         for ids in base.encode_batch(batch):
             counts.update(ids)
     head = max(base.vocab.index(t) for t in SPECIAL_TOKENS) + 1
     keep = list(range(head)) + sorted(i for i, n in counts.items() if n >= min_count and i >= head)
     out_dir = Path(out)
     out_dir.mkdir(parents=True, exist_ok=True)
-    tmp = out_dir / ".vocab.txt.tmp"
-    tmp.write_text("".join(base.vocab[i] + "\n" for i in keep), encoding="utf-8")
-    os.replace(tmp, out_dir / "vocab.txt")
+    atomic_write_text(out_dir / "vocab.txt", "".join(base.vocab[i] + "\n" for i in keep))
     tok = WordPieceTokenizer(TokenizerConfig(vocab_file=str(out_dir / "vocab.txt"), lowercase=lowercase))
     report = VocabReport(base_size=base.vocab_size, size=tok.vocab_size, min_count=min_count,
                          built_from=[coverage(tok, p) for p in paths], checked=[coverage(tok, Path(p)) for p in check])
-    (out_dir / "vocab_report.json").write_text(json.dumps(report.to_json(), ensure_ascii=False, indent=2) + "\n",
-                                               encoding="utf-8")
+    atomic_write_json(out_dir / "vocab_report.json", report.to_json())
     return report
 
 

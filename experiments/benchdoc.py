@@ -22,6 +22,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import torch
+from skillnet.training.checkpoint import atomic_write_text
 
 
 def paired_ratio(num: Sequence[float], den: Sequence[float], key: str, digits: int = 3) -> dict[str, float]:
@@ -74,9 +75,7 @@ def write_section(path: str | os.PathLike, name: str, body: str) -> None:
         new = replace_section(p.read_text(encoding="utf-8"), name, body)
     except ValueError as e:
         raise SystemExit(f"error: --write {p}: {e}") from None
-    tmp = p.with_name(f".{p.name}.tmp")
-    tmp.write_text(new, encoding="utf-8")
-    os.replace(tmp, p)
+    atomic_write_text(p, new)
     print(f"wrote section '{name}' of {p}")
 
 
