@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import struct
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any, Protocol
 
@@ -121,10 +121,17 @@ class PretrainBatchSource:
         if sampler.mode == "both" and grad_accum % len(sampler.objectives):
             raise ValueError(
                 f"objective mode 'both' needs grad_accum to be a multiple of {len(sampler.objectives)} "
-                f"(one micro-batch per objective), got {grad_accum}"
+                f"(one micro-batch per objective), got {grad_accum}; a run resumed on another number of ranks "
+                f"re-derives it from the global batch: pick --micro-batch-size so that global batch / "
+                f"(micro-batch x ranks) is such a multiple"
             )
         self.steps_per_epoch = n // self.global_batch
         self.micro = 0
+        # Step s reads the same samples for any split of the global batch (see load_state_dict), so a run
+        # may resume on another number of ranks (training/reshard.py).
+        self.resumes_on_any_world_size = True
+        # Called with (step, micro index in step, epoch, dataset indices) before each batch: a sample audit.
+        self.on_batch: Callable[[int, int, int, list[int]], None] | None = None
         self._perm_epoch = -1
         self._perm: np.ndarray | None = None
 
@@ -149,6 +156,8 @@ class PretrainBatchSource:
     def __next__(self) -> Batch:
         step, k, epoch, indices = self.position(self.micro)
         objective = self.sampler.choice(step, k)
+        if self.on_batch is not None:
+            self.on_batch(step, k, epoch, indices)
         tensors = self.dataset.batch(indices, epoch, objective)
         self.micro += 1
         return Batch(objective, dict(tensors))
@@ -156,17 +165,28 @@ class PretrainBatchSource:
     def state_dict(self) -> dict[str, Any]:
         return {
             "micro": self.micro,
+            "step": self.micro // self.grad_accum,
+            "global_batch": self.global_batch,
             "sampler": self.sampler.state_dict(),
             "geometry": [self.micro_batch_size, self.grad_accum, self.world_size, self.seed],
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue where ``state`` stopped. Another (micro, accum, world) is fine when the global batch and
+        the seed are the same (a run resumed on another number of ranks): step s reads the same samples
+        whatever the geometry, so the run continues at the next global step."""
         geom = list(state.get("geometry", []))
         mine = [self.micro_batch_size, self.grad_accum, self.world_size, self.seed]
-        if geom and geom != mine:
-            raise ValueError(
-                f"checkpoint data position was written with (micro, accum, world, seed)={geom}, this run has "
-                f"{mine}; exact resume needs the same batch geometry"
-            )
-        self.micro = int(state["micro"])
+        if not geom or geom == mine:
+            self.micro = int(state["micro"])
+        else:
+            old_micro, old_accum, old_world, old_seed = (int(x) for x in geom)
+            old_batch = old_micro * old_accum * old_world
+            if old_batch != self.global_batch or old_seed != self.seed or int(state["micro"]) % old_accum:
+                raise ValueError(
+                    f"checkpoint data position was written with (micro, accum, world, seed)={geom} (global batch "
+                    f"{old_batch}), this run has {mine} (global batch {self.global_batch}); an exact resume needs "
+                    f"the same global batch and seed (the batch geometry may change only in how it splits them)"
+                )
+            self.micro = int(state["micro"]) // old_accum * self.grad_accum
         self.sampler.load_state_dict(state["sampler"])

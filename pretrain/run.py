@@ -192,7 +192,9 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument(
         "--resume",
         default="auto",
-        help="'auto' (default): continue from <output_dir>/checkpoints/latest if present; 'none'; or a path",
+        help="'auto' (default): continue from <output_dir>/checkpoints/latest if present; 'none'; or a path. "
+        "A DeepSpeed checkpoint may be resumed on another number of ranks (same ZeRO stage): the global batch "
+        "is kept and micro-batch x accumulation re-derived (docs/pretrain.md, 'Requeue on another size')",
     )
     t.add_argument("--no-tensorboard", action="store_true", help="no TensorBoard event files")
     t.add_argument("--no-progress", action="store_true", help="no tqdm bar (CI logs)")
@@ -200,6 +202,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--dump-rank-weights",
         action="store_true",
         help="at the end every rank writes <output_dir>/rank<r>_weights.safetensors (replica checks)",
+    )
+    t.add_argument(
+        "--log-samples",
+        action="store_true",
+        help="every rank appends the dataset indices of each micro-batch to <output_dir>/samples_rank<r>.jsonl "
+        "(an audit of the data order, e.g. across a resume)",
     )
     t.add_argument("--sigterm-at-step", type=int, default=None, help=argparse.SUPPRESS)  # test hook
     t.add_argument("--sigterm-group", action="store_true", help=argparse.SUPPRESS)  # test hook
@@ -498,6 +506,18 @@ def _batch_sources(args: argparse.Namespace, raw: dict[str, Any] | None) -> tupl
     return out[0], out[1]
 
 
+def _sample_logger(path: Path) -> Any:
+    """An ``on_batch`` hook that appends one JSON line per micro-batch (flushed: a killed run keeps them)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    f = open(path, "a")  # noqa: SIM115 (open for the life of the run)
+
+    def log(step: int, micro: int, epoch: int, indices: list[int]) -> None:
+        f.write(json.dumps({"step": step + 1, "micro": micro, "epoch": epoch, "indices": indices}) + "\n")
+        f.flush()
+
+    return log
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     from skillnet.data_prep.shards import ShardError
@@ -573,6 +593,8 @@ def main(argv: list[str] | None = None) -> int:
         source = PretrainBatchSource(
             dataset, sampler, cfg.micro_batch_size, cfg.grad_accum, rank, world, args.seed
         )
+        if args.log_samples:
+            source.on_batch = _sample_logger(Path(args.output_dir) / f"samples_rank{rank}.jsonl")
         if rank == 0:
             print("\n".join(start_lines), flush=True)
         if args.dry_run:
@@ -581,7 +603,10 @@ def main(argv: list[str] | None = None) -> int:
     except (DsConfigError, ShardError, TokenizerError, FileNotFoundError, KeyError, ValueError) as e:
         print(f"error: {e.args[0] if isinstance(e, KeyError) else e}", file=sys.stderr)
         return 2
-    evaluator = make_evaluator(dataset, args, cfg.micro_batch_size, trained) if args.eval_every else None
+    # The probe batches keep the size the run started with, also after a requeue re-derived the micro-batch.
+    json_micro = (raw_ds or {}).get("train_micro_batch_size_per_gpu")
+    probe_micro = args.micro_batch_size or (json_micro if isinstance(json_micro, int) else cfg.micro_batch_size)
+    evaluator = make_evaluator(dataset, args, probe_micro, trained) if args.eval_every else None
     n_params = sum(p.numel() for p in model.parameters())  # before ZeRO-3 partitions them
     # A dense model has no skill parameters: no per-skill statistics (the gradient norms would all log 0).
     skill_params = {} if args.dense else skill_parameters(model)

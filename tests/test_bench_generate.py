@@ -80,6 +80,7 @@ def test_bench_prints_the_issue_keys_as_last_line() -> None:
     assert "generate_over_dense" in r.stdout.splitlines()[-2]  # the readable summary precedes the JSON
 
 
+@pytest.mark.slow  # 6-12 s (subprocesses): among the slowest, kept out of make test-fast (3 min)
 def test_bench_rejects_bad_options_with_one_line() -> None:
     r = subprocess.run([sys.executable, "bench/generate.py", "--sizes", "huge"], cwd=REPO,
                        capture_output=True, text=True, timeout=120)

@@ -183,6 +183,7 @@ def _cli(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
     )
 
 
+@pytest.mark.slow  # 6-12 s (subprocesses): among the slowest, kept out of make test-fast (3 min)
 def test_killed_build_reruns_to_identical_result(corpus, tmp_path):
     d, _ = corpus
     ref, out = tmp_path / "ref", tmp_path / "out"
@@ -203,6 +204,7 @@ def test_killed_build_reruns_to_identical_result(corpus, tmp_path):
     assert shard_bytes(ref) == shard_bytes(out)
 
 
+@pytest.mark.slow  # 6-12 s (subprocesses): among the slowest, kept out of make test-fast (3 min)
 def test_sigkilled_build_reruns_to_identical_result(tmp_path):
     docs = make_docs(3000, seed=11)
     (tmp_path / "c.txt").write_text("\n".join("".join(s) for s in docs) + "\n", encoding="utf-8")
@@ -355,6 +357,7 @@ def test_tokenizer_fingerprint_default_vocab_and_training(tmp_path, monkeypatch)
         load_tokenizer()
 
 
+@pytest.mark.slow  # 6-12 s (subprocesses): among the slowest, kept out of make test-fast (3 min)
 def test_cli_help_and_train_tokenizer(tmp_path):
     r = _cli("build", "--help")
     assert r.returncode == 0 and "--num-shards" in r.stdout and "--workers" in r.stdout

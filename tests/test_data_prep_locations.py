@@ -117,6 +117,7 @@ def test_compressed_inputs_report_lines_too(tmp_path: Path) -> None:
     assert _lines(rep["examples"]["missing_text_field"], f.name) == ["3", "4", "7"]
 
 
+@pytest.mark.slow  # 6-12 s (subprocesses): among the slowest, kept out of make test-fast (3 min)
 def test_strict_stops_at_the_first_bad_line(tmp_path: Path) -> None:
     for name, where in (("missing_text.jsonl", ":3"), ("empty_lines.txt", ":1"), ("empty_text.jsonl", ":2")):
         r = subprocess.run(

@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from skillnet.data_prep.tokenizer import TokenizerConfig, WordPieceTokenizer, load_tokenizer
 from skillnet.data_prep.vocab import build_compact_vocab
 
@@ -43,6 +44,7 @@ def test_the_compact_vocab_tokenises_its_inputs_like_the_base(tmp_path: Path) ->
     assert (checked.chars, checked.unk_chars) == (5, 2)
 
 
+@pytest.mark.slow  # 6-12 s (subprocesses): among the slowest, kept out of make test-fast (3 min)
 def test_min_count_drops_rare_entries_and_the_cli_reports_coverage(tmp_path: Path) -> None:
     corpus, train, test = _inputs(tmp_path)
     r = subprocess.run([sys.executable, "-m", "skillnet.data_prep", "vocab", str(corpus), str(train), "--check",

@@ -20,6 +20,7 @@ from tests.fixtures.pretrain.helpers import REPO, launch, subprocess_env
 
 pytestmark = pytest.mark.slow
 FIX = Path(__file__).resolve().parent / "fixtures" / "finetune"
+RUNS = "tests/fixtures/finetune/runs.py"
 
 
 def _config(tmp: Path, method: str) -> Path:
@@ -61,16 +62,28 @@ def _export(run: Path, method: str) -> dict[str, torch.Tensor]:
     return load_file(str(sub / "export" / "model.safetensors"))
 
 
-@pytest.mark.parametrize("method", ["dense_joint", "task_specific", "moe", "learnable", "pals"])
-def test_method_under_zero2_matches_plain_and_keeps_unused_parts(tmp_path, method):
-    cfg = _config(tmp_path, method)
-    plain, zero = tmp_path / "plain", tmp_path / "zero"
-    r = subprocess.run([sys.executable, "-m", "skillnet.finetune.run", "--config", str(cfg), "--output-dir", str(plain),
-                        "--no-progress", "--no-tensorboard"], cwd=REPO, capture_output=True, text=True,
-                       timeout=600, env=subprocess_env())
+METHODS = ["dense_joint", "task_specific", "moe", "learnable", "pals"]
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, Path]]:
+    """Every method once in one plain process and once in one 2-rank ZeRO-2 launch (the CLI entry in-process,
+    tests/fixtures/finetune/runs.py): the interpreter and launcher start once, not once per method."""
+    tmp = tmp_path_factory.mktemp("methods_zero")
+    cfgs = {m: _config(tmp, m) for m in METHODS}
+    r = subprocess.run([sys.executable, RUNS, str(tmp / "plain"), *map(str, cfgs.values())], cwd=REPO,
+                       capture_output=True, text=True, timeout=900, env=subprocess_env())
     assert r.returncode == 0, r.stderr[-3000:]
-    launch("finetune/run.py", ["--config", str(cfg), "--output-dir", str(zero), "--ds_config",
-                               "ds_configs/cpu_fp32.json", "--no-progress", "--no-tensorboard"])
+    launch(RUNS, [str(tmp / "zero"), "--ds_config", "ds_configs/cpu_fp32.json", *map(str, cfgs.values())],
+           timeout=900)
+    return tmp, cfgs
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_method_under_zero2_matches_plain_and_keeps_unused_parts(runs, method):
+    tmp, cfgs = runs
+    cfg = cfgs[method]
+    plain, zero = tmp / "plain" / method, tmp / "zero" / method
     assert json.loads((zero / "results.json").read_text())["world_size"] == 2
     a, b = _export(plain, method), _export(zero, method)
     assert set(a) == set(b)

@@ -11,6 +11,7 @@ import pytest
 from skillnet.experiments.hf_check import run_plain
 
 
+@pytest.mark.slow  # 6-12 s (subprocesses): among the slowest, kept out of make test-fast (3 min)
 def test_a_relative_folder_reaches_the_plain_interpreter(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     (tmp_path / "export").mkdir()
     (tmp_path / "export" / "config.json").write_text("{}", encoding="utf-8")

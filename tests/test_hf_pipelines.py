@@ -22,11 +22,14 @@ import torch
 
 from tests.fixtures.pretrain.helpers import subprocess_env
 
+pytestmark = pytest.mark.slow  # ~30 s: a pre-training, two fine-tuning runs and a plain interpreter
+
 REPO = Path(__file__).resolve().parents[1]
 FIX = REPO / "tests" / "fixtures" / "finetune"
 
-# Drop every path and import hook that would find this project, prove it is gone, then run `body`.
-_PRELUDE = r"""
+# Drop every path and import hook that would find this project, prove it is gone, then run each job's
+# body with its own `folder` and `res`.
+_SCRIPT = r"""
 import importlib.util, json, sys
 sys.meta_path[:] = [f for f in sys.meta_path if "skillnet" not in repr(f).lower()]
 sys.path[:] = [p for p in sys.path if not p.startswith(REPO)]
@@ -34,26 +37,36 @@ assert importlib.util.find_spec("skillnet") is None, "the project is still impor
 assert importlib.util.find_spec("model") is None
 import torch
 from transformers import pipeline, AutoModel, AutoTokenizer
-folder, out_file = sys.argv[1:3]
-res = {}
-"""
-_POST = r"""
-res["modules"] = sorted({m for m in sys.modules if m.split(".")[0] in ("skillnet", "model", "training")})
-json.dump(res, open(out_file, "w"), ensure_ascii=False)
+jobs_file, out_file = sys.argv[1:3]
+results = {}
+for name, folder, body in json.load(open(jobs_file, encoding="utf-8")):
+    res = {}
+    exec(body, {"folder": folder, "res": res, "torch": torch, "pipeline": pipeline, "AutoModel": AutoModel,
+                "AutoTokenizer": AutoTokenizer})
+    results[name] = res
+results["modules"] = sorted({m for m in sys.modules if m.split(".")[0] in ("skillnet", "model", "training")})
+json.dump(results, open(out_file, "w"), ensure_ascii=False)
 """
 
 
-def run_plain(tmp: Path, folder: Path, body: str) -> dict:
-    script = tmp / "plain.py"
-    script.write_text(f"REPO = {str(REPO)!r}\n" + _PRELUDE + body + _POST, encoding="utf-8")
-    out = tmp / "plain_out.json"
+def run_plain_many(tmp: Path, jobs: list[tuple[str, Path, str]]) -> dict[str, dict]:
+    """Run every (name, folder, body) job in one interpreter that cannot import this project (one start-up
+    for all of them); returns {name: the job's res}."""
+    tmp.mkdir(parents=True, exist_ok=True)
+    script, jobs_file, out = tmp / "plain.py", tmp / "plain_jobs.json", tmp / "plain_out.json"
+    script.write_text(f"REPO = {str(REPO)!r}\n" + _SCRIPT, encoding="utf-8")
+    jobs_file.write_text(json.dumps([(n, str(f), b) for n, f, b in jobs], ensure_ascii=False), encoding="utf-8")
     py = os.environ.get("SKILLNET_PLAIN_PYTHON") or sys.executable
-    r = subprocess.run([py, str(script), str(folder), str(out)], cwd=tmp, capture_output=True,
-                       text=True, env={**subprocess_env(), "PYTHONPATH": ""}, timeout=600)
+    r = subprocess.run([py, str(script), str(jobs_file), str(out)], cwd=tmp, capture_output=True,
+                       text=True, env={**subprocess_env(), "PYTHONPATH": ""}, timeout=900)
     assert r.returncode == 0, r.stderr[-3000:]
     res = json.loads(out.read_text(encoding="utf-8"))
     assert res.pop("modules") == []
     return res
+
+
+def run_plain(tmp: Path, folder: Path, body: str) -> dict:
+    return run_plain_many(tmp, [("job", folder, body)])["job"]
 
 
 @pytest.fixture(scope="module")
@@ -96,37 +109,48 @@ def _mlm_reference(folder: Path, text: str) -> tuple[list[int], torch.Tensor, to
     return ids["input_ids"][0].tolist(), logits[0], hidden[0]
 
 
-def test_fill_mask_pipeline(pt_export, tmp_path):
-    text = "今天天气很[MASK]。"
-    ids, logits, _ = _mlm_reference(pt_export, text)
-    pos = ids.index(103)
-    res = run_plain(tmp_path, pt_export, r"""
+def _sent_texts() -> list[str]:
+    return [json.loads(x)["text"] for x in (FIX / "sent_dev.jsonl").read_text(encoding="utf-8").splitlines()[:6]]
+
+
+def _ner_records() -> list[dict]:
+    return [{"tokens": json.loads(x)["tokens"]} for x in (FIX / "ner_dev.jsonl").read_text(encoding="utf-8").splitlines()]
+
+
+def _gen_sources() -> list[str]:
+    return [json.loads(x)["source"] for x in (FIX / "gen_fix_dev.jsonl").read_text(encoding="utf-8").splitlines()[:3]]
+
+
+@pytest.fixture(scope="module")
+def gen_run(tmp_path_factory) -> Path:
+    from skillnet.finetune import run as run_cli
+    from skillnet.finetune.config import FinetuneConfig
+
+    from tests.test_finetune_generation import gen_config
+
+    out = tmp_path_factory.mktemp("gen") / "gen"
+    run_cli.run(FinetuneConfig.from_dict(gen_config(out)), tensorboard=False, progress=False)
+    return out
+
+
+@pytest.fixture(scope="module")
+def plain(tmp_path_factory, pt_export, ft_run, gen_run) -> dict[str, dict]:
+    """Every row's loading side, run in one interpreter that cannot see the project."""
+    ft, texts = ft_run / "export", ["".join(r["tokens"]) for r in _ner_records()]
+    jobs = [
+        ("fill_mask", pt_export, r"""
 fill = pipeline("fill-mask", model=folder, trust_remote_code=True)
 res["top"] = [(r["token"], r["token_str"]) for r in fill("今天天气很[MASK]。", top_k=3)]
-""")
-    assert [t for t, _ in res["top"]] == logits[pos].topk(3).indices.tolist()
-
-
-def test_auto_model_for_masked_lm(pt_export, tmp_path):
-    text = "我爱北京天安门"
-    _, logits, _ = _mlm_reference(pt_export, text)
-    res = run_plain(tmp_path, pt_export, r"""
+"""),
+        ("auto_mlm", pt_export, r"""
 from transformers import AutoModelForMaskedLM
 tok = AutoTokenizer.from_pretrained(folder)
 m = AutoModelForMaskedLM.from_pretrained(folder, trust_remote_code=True).eval()
 with torch.no_grad():
     res["logits"] = m(**tok("我爱北京天安门", return_tensors="pt")).logits[0].tolist()
 res["class"] = type(m).__name__
-""")
-    assert res["class"] == "SkillNetBertForMaskedLM"
-    torch.testing.assert_close(torch.tensor(res["logits"]), logits, rtol=1e-4, atol=1e-4)
-
-
-def test_feature_extraction_and_auto_model_without_task(pt_export, tmp_path):
-    text = "我爱北京天安门"
-    _, _, hidden = _mlm_reference(pt_export, text)
-    assert json.loads((pt_export / "config.json").read_text())["default_task"] == "mlm"
-    res = run_plain(tmp_path, pt_export, r"""
+"""),
+        ("features", pt_export, r"""
 fe = pipeline("feature-extraction", model=folder, trust_remote_code=True)
 res["pipe"] = fe("我爱北京天安门")[0]
 tok = AutoTokenizer.from_pretrained(folder)
@@ -135,45 +159,82 @@ with torch.no_grad():
     res["auto"] = m(**tok("我爱北京天安门", return_tensors="pt")).last_hidden_state[0].tolist()
     res["nsp_differs"] = not torch.allclose(m(**tok("我爱北京天安门", return_tensors="pt"), task="nsp")
                                             .last_hidden_state[0], torch.tensor(res["auto"]))
-""")
+"""),
+        ("text_classification", ft, f"""
+clf = pipeline("text-classification", model=folder, trust_remote_code=True)
+res["labels"] = [r["label"] for r in clf({_sent_texts()!r})]
+"""),
+        ("token_classification", ft, f"""
+ner = pipeline("token-classification", model=folder, trust_remote_code=True, aggregation_strategy="simple")
+res["ents"] = [[(e["entity_group"], e["start"], e["end"], e["word"].replace(" ", "")) for e in row]
+               for row in ner({texts!r})]
+"""),
+        ("qa", ft, r"""
+from transformers import AutoModelForQuestionAnswering
+tok = AutoTokenizer.from_pretrained(folder)
+qa = AutoModelForQuestionAnswering.from_pretrained(folder, trust_remote_code=True).eval()
+with torch.no_grad():
+    o = qa(**tok("谁在上海", "王五在上海工作", return_tensors="pt"))
+res["start"], res["end"] = o.start_logits[0].tolist(), o.end_logits[0].tolist()
+"""),
+        ("truncation", pt_export, r"""
+tok = AutoTokenizer.from_pretrained(folder)
+m = AutoModel.from_pretrained(folder, trust_remote_code=True).eval()
+enc = tok("好" * 2000, truncation=True, return_tensors="pt")
+with torch.no_grad():
+    res["shape"] = list(m(**enc, task="mlm").last_hidden_state.shape)
+res["max"] = tok.model_max_length
+"""),
+        ("text2text", gen_run / "export", f"""
+gen = pipeline("text2text-generation", model=folder, trust_remote_code=True)
+res["out"] = [gen(s)[0]["generated_text"] for s in {_gen_sources()!r}]
+"""),
+    ]
+    return run_plain_many(tmp_path_factory.mktemp("plain"), jobs)
+
+
+def test_fill_mask_pipeline(pt_export, plain):
+    ids, logits, _ = _mlm_reference(pt_export, "今天天气很[MASK]。")
+    pos = ids.index(103)
+    assert [t for t, _ in plain["fill_mask"]["top"]] == logits[pos].topk(3).indices.tolist()
+
+
+def test_auto_model_for_masked_lm(pt_export, plain):
+    _, logits, _ = _mlm_reference(pt_export, "我爱北京天安门")
+    res = plain["auto_mlm"]
+    assert res["class"] == "SkillNetBertForMaskedLM"
+    torch.testing.assert_close(torch.tensor(res["logits"]), logits, rtol=1e-4, atol=1e-4)
+
+
+def test_feature_extraction_and_auto_model_without_task(pt_export, plain):
+    _, _, hidden = _mlm_reference(pt_export, "我爱北京天安门")
+    assert json.loads((pt_export / "config.json").read_text())["default_task"] == "mlm"
+    res = plain["features"]
     torch.testing.assert_close(torch.tensor(res["pipe"]), hidden, rtol=1e-4, atol=1e-4)
     torch.testing.assert_close(torch.tensor(res["auto"]), hidden, rtol=1e-4, atol=1e-4)
     assert res["nsp_differs"]  # task= still picks another task's skills
 
 
-def test_text_classification_matches_predict(ft_run, tmp_path):
+def test_text_classification_matches_predict(ft_run, plain):
     from skillnet.finetune.predict import Predictor
 
     folder = ft_run / "export"
-    texts = [json.loads(x)["text"] for x in (FIX / "sent_dev.jsonl").read_text(encoding="utf-8").splitlines()[:6]]
-    want = Predictor(folder).predict("sentiment", [{"text": t} for t in texts])
+    want = Predictor(folder).predict("sentiment", [{"text": t} for t in _sent_texts()])
     cfg = json.loads((folder / "config.json").read_text())
     assert cfg["default_task"] == "sentiment" and set(cfg["label2id"]) == {"pos", "neg"}
-    res = run_plain(tmp_path, folder, f"""
-clf = pipeline("text-classification", model=folder, trust_remote_code=True)
-res["labels"] = [r["label"] for r in clf({texts!r})]
-""")
-    assert res["labels"] == want
+    assert plain["text_classification"]["labels"] == want
 
 
-def test_token_classification_entities_match_predict(ft_run, tmp_path):
+def test_token_classification_entities_match_predict(ft_run, plain):
     from skillnet.finetune.predict import Predictor
 
-    folder = ft_run / "export"
-    recs = [{"tokens": json.loads(x)["tokens"]} for x in (FIX / "ner_dev.jsonl").read_text(encoding="utf-8").splitlines()]
     want = [[(e["type"], e["start"], e["end"], e["text"]) for e in p["entities"]]
-            for p in Predictor(folder).predict("ner", recs)]
+            for p in Predictor(ft_run / "export").predict("ner", _ner_records())]
     assert any(want), "the tiny model tags no entity: the comparison would be empty"
-    texts = ["".join(r["tokens"]) for r in recs]
-    res = run_plain(tmp_path, folder, f"""
-ner = pipeline("token-classification", model=folder, trust_remote_code=True, aggregation_strategy="simple")
-res["ents"] = [[(e["entity_group"], e["start"], e["end"], e["word"].replace(" ", "")) for e in row]
-               for row in ner({texts!r})]
-""")
-    assert [[tuple(e) for e in row] for row in res["ents"]] == want
+    assert [[tuple(e) for e in row] for row in plain["token_classification"]["ents"]] == want
 
 
-def test_question_answering_class_serves_the_span_task(ft_run, tmp_path):
+def test_question_answering_class_serves_the_span_task(ft_run, plain):
     from skillnet.model import SkillNetBertForMultiTask
     from transformers import AutoTokenizer
 
@@ -183,28 +244,14 @@ def test_question_answering_class_serves_the_span_task(ft_run, tmp_path):
     enc = tok("谁在上海", "王五在上海工作", return_tensors="pt")
     with torch.no_grad():
         want = m(task="mrc", **enc).logits[0]
-    res = run_plain(tmp_path, folder, r"""
-from transformers import AutoModelForQuestionAnswering
-tok = AutoTokenizer.from_pretrained(folder)
-qa = AutoModelForQuestionAnswering.from_pretrained(folder, trust_remote_code=True).eval()
-with torch.no_grad():
-    o = qa(**tok("谁在上海", "王五在上海工作", return_tensors="pt"))
-res["start"], res["end"] = o.start_logits[0].tolist(), o.end_logits[0].tolist()
-""")
+    res = plain["qa"]
     torch.testing.assert_close(torch.tensor(res["start"]), want[:, 0], rtol=1e-4, atol=1e-4)
     torch.testing.assert_close(torch.tensor(res["end"]), want[:, 1], rtol=1e-4, atol=1e-4)
 
 
-def test_truncation_fits_the_model(pt_export, tmp_path):
+def test_truncation_fits_the_model(pt_export, plain):
     cfg = json.loads((pt_export / "config.json").read_text())
-    res = run_plain(tmp_path, pt_export, r"""
-tok = AutoTokenizer.from_pretrained(folder)
-m = AutoModel.from_pretrained(folder, trust_remote_code=True).eval()
-enc = tok("好" * 2000, truncation=True, return_tensors="pt")
-with torch.no_grad():
-    res["shape"] = list(m(**enc, task="mlm").last_hidden_state.shape)
-res["max"] = tok.model_max_length
-""")
+    res = plain["truncation"]
     assert res["max"] == cfg["max_position_embeddings"]
     assert res["shape"][1] == cfg["max_position_embeddings"]
 
@@ -227,25 +274,14 @@ def test_model_card_and_no_absolute_paths(pt_export, ft_run):
         assert absolute_paths(folder) == {}, folder
 
 
-def test_text2text_pipeline_matches_generate(tmp_path):
-    from skillnet.finetune import run as run_cli
-    from skillnet.finetune.config import FinetuneConfig
+def test_text2text_pipeline_matches_generate(gen_run, plain):
     from skillnet.finetune.predict import Predictor
 
-    from tests.test_finetune_generation import gen_config
-
-    out = tmp_path / "gen"
-    run_cli.run(FinetuneConfig.from_dict(gen_config(out)), tensorboard=False, progress=False)
-    folder = out / "export"
-    srcs = [json.loads(x)["source"] for x in (FIX / "gen_fix_dev.jsonl").read_text(encoding="utf-8").splitlines()[:3]]
-    want = Predictor(folder).predict("fix", [{"source": s} for s in srcs])
+    folder = gen_run / "export"
+    want = Predictor(folder).predict("fix", [{"source": s} for s in _gen_sources()])
     cfg = json.loads((folder / "config.json").read_text())
     assert cfg["default_task"] == "fix" and cfg["task_prefixes"]["fix"] == "fix: "
-    res = run_plain(tmp_path, folder, f"""
-gen = pipeline("text2text-generation", model=folder, trust_remote_code=True)
-res["out"] = [gen(s)[0]["generated_text"] for s in {srcs!r}]
-""")
-    assert res["out"] == want
+    assert plain["text2text"]["out"] == want
 
 
 def test_export_task_picks_the_default_and_no_default_keeps_the_error(ft_run, tmp_path):

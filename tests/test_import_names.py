@@ -30,6 +30,7 @@ def test_user_modules_named_like_the_folders_do_not_shadow_the_library(tmp_path)
     assert r.returncode == 0 and "--config" in r.stdout, r.stderr[-2000:]
 
 
+@pytest.mark.slow  # 6-12 s (subprocesses): among the slowest, kept out of make test-fast (3 min)
 def test_a_checkout_imports_what_a_wheel_holds():
     """Run from the repository root (the root on sys.path, as in any checkout): the library's folders resolve
     only through the package-dir mapping, so the files a wheel leaves out are not `skillnet.*` and each file

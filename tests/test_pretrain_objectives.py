@@ -85,3 +85,33 @@ def test_synthetic_batches_match_the_dataset_contract() -> None:
     nsp = ds.batch([0, 5], 0, "nsp")
     assert set(nsp) == {"input_ids", "token_type_ids", "attention_mask", "next_sentence_label"}
     assert torch.equal(ds.batch([3], 1, "nsp")["input_ids"], ds.batch([3], 1, "nsp")["input_ids"])
+
+
+def test_source_resumes_on_another_geometry_with_the_same_global_batch() -> None:
+    """A requeue onto another number of ranks: step s reads the same samples whatever the split."""
+    before = _sources(world=2, mbs=2, accum=3, n=60)  # global batch 12, 5 steps per epoch
+    for _ in range(4 * 3):  # 4 steps, across ranks
+        for s in before:
+            next(s)
+    state = before[0].state_dict()
+    straight = _sources(world=2, mbs=2, accum=3, n=60)
+
+    def step_samples(srcs: list[PretrainBatchSource], step: int) -> list[int]:
+        accum = srcs[0].grad_accum
+        return sorted(i for s in srcs for m in range(step * accum, (step + 1) * accum) for i in s.position(m)[3])
+
+    for world, mbs, accum in ((1, 2, 6), (3, 2, 2), (4, 1, 3), (6, 2, 1)):
+        after = _sources(world=world, mbs=mbs, accum=accum, n=60)
+        for s in after:
+            s.load_state_dict(state)
+            assert s.micro == 4 * accum
+        for step in range(4, 12):  # crosses the epoch boundary at step 5 and 10
+            got = step_samples(after, step)
+            assert got == step_samples(straight, step) and len(set(got)) == 12, (world, step)
+        batches = [next(s) for s in after]
+        assert {b.task for b in batches} == {ObjectiveSampler(seed=1).choice(4)}
+    for bad in (_sources(world=2, mbs=2, accum=2, n=60)[0], _sources(world=2, mbs=2, accum=3, n=60)[0]):
+        if bad.global_batch == 12:
+            bad.seed = 6
+        with pytest.raises(ValueError, match="same global batch and seed"):
+            bad.load_state_dict(state)

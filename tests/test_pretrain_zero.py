@@ -7,6 +7,7 @@ for ZeRO-2 and ZeRO-1 (the ZeRO-1 interruption signals the whole process group, 
 
 from __future__ import annotations
 
+import glob
 import json
 import subprocess
 from pathlib import Path
@@ -62,8 +63,33 @@ def _weights(path: Path) -> dict[str, torch.Tensor]:
     return load_file(str(path))
 
 
+CPU_FP32 = "ds_configs/cpu_fp32.json"
+
+
+SHM = "/dev/shm/deepspeed_allreduce_buffer_*"
+
+
+@pytest.fixture(scope="module")
+def straight_fp32(shards: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """2N steps straight on 2 ranks with ds_configs/cpu_fp32.json: the reference of several tests. Also
+    records the shared-memory files the launch left behind (``shm_left.json``)."""
+    out = tmp_path_factory.mktemp("straight") / "run"
+    before = set(glob.glob(SHM))
+    launch("pretrain/run.py", _args(shards, out, CPU_FP32, 2 * N))
+    (out / "shm_left.json").write_text(json.dumps(sorted(set(glob.glob(SHM)) - before)))
+    return out
+
+
+@pytest.mark.skipif(not Path("/dev/shm").is_dir(), reason="no /dev/shm on this OS")
+def test_a_two_rank_launch_leaves_no_shared_memory_buffers(straight_fp32: Path) -> None:
+    """DeepSpeed's CPU shared-memory allreduce creates one 66 MB /dev/shm/deepspeed_allreduce_buffer_* file per
+    rank and launch and never removes it; a day of CPU launches filled a 24 GB /dev/shm and got a process
+    OOM-killed. The trainer removes its rank's file once every rank has finished training."""
+    assert json.loads((straight_fp32 / "shm_left.json").read_text()) == []
+
+
 def _straight_and_split(
-    shards: Path, tmp: Path, ds_config: str, group_signal: bool
+    shards: Path, tmp: Path, ds_config: str, group_signal: bool, straight: Path | None = None
 ) -> tuple[Path, Path, subprocess.CompletedProcess[str]]:
     """2N straight; N then SIGTERM; resume to 2N.
 
@@ -71,8 +97,10 @@ def _straight_and_split(
     the whole process group after step N (the `deepspeed` runner, launch.py and all ranks), as Slurm's
     scancel / time limit and Ctrl-C do; the launcher then also terminates its children.
     """
-    straight, split = tmp / "straight", tmp / "split"
-    launch("pretrain/run.py", _args(shards, straight, ds_config, 2 * N))
+    split = tmp / "split"
+    if straight is None:
+        straight = tmp / "straight"
+        launch("pretrain/run.py", _args(shards, straight, ds_config, 2 * N))
     hook = ["--sigterm_at_step", str(N)] + (["--sigterm_group"] if group_signal else [])
     first = launch("pretrain/run.py", _args(shards, split, ds_config, 2 * N, *hook), check=not group_signal)
     assert '"stopped_by_signal": true' in first.stdout, first.stdout[-2000:] + first.stderr[-3000:]
@@ -93,8 +121,10 @@ def _assert_same_run(straight: Path, split: Path) -> None:
         torch.testing.assert_close(wb[k], wa[k], rtol=1e-5, atol=1e-6, msg=k)
 
 
-def test_zero2_two_ranks_learns_resumes_and_keeps_replicas_identical(shards: Path, tmp_path: Path) -> None:
-    straight, split, _ = _straight_and_split(shards, tmp_path, "ds_configs/cpu_fp32.json", group_signal=False)
+def test_zero2_two_ranks_learns_resumes_and_keeps_replicas_identical(
+    shards: Path, tmp_path: Path, straight_fp32: Path
+) -> None:
+    straight, split, _ = _straight_and_split(shards, tmp_path, CPU_FP32, group_signal=False, straight=straight_fp32)
     recs = read_log(straight)
     mlm = [r["mlm/loss"] for r in recs if "mlm/loss" in r]
     assert len(mlm) >= 8 and "nsp/loss" in json.dumps(recs), "both objectives must be sampled"
@@ -122,3 +152,83 @@ def test_zero1_resume_after_process_group_sigterm_matches_straight_run(shards: P
     straight, split, first = _straight_and_split(shards, tmp_path, str(cfg), group_signal=True)
     assert '"grad_accum": 2' in first.stdout and '"zero_stage": 1' in first.stdout
     _assert_same_run(straight, split)
+
+
+def test_a_killed_rank_ends_the_run_in_bounded_time_and_a_rerun_resumes_exactly(
+    shards: Path, tmp_path: Path, straight_fp32: Path
+) -> None:
+    """SIGKILL one of 2 ranks mid-step (a node lost): the launcher ends the other rank within seconds, not
+    at a 30-minute collective timeout, and exits non-zero; rerunning the same command resumes from the last
+    complete checkpoint and follows the uninterrupted run's loss path exactly."""
+    import os
+    import signal
+    import time
+
+    import psutil
+
+    from tests.fixtures.pretrain.helpers import free_port, subprocess_env
+
+    straight, killed = straight_fp32, tmp_path / "killed"
+    args = _args(shards, killed, CPU_FP32, 2 * N, "--save_every", "4")
+    cmd = ["deepspeed", "--num_gpus", "2", "--master_port", str(free_port()), "pretrain/run.py", *args]
+    proc = subprocess.Popen(cmd, cwd=REPO, env=subprocess_env(), start_new_session=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 300
+        while _last_logged_step(killed) < 6:
+            assert proc.poll() is None and time.monotonic() < deadline, "the run ended before step 6"
+            time.sleep(0.05)
+        rank1 = [p for p in psutil.Process(proc.pid).children(recursive=True)
+                 if "--local_rank=1" in " ".join(p.cmdline())]
+        assert len(rank1) == 1
+        os.kill(rank1[0].pid, signal.SIGKILL)
+        t0 = time.monotonic()
+        proc.wait(timeout=120)
+        ended_after = time.monotonic() - t0
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    out = proc.stdout.read() if proc.stdout else ""
+    assert proc.returncode != 0, out[-2000:]
+    assert ended_after < 45, f"the surviving rank took {ended_after:.0f} s to end"
+    print(f"killed rank: launcher exited {proc.returncode} after {ended_after:.1f} s")
+    root = killed / "checkpoints"
+    last = int((root / "latest").read_text().strip().removeprefix("step_"))
+    assert 4 <= last < 2 * N and last % 4 == 0, last
+    assert not any((root / f"step_{s:08d}" / "complete").exists() for s in range(last + 1, 2 * N + 1))
+    again = launch("pretrain/run.py", args)
+    assert "resumed from" in again.stdout + again.stderr
+    a, b = losses_by_step(straight), losses_by_step(killed)  # the rerun's records come last and win
+    assert sorted(b) == sorted(a)
+    for step in a:
+        assert b[step] == pytest.approx(a[step], rel=1e-5, abs=1e-6), f"loss differs at step {step}"
+
+
+def _last_logged_step(out_dir: Path) -> int:
+    """The newest step in a log.jsonl that is being written (a half-written last line is skipped)."""
+    f = out_dir / "log.jsonl"
+    steps = [0]
+    if f.is_file():
+        for line in f.read_text().splitlines():
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            if rec.get("split") == "train":
+                steps.append(int(rec["step"]))
+    return max(steps)
+
+
+def test_two_simulated_nodes_run_the_job_of_one_node(shards: Path, tmp_path: Path, straight_fp32: Path) -> None:
+    """Two "nodes" on this machine, one rank each (DeepSpeed's launcher with --no_ssh and --node_rank, as
+    scripts/multinode_local.sh and the Slurm script start it): the same loss at every step and the same
+    final weights as one node with 2 ranks."""
+    from tests.fixtures.pretrain.helpers import free_port, subprocess_env
+
+    out = tmp_path / "two_nodes"
+    env = {**subprocess_env(), "NODES": "2", "RANKS_PER_NODE": "1", "MASTER_PORT": str(free_port())}
+    r = subprocess.run(["bash", "scripts/multinode_local.sh", "pretrain/run.py", *_args(shards, out, CPU_FP32, 2 * N)],
+                       cwd=REPO, env=env, capture_output=True, text=True, timeout=600, start_new_session=True)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
+    assert '"world_size": 2' in r.stdout  # one job of 2 ranks, not two jobs of 1
+    _assert_same_run(straight_fp32, out)

@@ -68,3 +68,18 @@ def test_every_ds_config_is_accepted(reports: list[dict]) -> None:
         assert res["ok"], f"{name}: {res.get('error')}\n{res.get('trace', '')}"
         fp32 = not any(k in name for k in ("fp16", "bf16", "v100"))
         assert res["mode"] == ("initialize+step" if fp32 else "schema"), name
+
+
+def test_fp16_configs_run_dynamic_loss_scaling_as_written(reports: list[dict]) -> None:
+    """fp16 cannot run on this CPU: what can be checked is that DeepSpeed reads each fp16 JSON's loss scaler
+    as written (dynamic scaling: loss_scale 0) and would skip overflowed steps with it."""
+    configs = reports[0]["configs"]
+    fp16 = [n for n in configs if json.loads((REPO / "ds_configs" / n).read_text()).get("fp16", {}).get("enabled")]
+    assert {"v100_fp16.json", "paper_v100x32.json"} <= set(fp16)
+    for name in fp16:
+        written = json.loads((REPO / "ds_configs" / name).read_text())["fp16"]
+        parsed = configs[name]["fp16"]
+        assert parsed["loss_scale"] == 0, f"{name}: static loss scaling"
+        for key, value in parsed.items():
+            assert value == written.get(key, value), f"{name}: {key} parsed as {value}, written {written[key]}"
+        assert parsed["min_loss_scale"] >= 1 and parsed["hysteresis"] >= 1

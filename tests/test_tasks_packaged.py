@@ -125,6 +125,7 @@ def test_insuranceqa_domain() -> None:
     assert "GPL-3.0" in conv.spec.license
 
 
+@pytest.mark.slow  # 6-12 s (subprocesses): among the slowest, kept out of make test-fast (3 min)
 def test_insuranceqa_pairs_balance_and_determinism() -> None:
     conv = convert_insuranceqa("pairs", negatives=2, max_examples=300, max_eval_examples=60)
     assert conv.spec.kind == "pair" and conv.spec.label_list == ["0", "1"]

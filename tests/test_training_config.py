@@ -90,3 +90,21 @@ def test_linear_warmup_then_decay() -> None:
     )
     g = lr_lambda(TrainConfig(max_steps=10, warmup_steps=2, schedule="constant"))
     assert [g(s) for s in (0, 1, 5, 9)] == [0.5, 1.0, 1.0, 1.0]
+
+
+def test_resume_on_another_world_size_keeps_the_global_batch() -> None:
+    from skillnet.training.config import derive_geometry
+
+    assert derive_geometry(12, 1, 2) == (2, 6)
+    assert derive_geometry(12, 3, 2) == (2, 2)
+    assert derive_geometry(12, 4, 2) == (1, 3)  # the micro-batch only shrinks: memory per rank never grows
+    assert derive_geometry(16, 2, 8) == (8, 1)
+    with pytest.raises(DsConfigError, match="3 ranks cannot share"):
+        derive_geometry(16, 3, 8)
+    raw = {"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 3}
+    ds, cfg = resolve_ds_config(raw, TrainConfig(), 1, global_batch=12)
+    assert (ds["train_batch_size"], cfg.micro_batch_size, cfg.grad_accum) == (12, 2, 6)
+    again, cfg2 = resolve_ds_config(raw, cfg, 1, global_batch=12)  # the trainer resolves a second time
+    assert (cfg2.micro_batch_size, cfg2.grad_accum) == (2, 6)
+    with pytest.raises(DsConfigError, match="global batch of 12"):
+        resolve_ds_config({**raw, "train_batch_size": 24}, TrainConfig(), 1, global_batch=12)

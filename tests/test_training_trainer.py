@@ -385,3 +385,71 @@ def test_a_run_waits_for_the_ranks_of_the_previous_run(tmp_path: Path) -> None:
     # Had it not waited, it would have resumed from step 4 and trained 4 steps.
     assert res.step == 8 and tr.global_step == 8
     assert [r["step"] for r in _log(run)] == [1, 2, 3, 4]  # nothing trained after the resume at 8
+
+
+def test_an_overflowed_step_changes_nothing_and_the_run_goes_on(tmp_path: Path) -> None:
+    """A step with non-finite gradients (fp16 overflow, one bad batch) is skipped as DeepSpeed's loss scaler
+    skips it: weights, Adam moments, per-tensor step counts and the schedule stay as they were."""
+    model = ToyModel()
+    bad_step = 3
+
+    def loss_fn(batch: Batch, out: Any) -> torch.Tensor:
+        return out.loss * (float("inf") if tr.global_step + 1 == bad_step else 1.0)
+
+    tr = Trainer(model, ToySource(8, 1), _cfg(tmp_path, max_steps=6, log_every=1, warmup_steps=10), loss_fn=loss_fn)
+    for _ in range(bad_step - 1):
+        tr.train_step()
+
+    def snapshot() -> tuple[list[torch.Tensor], list[dict[str, Any]], float]:
+        state = [{k: (v.clone() if torch.is_tensor(v) else v) for k, v in s.items()} for s in tr.optimizer.state.values()]
+        return [p.detach().clone() for p in model.parameters()], state, tr.scheduler.get_last_lr()[0]
+
+    params, state, lr = snapshot()
+    out = tr.train_step()
+    assert out.step == bad_step and tr.skipped_steps == 1
+    params2, state2, lr2 = snapshot()
+    assert all(torch.equal(a, b) for a, b in zip(params, params2, strict=True))
+    assert lr2 == lr
+    for s, s2 in zip(state, state2, strict=True):
+        assert s.keys() == s2.keys()
+        for k in s:
+            assert (torch.equal(s[k], s2[k]) if torch.is_tensor(s[k]) else s[k] == s2[k]), k
+    tr.train_step()  # the next batch trains normally
+    assert all(torch.isfinite(p).all() for p in model.parameters())
+    assert any(not torch.equal(a, p) for a, p in zip(params, model.parameters(), strict=True))
+
+
+def test_a_checkpoint_of_another_world_size_is_resharded_only_under_deepspeed_and_the_same_stage(
+    tmp_path: Path,
+) -> None:
+    """What the universal-checkpoint path refuses before it converts anything (training/reshard.py)."""
+    from skillnet.training.checkpoint import CheckpointManager
+
+    tdir = tmp_path / "checkpoints" / "step_00000004"
+    tdir.mkdir(parents=True)
+    torch.save({"world_size": 2, "step": 4, "zero_stage": 2}, tdir / "trainer_rank0.pt")
+    mgr = CheckpointManager(tmp_path, rank=0, world_size=1, keep_last=2)
+    with pytest.raises(RuntimeError, match="only under DeepSpeed on both sides"):
+        mgr.load(tdir, plain={})
+    zero3 = SimpleNamespace(zero_optimization_stage=lambda: 3)
+    with pytest.raises(RuntimeError, match="cannot change the ZeRO stage"):
+        mgr.load(tdir, engine=zero3)
+    torch.save({"world_size": 2, "step": 4}, tdir / "trainer_rank0.pt")  # written before the stage was saved
+    with pytest.raises(RuntimeError, match="unknown"):
+        mgr.load(tdir, engine=zero3)
+    not_universal = SimpleNamespace(zero_optimization_stage=lambda: 2,
+                                    _config=SimpleNamespace(load_universal_checkpoint=False))
+    torch.save({"world_size": 2, "step": 4, "zero_stage": 2}, tdir / "trainer_rank0.pt")
+    with pytest.raises(RuntimeError, match="load_universal"):
+        mgr.load(tdir, engine=not_universal)
+    assert not (tdir.parent / "universal").exists()  # nothing was converted
+
+
+def test_a_source_that_cannot_follow_another_world_size_refuses_the_resume(tmp_path: Path) -> None:
+    tdir = tmp_path / "checkpoints" / "step_00000004"
+    tdir.mkdir(parents=True)
+    torch.save({"world_size": 2, "step": 4, "zero_stage": 2}, tdir / "trainer_rank0.pt")
+    (tdir / "complete").write_text("{}")
+    tr = Trainer(ToyModel(), ToySource(8, 1), _cfg(tmp_path, max_steps=1))
+    with pytest.raises(RuntimeError, match="ToySource.*relaunch with 2 rank"):
+        tr.maybe_resume("auto")

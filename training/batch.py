@@ -44,6 +44,9 @@ class BatchSource(Protocol):
     the next ``next()`` return exactly the batch the uninterrupted run would have produced.
     Sources are rank-aware (they receive rank / world size when built) and the task choice must be
     a pure function of (seed, step), so that it is identical on all ranks by construction.
+
+    A source that continues its data order on another number of ranks (keeping the global batch) sets the
+    attribute ``resumes_on_any_world_size = True``; the trainer refuses such a resume for any other source.
     """
 
     def __iter__(self) -> Iterator[Batch]: ...

@@ -34,6 +34,7 @@ import numpy as np
 import torch
 
 from . import dist as D
+from .reshard import UNIVERSAL_DIR, ensure_universal, group_hyperparams, restore_group_hyperparams
 
 __all__ = [
     "COMPLETE_MARKER",
@@ -52,6 +53,7 @@ __all__ = [
     "hold_run_lock",
     "rng_state",
     "set_rng_state",
+    "reseed",
 ]
 
 
@@ -137,7 +139,7 @@ def rotate(root: Path, keep_last: int) -> None:
     if not done:
         return
     keep = set(done[-keep_last:])
-    for p in root.glob("step_*"):
+    for p in [*root.glob("step_*"), *(root / UNIVERSAL_DIR).glob("step_*")]:
         if p.is_dir() and p.name not in keep and p.name < done[-1]:
             shutil.rmtree(p, ignore_errors=True)
 
@@ -211,6 +213,7 @@ class CheckpointManager:
         (root / tag).mkdir(parents=True, exist_ok=True)
         if main:  # files of this tag are about to be rewritten: not complete until marked again
             unmark_complete(root / tag)
+            shutil.rmtree(root / UNIVERSAL_DIR / tag, ignore_errors=True)  # a copy of the old files
         D.barrier()
         atomic_torch_save(state, root / tag / f"trainer_rank{self.rank}.pt")
         if engine is not None:
@@ -254,31 +257,67 @@ class CheckpointManager:
 
     def load(self, tdir: Path, *, engine: Any = None, plain: dict[str, Any] | None = None) -> dict[str, Any]:
         """Load checkpoint ``tdir`` into ``engine`` (or the ``plain`` objects); returns this rank's trainer
-        state. Exact data-position resume needs the world size the checkpoint was written with."""
-        tfile = tdir / f"trainer_rank{self.rank}.pt"
-        if not tfile.is_file():
-            raise FileNotFoundError(
-                f"{tfile} missing: the checkpoint was written by a different number of ranks? "
-                f"Exact data-position resume needs the same world size."
-            )
-        state = torch.load(tfile, map_location="cpu", weights_only=False)
-        if state["world_size"] != self.world_size:
+        state (with ``resharded_from``: the saved world size, when it differs from this run's).
+
+        On the world size it was written with, every rank reads its own files. On another one (DeepSpeed
+        only), the checkpoint goes through the universal format (training/reshard.py) and every rank gets
+        rank 0's trainer state without its RNG streams; the engine must have been built with
+        ``load_universal`` (``training.trainer.prepare`` sets it).
+        """
+        saved_world = self._saved_world(tdir)
+        if saved_world == self.world_size:
+            state = torch.load(tdir / f"trainer_rank{self.rank}.pt", map_location="cpu", weights_only=False)
+            if engine is not None:
+                self._load_engine(engine, tdir.parent, tdir)
+            else:
+                assert plain is not None, "a plain run loads its model, optimizer and scheduler"
+                saved = torch.load(tdir / "plain.pt", map_location="cpu", weights_only=False)
+                for k, v in plain.items():
+                    v.load_state_dict(saved[k])
+            return state
+        state = torch.load(tdir / "trainer_rank0.pt", map_location="cpu", weights_only=False)
+        if engine is None or (tdir / "plain.pt").is_file():
+            written = "a plain PyTorch run" if (tdir / "plain.pt").is_file() else f"{saved_world} DeepSpeed rank(s)"
             raise RuntimeError(
-                f"{tdir}: saved with world_size={state['world_size']}, resuming with {self.world_size}; "
-                f"exact data-position resume needs the same world size."
+                f"{tdir}: written by {written} and resumed by a {self.world_size}-rank "
+                f"{'plain PyTorch' if engine is None else 'DeepSpeed'} run; a checkpoint changes its number of "
+                f"ranks only under DeepSpeed on both sides (one rank: deepspeed --num_gpus 1 ... --ds_config ...)"
             )
-        if engine is not None:
-            load_path, _ = engine.load_checkpoint(
-                str(tdir.parent), tag=tdir.name, load_optimizer_states=True, load_lr_scheduler_states=True
+        stage = int(engine.zero_optimization_stage())
+        if state.get("zero_stage") is None or int(state["zero_stage"]) != stage:
+            raise RuntimeError(
+                f"{tdir}: written under ZeRO stage {state.get('zero_stage', 'unknown (an older checkpoint)')}, "
+                f"resumed under stage {stage} on another number of ranks ({saved_world} -> {self.world_size}); "
+                f"DeepSpeed's universal checkpoints cannot change the ZeRO stage: use the run's own ZeRO config"
             )
-            if load_path is None:
-                raise RuntimeError(f"DeepSpeed could not load checkpoint {tdir}")
-        else:
-            assert plain is not None, "a plain run loads its model, optimizer and scheduler"
-            saved = torch.load(tdir / "plain.pt", map_location="cpu", weights_only=False)
-            for k, v in plain.items():
-                v.load_state_dict(saved[k])
+        if not engine._config.load_universal_checkpoint:
+            raise RuntimeError(
+                f"{tdir}: the engine was built without checkpoint.load_universal; build the trainer's config "
+                f"with training.trainer.prepare, which sets it when the number of ranks changes"
+            )
+        udir = ensure_universal(tdir, self.rank)
+        hyper = group_hyperparams(engine.optimizer.optimizer)
+        self._load_engine(engine, udir.parent, tdir)
+        if stage == 3:
+            restore_group_hyperparams(engine.optimizer.optimizer, hyper, engine.lr_scheduler.get_last_lr())
+        state.pop("rng", None)
+        state["resharded_from"] = saved_world
         return state
+
+    @staticmethod
+    def _saved_world(tdir: Path) -> int:
+        tfile = tdir / "trainer_rank0.pt"
+        if not tfile.is_file():
+            raise FileNotFoundError(f"{tfile} missing: {tdir} is not a complete trainer checkpoint")
+        return int(torch.load(tfile, map_location="cpu", weights_only=False)["world_size"])
+
+    @staticmethod
+    def _load_engine(engine: Any, load_dir: Path, tdir: Path) -> None:
+        load_path, _ = engine.load_checkpoint(
+            str(load_dir), tag=tdir.name, load_optimizer_states=True, load_lr_scheduler_states=True
+        )
+        if load_path is None:
+            raise RuntimeError(f"DeepSpeed could not load checkpoint {tdir}")
 
 
 def rng_state() -> dict[str, Any]:
@@ -298,3 +337,10 @@ def set_rng_state(st: dict[str, Any]) -> None:
     torch.set_rng_state(st["torch"])
     if "cuda" in st and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(st["cuda"])
+
+
+def reseed(seed: int) -> None:
+    """Seed Python's, NumPy's and torch's global generators (dropout) from one number."""
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)

@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-__all__ = ["TrainConfig", "DsConfigError", "load_ds_config", "resolve_ds_config"]
+__all__ = ["TrainConfig", "DsConfigError", "load_ds_config", "resolve_ds_config", "derive_geometry"]
 
 
 class DsConfigError(ValueError):
@@ -93,15 +93,24 @@ _AUTO = (None, "auto")
 
 
 def resolve_ds_config(
-    ds: dict[str, Any], cfg: TrainConfig, world_size: int, source: str = "<ds_config>"
+    ds: dict[str, Any],
+    cfg: TrainConfig,
+    world_size: int,
+    source: str = "<ds_config>",
+    global_batch: int | None = None,
 ) -> tuple[dict[str, Any], TrainConfig]:
     """Check batch sizes against the launch, fold optimizer/scheduler sections into the TrainConfig.
 
     Returns (ds_config for deepspeed.initialize, resolved TrainConfig). Raises DsConfigError with the
     arithmetic spelled out when train_batch_size != micro x accumulation x world size.
+
+    ``global_batch``: keep this global batch (a run resumed on another number of ranks): micro-batch and
+    accumulation are re-derived for ``world_size`` (see ``derive_geometry``) instead of read from the JSON.
     """
     ds = copy.deepcopy(ds)
     cfg = copy.deepcopy(cfg)
+    if global_batch is not None:
+        _keep_global_batch(ds, cfg, world_size, global_batch, source)
     tbs = ds.get("train_batch_size")
     mbs = ds.get("train_micro_batch_size_per_gpu")
     gas = ds.get("gradient_accumulation_steps")
@@ -200,3 +209,44 @@ def resolve_ds_config(
         ds["zero_force_ds_cpu_optimizer"] = False
     ds.pop("skillnet", None)
     return ds, cfg
+
+
+def derive_geometry(global_batch: int, world_size: int, micro_pref: int) -> tuple[int, int]:
+    """(micro-batch, accumulation) that give ``global_batch`` on ``world_size`` ranks.
+
+    Keeps ``micro_pref`` when it divides the per-rank share, else the largest micro-batch below it that
+    does (so memory per rank never grows). Raises DsConfigError when the ranks cannot share the batch.
+    """
+    if global_batch % world_size:
+        fits = [w for w in range(1, global_batch + 1) if global_batch % w == 0 and w <= 4 * world_size]
+        raise DsConfigError(
+            f"the run's global batch is {global_batch} samples, which {world_size} ranks cannot share "
+            f"equally; launch one of {fits} ranks (the global batch, and with it the data order, is kept "
+            f"across a resume)"
+        )
+    per_rank = global_batch // world_size
+    micro = max(d for d in range(1, min(micro_pref, per_rank) + 1) if per_rank % d == 0)
+    return micro, per_rank // micro
+
+
+def _keep_global_batch(ds: dict[str, Any], cfg: TrainConfig, world: int, global_batch: int, source: str) -> None:
+    """Rewrite the JSON's geometry in place for ``global_batch`` on ``world`` ranks (see resolve_ds_config)."""
+    tbs = ds.get("train_batch_size")
+    if tbs not in _AUTO and int(tbs) != global_batch:
+        raise DsConfigError(
+            f"{source}: train_batch_size={tbs}, but the checkpoint being resumed was trained with a global "
+            f"batch of {global_batch}; a resume keeps the global batch: remove train_batch_size or set it to "
+            f"{global_batch}"
+        )
+    if cfg.micro_batch_size is not None and cfg.grad_accum is not None and (
+        cfg.micro_batch_size * cfg.grad_accum * world == global_batch
+    ):
+        micro, accum = cfg.micro_batch_size, cfg.grad_accum  # already derived (prepare runs twice)
+    else:
+        mbs = ds.get("train_micro_batch_size_per_gpu")
+        pref = cfg.micro_batch_size or (None if mbs in _AUTO else int(mbs)) or 8
+        micro, accum = derive_geometry(global_batch, world, pref)
+    ds["train_batch_size"] = global_batch
+    ds["train_micro_batch_size_per_gpu"] = micro
+    ds["gradient_accumulation_steps"] = accum
+    cfg.micro_batch_size, cfg.grad_accum = micro, accum

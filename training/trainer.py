@@ -29,10 +29,11 @@ from torch import nn
 from . import dist as D
 from .batch import Batch, BatchSource
 from .callbacks import TrainerCallback
-from .checkpoint import CheckpointManager, atomic_write_text, rng_state, set_rng_state
+from .checkpoint import CheckpointManager, atomic_write_text, reseed, rng_state, set_rng_state
 from .config import TrainConfig, load_ds_config, resolve_ds_config
 from .logging import MetricsLogger, accuracy_metrics
 from .optim import MaskedAdamW, build_param_groups
+from .reshard import saved_geometry
 from .skill_stats import SkillStatistics
 
 __all__ = ["Trainer", "TrainResult", "StepOutput", "prepare", "lr_lambda"]
@@ -51,7 +52,26 @@ def prepare(config: TrainConfig) -> tuple[TrainConfig, dict[str, Any] | None]:
     _, world = D.init_distributed()
     if config.ds_config:
         raw = load_ds_config(config.ds_config)
-        ds, cfg = resolve_ds_config(raw, config, world, source=str(config.ds_config))
+        saved = _resumed_on_other_world(config, world)
+        if saved is None:
+            ds, cfg = resolve_ds_config(raw, config, world, source=str(config.ds_config))
+            return cfg, ds
+        # A requeue onto another number of ranks: keep the global batch (and with it the data order) and
+        # load through DeepSpeed's universal checkpoint (training/reshard.py).
+        ds, cfg = resolve_ds_config(
+            raw, config, world, source=str(config.ds_config), global_batch=saved["global_batch"]
+        )
+        ds["checkpoint"] = {**ds.get("checkpoint", {}), "load_universal": True}
+        note = (str(config.output_dir), world)
+        if D.rank() == 0 and note not in _RESHARD_NOTED:  # prepare runs twice (the caller's, Trainer's)
+            _RESHARD_NOTED.add(note)
+            print(
+                f"[trainer] resuming a checkpoint of {saved['world_size']} rank(s) on {world}: global batch "
+                f"{saved['global_batch']} kept as micro-batch {cfg.micro_batch_size} x accumulation "
+                f"{cfg.grad_accum} x {world} rank(s) (was {saved['micro_batch_size']} x {saved['grad_accum']} x "
+                f"{saved['world_size']})",
+                flush=True,
+            )
         return cfg, ds
     if world > 1:
         raise RuntimeError(
@@ -62,6 +82,34 @@ def prepare(config: TrainConfig) -> tuple[TrainConfig, dict[str, Any] | None]:
     cfg.micro_batch_size = cfg.micro_batch_size or 8
     cfg.grad_accum = cfg.grad_accum or 1
     return cfg, None
+
+
+_RESHARD_NOTED: set[tuple[str, int]] = set()
+
+
+def _resumed_on_other_world(config: TrainConfig, world: int) -> dict[str, Any] | None:
+    """The saved geometry of the checkpoint ``config.resume`` names when it was written by another number of
+    ranks, else None (no resume, nothing to resume from, or the same world size)."""
+    if not config.resume:
+        return None
+    keys = ("world_size", "global_batch", "micro_batch_size", "grad_accum")
+    mine = torch.zeros(len(keys), dtype=torch.float64)
+    error: Exception | None = None
+    if D.rank() == 0:  # rank 0 decides for all: ranks must not build engines from two views of a shared disk
+        try:
+            tdir = CheckpointManager(config.output_dir, 0, world, config.keep_last).locate(config.resume)
+            if tdir is not None:
+                saved = saved_geometry(tdir)
+                mine = torch.tensor([float(saved[k]) for k in keys], dtype=torch.float64)
+        except (OSError, KeyError, RuntimeError) as e:  # raised after the collective: no rank is left waiting
+            error, mine[0] = e, -1.0
+    D.all_reduce_sum(mine)  # the others contribute zeros: a broadcast of rank 0's values
+    if error is not None:
+        raise error
+    found = {k: int(v) for k, v in zip(keys, mine.tolist(), strict=True)}
+    if found["world_size"] < 0:
+        raise FileNotFoundError(f"--resume {config.resume}: rank 0 could not read the checkpoint (see its error)")
+    return None if found["world_size"] in (0, world) else found
 
 
 def lr_lambda(cfg: TrainConfig) -> Callable[[int], float]:
@@ -188,6 +236,7 @@ class Trainer:
         self._window_time = 0.0
         self._last_saved_step = -1
         self._task_steps: dict[str, int] = {}  # micro-batches per task (objective) since the start: the mix
+        self.skipped_steps = 0  # optimizer steps skipped for non-finite gradients (fp16 overflow)
 
     # ------------------------------------------------------------------ public API
     @property
@@ -296,12 +345,20 @@ class Trainer:
         if self.engine is not None:
             gn = self.engine.get_global_grad_norm()
             grad_norm = None if gn is None else float(gn)
+            # fp16: DeepSpeed's loss scaler skips a step whose gradients overflowed (optimizer and schedule
+            # untouched, the scale lowered); counted so the log shows it.
+            self.skipped_steps = int(getattr(self.engine, "skipped_steps", 0) or 0)
         else:
             params = [p for g in self.optimizer.param_groups for p in g["params"] if p.grad is not None]
             max_norm = cfg.max_grad_norm if cfg.max_grad_norm and cfg.max_grad_norm > 0 else math.inf
             grad_norm = float(torch.nn.utils.clip_grad_norm_(params, max_norm)) if params else 0.0
-            self.optimizer.step()
-            self.scheduler.step()
+            if math.isfinite(grad_norm):
+                self.optimizer.step()
+                self.scheduler.step()
+            else:
+                # As DeepSpeed's loss scaler does on overflow: no update at all (weights, Adam moments and
+                # step counts, the schedule), so one bad batch cannot write inf/NaN into the model.
+                self.skipped_steps += 1
             self.optimizer.zero_grad(set_to_none=True)
         self.global_step = step
 
@@ -380,11 +437,17 @@ class Trainer:
         state = {
             "step": self.global_step,
             "world_size": self.world_size,
+            # What a resume on another number of ranks needs before it builds the engine (reshard.py).
+            "global_batch": int(self.cfg.micro_batch_size or 0) * int(self.cfg.grad_accum or 0) * self.world_size,
+            "micro_batch_size": self.cfg.micro_batch_size,
+            "grad_accum": self.cfg.grad_accum,
+            "zero_stage": self.zero_stage if self.engine is not None else None,
             "source": self.source.state_dict(),
             "rng": rng_state(),
             "extra": {k: v.state_dict() for k, v in self.extra_state.items()},
             "train_config": self.cfg.to_json(),
             "task_steps": dict(self._task_steps),
+            "skipped_steps": self.skipped_steps,
         }
         path = self.checkpoints.save(
             self.global_step, state, engine=self.engine, plain=self._plain_state(),
@@ -399,17 +462,33 @@ class Trainer:
         tdir = self.checkpoints.locate(resume)
         if tdir is None:
             return False
+        saved_world = saved_geometry(tdir)["world_size"]
+        if saved_world != self.world_size and not getattr(self.source, "resumes_on_any_world_size", False):
+            raise RuntimeError(
+                f"{tdir}: written by {saved_world} rank(s), resumed by {self.world_size}; this run's batch source "
+                f"({type(self.source).__name__}) continues its data order only on the world size it was written "
+                f"with: relaunch with {saved_world} rank(s)"
+            )
         state = self.checkpoints.load(tdir, engine=self.engine, plain=self._plain_state())
         self.source.load_state_dict(state["source"])
         for k, v in state.get("extra", {}).items():
             if k in self.extra_state:
                 self.extra_state[k].load_state_dict(v)
-        self._task_steps = {k: int(v) for k, v in state.get("task_steps", {}).items()}
-        set_rng_state(state["rng"])
         self.global_step = int(state["step"])
         self._last_saved_step = self.global_step
+        self.skipped_steps = int(state.get("skipped_steps", 0))
+        if "resharded_from" in state:
+            # Rank 0's counts of micro-batches per task, rescaled to this run's accumulation; the dropout
+            # streams of the old ranks cannot be split over new ones: fresh ones, a function of the step.
+            scale = (self.cfg.grad_accum or 1) / max(1, int(state.get("grad_accum") or 1))
+            self._task_steps = {k: round(int(v) * scale) for k, v in state.get("task_steps", {}).items()}
+            reseed(self.cfg.seed + 1000 * self.rank + 1_000_003 * self.global_step)
+        else:
+            self._task_steps = {k: int(v) for k, v in state.get("task_steps", {}).items()}
+            set_rng_state(state["rng"])
         if self.is_main:
-            print(f"[trainer] resumed from {tdir} at step {self.global_step}", flush=True)
+            moved = f" (written by {state['resharded_from']} rank(s))" if "resharded_from" in state else ""
+            print(f"[trainer] resumed from {tdir}{moved} at step {self.global_step}", flush=True)
         return True
 
     def _plain_state(self) -> dict[str, Any] | None:
@@ -461,6 +540,8 @@ class Trainer:
         if out.grad_norm is not None:
             rec["grad_norm"] = out.grad_norm
         rec["tokens_per_s"] = self._window_tokens / self._window_time if self._window_time > 0 else 0.0
+        if self.skipped_steps:
+            rec["skipped_steps"] = self.skipped_steps
         total = sum(self._task_steps.values())
         if len(self._task_steps) > 1:  # the realised task (objective) mix since the start
             rec.update({f"mix/{t}": n / total for t, n in sorted(self._task_steps.items())})
