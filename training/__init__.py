@@ -4,9 +4,10 @@ from .batch import Batch, BatchSource
 from .callbacks import TrainerCallback
 from .checkpoint import CheckpointManager
 from .config import DsConfigError, TrainConfig
+from .launch import prepare
 from .optim import MaskedAdamW
 from .skill_stats import SkillStatistics
-from .trainer import Trainer, TrainResult, prepare
+from .trainer import Trainer, TrainResult
 
 __all__ = [
     "Batch",

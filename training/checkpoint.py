@@ -262,7 +262,7 @@ class CheckpointManager:
         On the world size it was written with, every rank reads its own files. On another one (DeepSpeed
         only), the checkpoint goes through the universal format (training/reshard.py) and every rank gets
         rank 0's trainer state without its RNG streams; the engine must have been built with
-        ``load_universal`` (``training.trainer.prepare`` sets it).
+        ``load_universal`` (``training.launch.prepare`` sets it).
         """
         saved_world = self._saved_world(tdir)
         if saved_world == self.world_size:
@@ -293,7 +293,7 @@ class CheckpointManager:
         if not engine._config.load_universal_checkpoint:
             raise RuntimeError(
                 f"{tdir}: the engine was built without checkpoint.load_universal; build the trainer's config "
-                f"with training.trainer.prepare, which sets it when the number of ranks changes"
+                f"with training.launch.prepare, which sets it when the number of ranks changes"
             )
         udir = ensure_universal(tdir, self.rank)
         hyper = group_hyperparams(engine.optimizer.optimizer)

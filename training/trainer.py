@@ -30,7 +30,8 @@ from . import dist as D
 from .batch import Batch, BatchSource
 from .callbacks import TrainerCallback
 from .checkpoint import CheckpointManager, atomic_write_text, reseed, rng_state, set_rng_state
-from .config import TrainConfig, load_ds_config, resolve_ds_config
+from .config import TrainConfig
+from .launch import prepare
 from .logging import MetricsLogger, accuracy_metrics
 from .optim import MaskedAdamW, build_param_groups
 from .reshard import saved_geometry
@@ -40,76 +41,6 @@ __all__ = ["Trainer", "TrainResult", "StepOutput", "prepare", "lr_lambda"]
 
 MetricsFn = Callable[[Batch, Any], dict[str, tuple[float, float]]]
 Evaluator = Callable[[nn.Module, int], dict[str, float]]
-
-
-def prepare(config: TrainConfig) -> tuple[TrainConfig, dict[str, Any] | None]:
-    """Initialise distributed (if launched), check the DeepSpeed JSON against the launch.
-
-    Returns the resolved config (micro_batch_size / grad_accum filled in) and the DeepSpeed dict
-    (None for a plain single-process run). Call it before building the batch source so the source
-    uses the same batch geometry as the engine; Trainer calls it again (idempotent).
-    """
-    _, world = D.init_distributed()
-    if config.ds_config:
-        raw = load_ds_config(config.ds_config)
-        saved = _resumed_on_other_world(config, world)
-        if saved is None:
-            ds, cfg = resolve_ds_config(raw, config, world, source=str(config.ds_config))
-            return cfg, ds
-        # A requeue onto another number of ranks: keep the global batch (and with it the data order) and
-        # load through DeepSpeed's universal checkpoint (training/reshard.py).
-        ds, cfg = resolve_ds_config(
-            raw, config, world, source=str(config.ds_config), global_batch=saved["global_batch"]
-        )
-        ds["checkpoint"] = {**ds.get("checkpoint", {}), "load_universal": True}
-        note = (str(config.output_dir), world)
-        if D.rank() == 0 and note not in _RESHARD_NOTED:  # prepare runs twice (the caller's, Trainer's)
-            _RESHARD_NOTED.add(note)
-            print(
-                f"[trainer] resuming a checkpoint of {saved['world_size']} rank(s) on {world}: global batch "
-                f"{saved['global_batch']} kept as micro-batch {cfg.micro_batch_size} x accumulation "
-                f"{cfg.grad_accum} x {world} rank(s) (was {saved['micro_batch_size']} x {saved['grad_accum']} x "
-                f"{saved['world_size']})",
-                flush=True,
-            )
-        return cfg, ds
-    if world > 1:
-        raise RuntimeError(
-            f"launched with {world} ranks but no --ds-config: multi-process training goes through DeepSpeed, "
-            f"e.g. --ds-config ds_configs/zero2.json"
-        )
-    cfg = TrainConfig.from_dict({**config.__dict__})
-    cfg.micro_batch_size = cfg.micro_batch_size or 8
-    cfg.grad_accum = cfg.grad_accum or 1
-    return cfg, None
-
-
-_RESHARD_NOTED: set[tuple[str, int]] = set()
-
-
-def _resumed_on_other_world(config: TrainConfig, world: int) -> dict[str, Any] | None:
-    """The saved geometry of the checkpoint ``config.resume`` names when it was written by another number of
-    ranks, else None (no resume, nothing to resume from, or the same world size)."""
-    if not config.resume:
-        return None
-    keys = ("world_size", "global_batch", "micro_batch_size", "grad_accum")
-    mine = torch.zeros(len(keys), dtype=torch.float64)
-    error: Exception | None = None
-    if D.rank() == 0:  # rank 0 decides for all: ranks must not build engines from two views of a shared disk
-        try:
-            tdir = CheckpointManager(config.output_dir, 0, world, config.keep_last).locate(config.resume)
-            if tdir is not None:
-                saved = saved_geometry(tdir)
-                mine = torch.tensor([float(saved[k]) for k in keys], dtype=torch.float64)
-        except (OSError, KeyError, RuntimeError) as e:  # raised after the collective: no rank is left waiting
-            error, mine[0] = e, -1.0
-    D.all_reduce_sum(mine)  # the others contribute zeros: a broadcast of rank 0's values
-    if error is not None:
-        raise error
-    found = {k: int(v) for k, v in zip(keys, mine.tolist(), strict=True)}
-    if found["world_size"] < 0:
-        raise FileNotFoundError(f"--resume {config.resume}: rank 0 could not read the checkpoint (see its error)")
-    return None if found["world_size"] in (0, world) else found
 
 
 def lr_lambda(cfg: TrainConfig) -> Callable[[int], float]:
