@@ -150,17 +150,29 @@ def test_task_specific_trains_one_model_per_task(tmp_path):
     assert summary["params"]["total"] == sum(summary["params"]["per_task_models"].values())
 
 
-@pytest.mark.slow
-def test_compare_two_methods_two_seeds_resumable(tmp_path, capsys):
-    cfg = tmp_path / "cfg.json"
-    d = tiny_config(tmp_path / "unused")
+@pytest.fixture(scope="module")
+def compared(tmp_path_factory) -> tuple[Path, list[str], str]:
+    """`compare` of two methods x two seeds in subprocesses: (work dir, its arguments, its stderr)."""
+    import contextlib
+    import io
+
+    tmp = tmp_path_factory.mktemp("compare")
+    cfg = tmp / "cfg.json"
+    d = tiny_config(tmp / "unused")
     d["train"].update(max_steps=4, eval_every=2, log_every=2)
     cfg.write_text(json.dumps(d, ensure_ascii=False), encoding="utf-8")
-    out = tmp_path / "cmp"
     args = ["--config", str(cfg), "--methods", "skillnet", "dense_joint", "--seeds", "0", "1",
-            "--output-dir", str(out), "--threads", "1", "--report", str(tmp_path / "doc" / "cmp.md")]
-    assert compare_cli.main(args) == 0
-    err = capsys.readouterr().err
+            "--output-dir", str(tmp / "cmp"), "--threads", "1", "--report", str(tmp / "doc" / "cmp.md")]
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        assert compare_cli.main(args) == 0
+    return tmp, args, err.getvalue()
+
+
+@pytest.mark.slow
+def test_compare_two_methods_two_seeds_resumable(compared, capsys):
+    tmp_path, args, err = compared
+    out = tmp_path / "cmp"
     assert err.count("finished in") == 4
     agg = json.loads((out / "comparison.json").read_text())
     assert set(agg["methods"]) == {"skillnet", "dense_joint"} and agg["seeds"] == [0, 1]
@@ -266,18 +278,15 @@ def test_compare_init_per_seed_and_every_row_checked_before_running(tmp_path, ca
     assert not (tmp_path / "cmp2" / "skillnet").exists()
 
 
-@pytest.mark.slow  # measured 27 s
-def test_compare_in_process_gives_the_same_results_as_subprocesses(tmp_path, capsys):
-    cfg = tmp_path / "cfg.json"
-    d = tiny_config(tmp_path / "unused")
-    d["train"].update(max_steps=3, eval_every=3, log_every=3)
-    cfg.write_text(json.dumps(d, ensure_ascii=False), encoding="utf-8")
-    base = ["--config", str(cfg), "--methods", "skillnet", "dense_joint", "--seeds", "0", "--threads", "1",
-            "--no-plots"]
-    assert compare_cli.main([*base, "--output-dir", str(tmp_path / "sub")]) == 0
+@pytest.mark.slow  # uses the subprocess runs of `compared`
+def test_compare_in_process_gives_the_same_results_as_subprocesses(compared, tmp_path):
+    """The same runs as the subprocess `compare` above (seed 0), in this process."""
+    work, args, _ = compared
+    cfg = args[args.index("--config") + 1]
+    base = ["--config", cfg, "--methods", "skillnet", "dense_joint", "--seeds", "0", "--threads", "1", "--no-plots"]
     assert compare_cli.main([*base, "--output-dir", str(tmp_path / "inp"), "--in-process"]) == 0
     for m in ("skillnet", "dense_joint"):
-        a = json.loads((tmp_path / "sub" / m / "seed0" / "results.json").read_text())["tasks"]
+        a = json.loads((work / "cmp" / m / "seed0" / "results.json").read_text())["tasks"]
         b = json.loads((tmp_path / "inp" / m / "seed0" / "results.json").read_text())["tasks"]
         for t in a:
             assert a[t]["dev"] == b[t]["dev"] and a[t]["test"] == b[t]["test"], (m, t)
