@@ -34,7 +34,13 @@ import numpy as np
 import torch
 
 from . import dist as D
-from .reshard import UNIVERSAL_DIR, ensure_universal, group_hyperparams, restore_group_hyperparams
+from .reshard import (
+    UNIVERSAL_DIR,
+    ensure_universal,
+    group_hyperparams,
+    read_trainer_state,
+    restore_group_hyperparams,
+)
 
 __all__ = [
     "COMPLETE_MARKER",
@@ -264,9 +270,10 @@ class CheckpointManager:
         rank 0's trainer state without its RNG streams; the engine must have been built with
         ``load_universal`` (``training.launch.prepare`` sets it).
         """
-        saved_world = self._saved_world(tdir)
+        rank0 = read_trainer_state(tdir)
+        saved_world = int(rank0["world_size"])
         if saved_world == self.world_size:
-            state = torch.load(tdir / f"trainer_rank{self.rank}.pt", map_location="cpu", weights_only=False)
+            state = rank0 if self.rank == 0 else read_trainer_state(tdir, self.rank)
             if engine is not None:
                 self._load_engine(engine, tdir.parent, tdir)
             else:
@@ -275,7 +282,7 @@ class CheckpointManager:
                 for k, v in plain.items():
                     v.load_state_dict(saved[k])
             return state
-        state = torch.load(tdir / "trainer_rank0.pt", map_location="cpu", weights_only=False)
+        state = rank0
         if engine is None or (tdir / "plain.pt").is_file():
             written = "a plain PyTorch run" if (tdir / "plain.pt").is_file() else f"{saved_world} DeepSpeed rank(s)"
             raise RuntimeError(
@@ -303,13 +310,6 @@ class CheckpointManager:
         state.pop("rng", None)
         state["resharded_from"] = saved_world
         return state
-
-    @staticmethod
-    def _saved_world(tdir: Path) -> int:
-        tfile = tdir / "trainer_rank0.pt"
-        if not tfile.is_file():
-            raise FileNotFoundError(f"{tfile} missing: {tdir} is not a complete trainer checkpoint")
-        return int(torch.load(tfile, map_location="cpu", weights_only=False)["world_size"])
 
     @staticmethod
     def _load_engine(engine: Any, load_dir: Path, tdir: Path) -> None:

@@ -31,18 +31,23 @@ import torch
 
 from . import dist as D
 
-__all__ = ["UNIVERSAL_DIR", "saved_geometry", "ensure_universal", "group_hyperparams", "restore_group_hyperparams"]
+__all__ = ["UNIVERSAL_DIR", "read_trainer_state", "saved_geometry", "ensure_universal", "group_hyperparams", "restore_group_hyperparams"]
 
 UNIVERSAL_DIR = "universal"
+
+
+def read_trainer_state(tdir: Path, rank: int = 0) -> dict[str, Any]:
+    """Rank ``rank``'s trainer state of checkpoint ``tdir`` (step, world size, data position, RNG, ...)."""
+    tfile = tdir / f"trainer_rank{rank}.pt"
+    if not tfile.is_file():
+        raise FileNotFoundError(f"{tfile} missing: {tdir} is not a complete trainer checkpoint")
+    return torch.load(tfile, map_location="cpu", weights_only=False)
 
 
 def saved_geometry(tdir: Path) -> dict[str, Any]:
     """World size, global batch, micro-batch, accumulation and ZeRO stage of checkpoint ``tdir`` (read
     from rank 0's trainer state; checkpoints from before these fields were saved carry the run's config)."""
-    tfile = tdir / "trainer_rank0.pt"
-    if not tfile.is_file():
-        raise FileNotFoundError(f"{tfile} missing: {tdir} is not a complete trainer checkpoint")
-    state = torch.load(tfile, map_location="cpu", weights_only=False)
+    state = read_trainer_state(tdir)
     world = int(state["world_size"])
     tc = json.loads(state.get("train_config", "{}"))
     micro = int(state.get("micro_batch_size") or tc.get("micro_batch_size") or 0)
