@@ -32,7 +32,7 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -75,7 +75,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--launcher", default=None,
                    help="command prefix that starts one run on many ranks, e.g. 'deepspeed --hostfile h' "
                         "(overrides --nproc)")
-    p.add_argument("--threads", type=int, default=None, help="torch CPU threads per run")
+    p.add_argument("--threads", type=int, default=None,
+                   help="torch CPU threads per run (default: torch's, or cores / --jobs with --jobs > 1)")
+    p.add_argument("--jobs", type=int, default=1,
+                   help="runs at once, each in its own worker process with cores / jobs threads: tiny models "
+                        "use one thread better than two, so on a 2-core CPU --jobs 2 finishes a comparison "
+                        "sooner (bench/threads.py measures it). Keep 1 on a GPU")
     p.add_argument("--report", default=None, metavar="MD",
                    help="also write the comparison as this Markdown file, its pictures beside it in img/")
     p.add_argument("--title", default="Multi-task methods compared", help="title of the report")
@@ -219,6 +224,76 @@ def _run_one(cmd: list[str], rdir: Path) -> tuple[int, float]:
         logf.flush()
         r = subprocess.run(cmd, cwd=REPO, stdout=logf, stderr=subprocess.STDOUT, env=env)
     return r.returncode, time.time() - t0
+
+
+Job = tuple[str, list[str], Path, bool]  # (progress line head, command, run dir, in process)
+
+
+_RUNNING: list[Path] = []  # the run a worker process is in (read by its parent watch)
+
+
+def _run_job(job: Job) -> tuple[int, float]:
+    _, cmd, rdir, in_process = job
+    t0 = time.time()
+    _RUNNING.append(rdir)
+    try:
+        return (_run_in_process if in_process else _run_one)(cmd, rdir)
+    except Exception as e:  # noqa: BLE001 (an error outside the run reports like a failed run)
+        rdir.mkdir(parents=True, exist_ok=True)
+        with open(rdir / "run.log", "a", encoding="utf-8") as f:
+            f.write(f"run aborted: {type(e).__name__}: {e}\n")
+        return 1, time.time() - t0
+    finally:
+        _RUNNING.remove(rdir)
+
+
+def _watch_parent(parent: int, grace_s: float = 120.0) -> None:
+    """Worker initializer: when the comparison's process is gone (killed, or stopped by SIGTERM), the worker
+    gets SIGTERM itself (its run saves a checkpoint and stops, as a preempted run does), and exits after
+    `grace_s` at the latest; an orphaned worker would otherwise wait for work forever."""
+    import signal
+    import threading
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(1.0)
+        os.kill(os.getpid(), signal.SIGTERM)
+        end = time.time() + grace_s
+        while _RUNNING and time.time() < end:  # the run is saving its checkpoint
+            time.sleep(0.5)
+        os._exit(1)
+
+    threading.Thread(target=watch, daemon=True).start()
+
+
+def _run_all(todo: list[Job], jobs: int, finished: Callable[[Job, int, float], None]) -> None:
+    """Every run of `todo`, up to `jobs` at once; `finished(job, exit code, seconds)` as each ends. In-process
+    runs go to long-lived worker processes (start-up paid once per worker, not per run); the others are
+    subprocesses anyway."""
+    if jobs <= 1 or len(todo) <= 1:
+        for job in todo:
+            print(f"{job[0]}: running (log: {job[2] / 'run.log'})", file=sys.stderr, flush=True)
+            finished(job, *_run_job(job))
+        return
+    import concurrent.futures as cf
+    import multiprocessing as mp
+
+    pool: cf.Executor
+    if all(j[3] for j in todo):
+        pool = cf.ProcessPoolExecutor(max_workers=min(jobs, len(todo)), mp_context=mp.get_context("spawn"),
+                                      initializer=_watch_parent, initargs=(os.getpid(),))
+    else:
+        pool = cf.ThreadPoolExecutor(max_workers=min(jobs, len(todo)))
+    with pool:
+        futures = {pool.submit(_run_job, job): job for job in todo}
+        print(f"[compare] {len(todo)} runs, {jobs} at a time (logs: <run dir>/run.log)", file=sys.stderr, flush=True)
+        for f in cf.as_completed(futures):
+            try:
+                rc, secs = f.result()
+            except Exception as e:  # noqa: BLE001 (the worker process itself died)
+                print(f"{futures[f][0]}: worker died: {e}", file=sys.stderr, flush=True)
+                rc, secs = 1, 0.0
+            finished(futures[f], rc, secs)
 
 
 # ---------------------------------------------------------------------------------------- aggregation
@@ -420,36 +495,42 @@ def main(argv: Sequence[str] | None = None) -> int:
             print("error: the pictures need matplotlib: pip install 'skillnet[plots]' (or pass --no-plots)",
                   file=sys.stderr)
             return 2
+    if a.jobs < 1:
+        print(f"error: --jobs {a.jobs}: give 1 or more", file=sys.stderr)
+        return 2
+    if a.jobs > 1 and not a.threads:
+        a.threads = max(1, (os.cpu_count() or 1) // a.jobs)
     out = Path(a.output_dir).resolve()
     out.mkdir(parents=True, exist_ok=True)
     plan = [(r, s) for s in a.seeds for r in rows]
-    failed = []
+    failed: list[tuple[str, int]] = []
     t_all = time.time()
+    todo: list[tuple[str, list[str], Path, bool]] = []
     for i, (row, s) in enumerate(plan, 1):
-        m = row.label
-        rdir = run_dir(out, m, s)
+        rdir = run_dir(out, row.label, s)
         cmd = run_command(a, config, row, s, rdir)
-        head = f"[compare] ({i}/{len(plan)}) {m} seed {s}"
+        head = f"[compare] ({i}/{len(plan)}) {row.label} seed {s}"
         if (rdir / "results.json").is_file():
             print(f"{head}: done before, kept ({rdir / 'results.json'})", file=sys.stderr, flush=True)
-            continue
-        if a.dry_run:
+        elif a.dry_run:
             print(f"{head}: {shlex.join(cmd)}", file=sys.stderr)
-            continue
-        print(f"{head}: running (log: {rdir / 'run.log'})", file=sys.stderr, flush=True)
-        in_process = a.in_process and cmd[:3] == [sys.executable, "-m", "skillnet.finetune.run"]
-        rc, secs = (_run_in_process if in_process else _run_one)(cmd, rdir)
+        else:
+            todo.append((head, cmd, rdir, a.in_process and cmd[:3] == [sys.executable, "-m", "skillnet.finetune.run"]))
+    def finished(job: tuple[str, list[str], Path, bool], rc: int, secs: float) -> None:
+        head, _, rdir, _ = job
         if rc != 0 or not (rdir / "results.json").is_file():
             tail = (rdir / "run.log").read_text(encoding="utf-8", errors="replace").splitlines()[-5:]
             print(f"{head}: FAILED (exit {rc}) after {secs:.0f} s; last lines of its log:\n  " + "\n  ".join(tail),
                   file=sys.stderr, flush=True)
-            failed.append((m, s))
-            continue
+            failed.append((rdir.parent.name, int(rdir.name.removeprefix("seed"))))
+            return
         res = json.loads((rdir / "results.json").read_text(encoding="utf-8"))
         dev = [_score(r, "dev") for r in res["tasks"].values()]
         dev = [x for x in dev if x is not None]
         msg = f"mean dev {statistics.fmean(dev):.1f}" if dev else "no dev set"
         print(f"{head}: finished in {secs:.0f} s, {msg}", file=sys.stderr, flush=True)
+
+    _run_all(todo, a.jobs, finished)
     if a.dry_run:
         return 0
     if failed:

@@ -142,6 +142,9 @@ class TaskConfig:
     max_seq_len: int = 128
     max_train_examples: int | None = None  # cap for CPU demos
     max_eval_examples: int | None = None
+    # dev only (default: max_eval_examples): dev is scored at every evaluation, test once, so a large
+    # test set that resolves small differences need not slow every evaluation down
+    max_dev_examples: int | None = None
     num_negatives: int = 3  # matching: negatives per positive pair seen in training
     # generation: max_seq_len bounds the source (prefix included), max_target_len the target and decoding
     max_target_len: int = 64
@@ -169,7 +172,7 @@ class TaskConfig:
         self._check_columns()
         if not _int(self.max_seq_len) or self.max_seq_len < 8:
             raise ValueError(f"task {self.name!r}: max_seq_len={self.max_seq_len!r} is too short (at least 8)")
-        for key in ("max_train_examples", "max_eval_examples"):
+        for key in ("max_train_examples", "max_eval_examples", "max_dev_examples"):
             v = getattr(self, key)
             if v is not None and (not _int(v) or v < 1):
                 raise ValueError(f"{key} must be an integer >= 1 (or null for all), got {v!r}")

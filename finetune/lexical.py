@@ -41,7 +41,25 @@ def _fitted(fit_texts: tuple[str, ...]) -> Any:
 
 def tfidf_similarity(fit_texts: Sequence[str], query: str, candidates: Sequence[str]) -> list[float]:
     """Cosine similarity of each candidate's TF-IDF vector to the query's (rows are L2-normalised)."""
+    return tfidf_similarities(fit_texts, [query], [candidates])[0]
+
+
+def tfidf_similarities(fit_texts: Sequence[str], queries: Sequence[str],
+                       candidates: Sequence[Sequence[str]]) -> list[list[float]]:
+    """`tfidf_similarity` of many queries, each with its own candidates, in two transforms (one per query
+    and candidate call cost more than the rest of a CPU evaluation)."""
+    import numpy as np
+
     vec = _fitted(tuple(fit_texts))
-    q = vec.transform([query])
-    c = vec.transform(list(candidates))
-    return [float(v) for v in (c @ q.T).toarray().ravel()]
+    sizes = [len(c) for c in candidates]
+    if not sum(sizes):
+        return [[] for _ in sizes]
+    q = vec.transform(list(queries))
+    c = vec.transform([x for cs in candidates for x in cs])
+    owner = np.repeat(np.arange(len(sizes)), sizes)
+    flat = np.asarray(c.multiply(q[owner]).sum(axis=1)).ravel()
+    out, k = [], 0
+    for n in sizes:
+        out.append([float(v) for v in flat[k:k + n]])
+        k += n
+    return out

@@ -119,6 +119,8 @@ class TaskData:
     # ------------------------------------------------------------------------------------ loading
     def _load(self, split: str, skip_bad: bool) -> None:
         cap = self.cfg.max_train_examples if split == "train" else self.cfg.max_eval_examples
+        if split == "dev" and self.cfg.max_dev_examples is not None:
+            cap = self.cfg.max_dev_examples
         labels = self.label_list
         try:
             recs, report = load_task_file(self.sources[split], self.kind, labels, skip_bad,

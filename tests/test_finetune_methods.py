@@ -294,6 +294,27 @@ def test_compare_in_process_gives_the_same_results_as_subprocesses(compared, tmp
         assert "(in process)" in log and "method" in log  # the run's own output went to its log
 
 
+@pytest.mark.slow  # uses the subprocess runs of `compared`
+def test_compare_jobs_two_gives_the_same_results_as_one_at_a_time(compared, tmp_path, capsys):
+    """`--jobs 2 --in-process`: the same four runs in two worker processes, one thread each, give the
+    results of the one-at-a-time subprocess runs, and each run's output still goes to its own log."""
+    work, args, _ = compared
+    cfg = args[args.index("--config") + 1]
+    base = ["--config", cfg, "--methods", "skillnet", "dense_joint", "--seeds", "0", "1", "--no-plots"]
+    assert compare_cli.main([*base, "--output-dir", str(tmp_path / "jobs"), "--in-process", "--jobs", "2"]) == 0
+    err = capsys.readouterr().err
+    assert "4 runs, 2 at a time" in err and err.count("finished in") == 4
+    for m in ("skillnet", "dense_joint"):
+        for seed in (0, 1):
+            a = json.loads((work / "cmp" / m / f"seed{seed}" / "results.json").read_text())["tasks"]
+            b = json.loads((tmp_path / "jobs" / m / f"seed{seed}" / "results.json").read_text())["tasks"]
+            for t in a:
+                assert a[t]["dev"] == b[t]["dev"] and a[t]["test"] == b[t]["test"], (m, seed, t)
+            log = (tmp_path / "jobs" / m / f"seed{seed}" / "run.log").read_text()
+            assert "(in process)" in log and "--threads 1" in log
+    assert compare_cli.main([*base, "--output-dir", str(tmp_path / "bad"), "--jobs", "0"]) == 2
+
+
 def test_paired_test_is_scipys_and_undefined_without_spread():
     from scipy import stats
 
@@ -319,3 +340,46 @@ def test_a_dense_joint_model_folder_is_a_valid_init(tmp_path):
     bad = FinetuneConfig.from_dict(tiny_config(tmp_path / "bad", model={"init": str(tmp_path / "moe_dir")}))
     with pytest.raises(ConfigError, match="'topk'-router model"):
         bad.check_model(where="config")
+
+
+@pytest.mark.slow
+def test_compare_workers_stop_and_checkpoint_when_the_comparison_is_killed(tmp_path):
+    """SIGKILL of `compare --jobs 2`: its worker processes must not live on. Each gets SIGTERM (its run saves
+    a checkpoint, as a preempted run does) and is gone within the grace period."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    cfg = tmp_path / "cfg.json"
+    d = tiny_config(tmp_path / "unused")
+    d["train"].update(max_steps=100_000, eval_every=100_000, log_every=1)
+    cfg.write_text(json.dumps(d, ensure_ascii=False), encoding="utf-8")
+    out = tmp_path / "cmp"
+    proc = subprocess.Popen([sys.executable, "-m", "skillnet.finetune.compare", "--config", str(cfg), "--methods",
+                             "skillnet", "dense_joint", "--seeds", "0", "--output-dir", str(out), "--in-process",
+                             "--jobs", "2", "--no-plots"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    logs = [out / m / "seed0" / "log.jsonl" for m in ("skillnet", "dense_joint")]
+    deadline = time.time() + 120
+    while time.time() < deadline and not all(f.is_file() and f.stat().st_size > 0 for f in logs):
+        time.sleep(0.5)
+    assert all(f.is_file() for f in logs), "the two runs did not start"
+    workers = [int(x) for x in subprocess.run(["pgrep", "-f", "-P", str(proc.pid), "multiprocessing.spawn"],
+                                              capture_output=True, text=True).stdout.split()]
+    assert len(workers) == 2
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    t_kill = time.time()
+    deadline = t_kill + 150
+    alive = workers
+    while alive and time.time() < deadline:
+        time.sleep(1.0)
+        alive = [w for w in workers if os.path.exists(f"/proc/{w}") and
+                 Path(f"/proc/{w}/stat").read_text().split()[2] != "Z"]
+    for w in alive:
+        os.kill(w, signal.SIGKILL)
+    assert not alive, "workers outlived the comparison"
+    assert time.time() - t_kill < 60  # they left once their runs had saved, not at the end of the grace period
+    for m in ("skillnet", "dense_joint"):  # each run stopped like a preempted run: a checkpoint to resume from
+        assert any((out / m / "seed0" / "checkpoints").glob("step_*")), m

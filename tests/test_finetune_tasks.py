@@ -229,3 +229,14 @@ def test_plan_prints_truncation_counts(tmp_path, tok, capsys):
     _print_plan(FinetuneConfig(tasks=[d.cfg]), {d.name: d}, sampler, params, [], 1)
     err = capsys.readouterr().err
     assert "truncated at max_seq_len=16: train 1 of 2, dev 1 of 2" in err
+
+
+def test_dev_cap_shrinks_dev_and_leaves_test_at_the_eval_cap(tmp_path, tok):
+    rows = [{"text": f"第{i}条", "label": "neg" if i < 100 else "pos"} for i in range(200)]
+    d = _data(tmp_path, tok, "classification", rows, test=str(tmp_path / "classification.jsonl"),
+              max_eval_examples=80, max_dev_examples=30)
+    assert len(d.records["dev"]) == 30 and len(d.records["test"]) == 80
+    same = _data(tmp_path, tok, "classification", rows, max_eval_examples=30)
+    assert d.records["dev"] == same.records["dev"]  # the same seeded sample as a cap of 30 on both
+    with pytest.raises(ValueError, match="max_dev_examples"):
+        _data(tmp_path, tok, "classification", rows, max_dev_examples=0)

@@ -32,3 +32,22 @@ def test_similarity_prefers_the_candidate_sharing_characters() -> None:
     fit = ["保险怎么理赔", "理赔需要什么材料", "车险多少钱", "今天天气很好"]
     scores = tfidf_similarity(fit, "怎么理赔", ["车险多少钱", "理赔需要什么材料", "今天天气很好"])
     assert int(np.argmax(scores)) == 1 and all(0.0 <= s <= 1.0 + 1e-9 for s in scores)
+
+
+def test_batched_similarities_equal_sklearn_cosine_per_query() -> None:
+    from skillnet.finetune.lexical import tfidf_similarities
+    from sklearn.feature_extraction.text import TfidfVectorizer
+    from sklearn.metrics.pairwise import cosine_similarity
+
+    fit = ["保险怎么理赔", "理赔需要什么材料", "车险多少钱", "今天天气很好", "寿险和重疾险有什么区别"]
+    queries = ["怎么理赔", "车险", "重疾险区别"]
+    cands = [["车险多少钱", "理赔需要什么材料"], [], ["寿险", "今天天气很好", "重疾险和寿险"]]
+    ref_vec = TfidfVectorizer(analyzer="char", ngram_range=(1, 2), sublinear_tf=True).fit(fit)
+    got = tfidf_similarities(fit, queries, cands)
+    assert [len(g) for g in got] == [2, 0, 3]
+    for q, cs, g in zip(queries, cands, got):
+        if cs:
+            ref = cosine_similarity(ref_vec.transform(cs), ref_vec.transform([q])).ravel()
+            np.testing.assert_allclose(g, ref, rtol=0, atol=1e-12)
+            assert g == tfidf_similarity(fit, q, cs)
+    assert tfidf_similarities(fit, ["a"], [[]]) == [[]]

@@ -57,10 +57,33 @@ MAX_CANDIDATES: HeadOption = ("an integer >= 0 (0 = all)", lambda v: _int(v) and
 
 
 # ---------------------------------------------------------------------------------------- helpers
+# Texts whose pieces are kept, per tokenizer fingerprint (so the runs of one comparison process share them).
+# Evaluation re-encodes the same texts at every evaluation (matching groups are built per batch, long shared
+# answers recur across groups), which cost more than the training steps of a CPU run; the cap keeps memory
+# bounded on full-size datasets.
+PIECE_CACHE_MAX = 500_000
+_PIECE_CACHES: dict[str, dict[str, tuple[list[int], list[tuple[int, int]]]]] = {}
+
+
+def piece_cache(tok: Any) -> dict[str, tuple[list[int], list[tuple[int, int]]]]:
+    key = getattr(tok, "fingerprint", None)
+    if key is None:  # a tokenizer without a fingerprint keeps its own
+        return tok.__dict__.setdefault("_piece_cache", {})
+    return _PIECE_CACHES.setdefault(key, {})
+
+
 def pieces(tok: Any, texts: Sequence[str]) -> list[tuple[list[int], list[tuple[int, int]]]]:
-    """Word-piece ids and character offsets of each text (no special tokens)."""
-    encs = tok.backend.encode_batch(list(texts), add_special_tokens=False)
-    return [(e.ids, e.offsets) for e in encs]
+    """Word-piece ids and character offsets of each text (no special tokens). Cached: the lists returned
+    are shared, so callers copy before they change one."""
+    cache = piece_cache(tok)
+    missing = [t for t in dict.fromkeys(texts) if t not in cache]
+    if missing:
+        encs = tok.backend.encode_batch(missing, add_special_tokens=False)
+        if len(cache) + len(missing) > PIECE_CACHE_MAX:
+            fresh = {t: (e.ids, e.offsets) for t, e in zip(missing, encs)}
+            return [cache[t] if t in cache else fresh[t] for t in texts]
+        cache.update((t, (e.ids, e.offsets)) for t, e in zip(missing, encs))
+    return [cache[t] for t in texts]
 
 
 def piece_ids(tok: Any, texts: Sequence[str]) -> list[list[int]]:

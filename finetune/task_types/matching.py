@@ -147,16 +147,14 @@ class MatchingCodec(TaskCodec):
     def lexical(self, td: TaskData, recs: list[dict[str, Any]]) -> list[Any] | None:
         """Each candidate scored by the cosine similarity of its character 1-2-gram TF-IDF vector to the
         question's (the vocabulary and idf fit on train's questions and candidates)."""
-        from ..lexical import tfidf_similarity
+        from ..lexical import tfidf_similarities
 
         train = td.records["train"]
         fit = [r["question"] for r in train] + [c for r in train for c in r["candidates"]]
-        out = []
-        for r in recs:
-            cands = self.eval_candidates(td, r)
-            scores = tfidf_similarity(fit, r["question"], [r["candidates"][i] for i in cands])
-            out.append({"candidates": cands, "scores": scores})
-        return out
+        cands = [self.eval_candidates(td, r) for r in recs]
+        scores = tfidf_similarities(fit, [r["question"] for r in recs],
+                                    [[r["candidates"][i] for i in cs] for r, cs in zip(recs, cands)])
+        return [{"candidates": cs, "scores": sc} for cs, sc in zip(cands, scores)]
 
     def trivial(self, td: TaskData, recs: list[dict[str, Any]]) -> list[Any]:
         """Constant scores: the tie rule of group_top1_accuracy gives the random-choice expectation."""
