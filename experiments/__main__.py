@@ -67,6 +67,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="forget that these stages finished (their runs still resume from their checkpoints)")
     p.add_argument("--gpus", type=int, default=None, help="ranks for the DeepSpeed stages (default: 2)")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads per fine-tuning run")
+    p.add_argument("--jobs", type=int, default=None,
+                   help="fine-tuning runs at once (default: the profile's, 2 for the CPU profiles, 1 for scale)")
+    p.add_argument("--no-enforce-floors", action="store_true",
+                   help="go on to fine-tuning when a pre-trained model is below its accuracy floor (the report "
+                        "marks the floor as failed and not enforced); default: stop before fine-tuning")
     p.add_argument("--dry-run", action="store_true", help="print the commands of the pending stages, run nothing")
     p.add_argument("--estimate", action="store_true",
                    help="print the expected GPU-hours of every stage of the profile (from FLOPs; runs nothing)")
@@ -83,6 +88,10 @@ def main(argv: list[str] | None = None) -> int:
         profile = dataclasses.replace(profile, ranks=a.gpus)
     if a.threads:
         profile = dataclasses.replace(profile, threads=a.threads)
+    if a.jobs:
+        profile = dataclasses.replace(profile, jobs=a.jobs)
+    if a.no_enforce_floors:
+        profile = dataclasses.replace(profile, enforce_floors=False)
     if a.estimate:
         from skillnet.experiments.estimate import write_estimate
 
@@ -110,20 +119,29 @@ def main(argv: list[str] | None = None) -> int:
             continue
         print(head, flush=True)
         r.stage, r.commands = st.name, []
+        # A stage spread over sittings (stopped, failed, rerun) is timed over all of them: the sittings that
+        # did not finish it leave their seconds here.
+        partial = out / "stages" / f"{st.name}.partial.json"
+        earlier = json.loads(partial.read_text())["seconds"] if partial.is_file() else 0.0
         t0 = time.time()
         try:
             info = st.fn(r)
-        except RuntimeError as e:
+        except (RuntimeError, KeyboardInterrupt) as e:
+            if not a.dry_run:
+                partial.write_text(json.dumps({"seconds": round(earlier + time.time() - t0, 1)}) + "\n")
+            if isinstance(e, KeyboardInterrupt):
+                raise
             print(f"error: {e}\nrerun the same command to continue from here", file=sys.stderr)
             return 1
         if a.dry_run:
             continue
         secs = time.time() - t0
-        rec = {"stage": st.name, "seconds": round(secs, 1), "commands": r.commands, "info": info,
-               "finished": time.strftime("%Y-%m-%d %H:%M:%S")}
+        rec = {"stage": st.name, "seconds": round(earlier + secs, 1), "this_sitting": round(secs, 1),
+               "commands": r.commands, "info": info, "finished": time.strftime("%Y-%m-%d %H:%M:%S")}
         tmp = rec_path.with_name(rec_path.name + ".tmp")
         tmp.write_text(json.dumps(rec, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
         os.replace(tmp, rec_path)
+        partial.unlink(missing_ok=True)
         print(f"{head}: finished in {secs:.0f} s", flush=True)
     if a.dry_run or (a.stages is not None and "report" not in a.stages):
         return 0

@@ -51,12 +51,12 @@ NLG_PAPER_SIZES = {"csc": 1_200_000, "insuranceqa_answer": 740_000, "insuranceqa
 def stage_nlg_tasks(r: Runner) -> dict[str, Any]:
     P = paths(r.out)
     counts = {}
-    for name, fmt in NLG_FORMATS.items():
-        out = P["tasks"] / name
-        r.run([PY, "-m", "skillnet.data_prep.tasks", "convert", fmt, "--out", str(out), "--max-examples",
-               str(r.p.nlg_train), "--max-eval-examples", str(r.p.nlg_eval)], check_file=out / "task.json")
-        if (out / "task.json").exists():
-            counts[name] = json.loads((out / "task.json").read_text()).get("counts")
+    r.run_many([([PY, "-m", "skillnet.data_prep.tasks", "convert", fmt, "--out", str(P["tasks"] / name),
+                  "--max-examples", str(r.p.nlg_train), "--max-eval-examples", str(r.p.nlg_eval)],
+                 P["tasks"] / name / "task.json") for name, fmt in NLG_FORMATS.items()], r.p.jobs)
+    for name in NLG_FORMATS:
+        if (P["tasks"] / name / "task.json").exists():
+            counts[name] = json.loads((P["tasks"] / name / "task.json").read_text()).get("counts")
     return {"counts": counts}
 
 

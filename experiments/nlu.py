@@ -57,13 +57,12 @@ def stage_nlu_tasks(r: Runner) -> dict[str, Any]:
     P = paths(r.out)
     counts = {}
     items = [(n, f, e) for n, (f, e, _) in NLU_TASKS.items()] + [NLU_NEW_TASK[:3]]
-    for name, fmt, extra in items:
-        out = P["tasks"] / name
-        r.run([PY, "-m", "skillnet.data_prep.tasks", "convert", fmt, "--out", str(out),
-               "--max-examples", str(r.p.nlu_train), "--max-eval-examples", str(r.p.nlu_eval), *extra],
-              check_file=out / "task.json")
-        if (out / "task.json").exists():
-            counts[name] = json.loads((out / "task.json").read_text()).get("counts")
+    r.run_many([([PY, "-m", "skillnet.data_prep.tasks", "convert", fmt, "--out", str(P["tasks"] / name),
+                  "--max-examples", str(r.p.nlu_train), "--max-eval-examples", str(r.p.nlu_eval), *extra],
+                 P["tasks"] / name / "task.json") for name, fmt, extra in items], r.p.jobs)
+    for name, _, _ in items:
+        if (P["tasks"] / name / "task.json").exists():
+            counts[name] = json.loads((P["tasks"] / name / "task.json").read_text()).get("counts")
     return {"counts": counts}
 
 
@@ -72,7 +71,8 @@ def nlu_config(r: Runner, tasks: dict[str, dict[str, Any]], steps: int, name: st
     p = r.p
     d = {
         "model": {"preset": "base" if not p.bert else "tiny", "overrides": {} if not p.bert else dict(p.bert)},
-        "tasks": [{"name": n, "spec": str(P["tasks"] / n / "task.json"), **t} for n, t in tasks.items()],
+        "tasks": [{"name": n, "spec": str(P["tasks"] / n / "task.json"), **t,
+                   **({"max_dev_examples": p.nlu_dev} if p.nlu_dev else {})} for n, t in tasks.items()],
         "sampler": {"kind": "proportional", "alpha": 1.0},  # §3.3: alpha = 1.0 in the paper's experiments
         "train": {"max_steps": steps, "batch_size": p.nlu_batch, "eval_batch_size": 64, "lr": p.nlu_lr,
                   "warmup_ratio": 0.1, "eval_every": p.nlu_eval_every, "log_every": max(1, p.nlu_eval_every // 2),

@@ -41,6 +41,8 @@ class Profile:
     alphas: list[float]
     temperatures: list[float]
     ablate: list[str]
+    # dev examples per NLU task (default nlu_eval): dev is scored at every evaluation, test once
+    nlu_dev: int | None = None
     bart_pt_batch: int | None = None  # per rank; default pt_batch (BART's LM head runs over every target token)
     ranks: int = 2
     ds_config: str = "ds_configs/cpu_fp32.json"
@@ -51,6 +53,9 @@ class Profile:
     nlu_sparse_rows: tuple[str, ...] = ("skillnet", "learnable", "learnable_eq6")
     nlg_methods: list[str] = field(default_factory=lambda: ["skillnet", "task_specific", "dense_joint", "moe"])
     threads: int | None = None
+    # Fine-tuning runs of a comparison at once, each on cores / jobs threads: tiny models use one thread
+    # better than two (bench/compare_jobs.py); GPUs run one at a time.
+    jobs: int = 2
     in_process: bool = True  # one-process fine-tuning runs inside compare (no start-up per run)
     # Stop before fine-tuning when a pre-trained model is below its accuracy floor (runner.FLOORS); a
     # profile too short to reach the floors only records the check in its report.
@@ -84,10 +89,10 @@ PROFILES: dict[str, Profile] = {
     "full": Profile(
         name="full", corpus_docs=None,
         bert=_BERT_SMALL, bart=_BART_SMALL,
-        pt_seq=128, pt_batch=32, dense_pt_steps=1000, sparse_pt_steps=500, bart_pt_steps=300, pt_lr=1e-3,
-        nlu_train=4000, nlu_eval=300, nlu_steps=300, nlu_batch=32, nlu_lr=1e-3, nlu_eval_every=100,
+        pt_seq=128, pt_batch=32, dense_pt_steps=1000, sparse_pt_steps=500, bart_pt_steps=800, pt_lr=1e-3,
+        nlu_train=4000, nlu_eval=1000, nlu_dev=300, nlu_steps=300, nlu_batch=32, nlu_lr=1e-3, nlu_eval_every=100,
         adapt_steps=150,
-        nlg_train=3000, nlg_eval=50, nlg_steps=200, nlg_batch=16, nlg_lr=1e-3, nlg_eval_every=100, nlg_beams=4,
+        nlg_train=3000, nlg_eval=50, nlg_steps=400, nlg_batch=16, nlg_lr=1e-3, nlg_eval_every=200, nlg_beams=4,
         bart_pt_batch=16,
         seeds=[0, 1, 2], side_seeds=[0], alphas=[0.0, 0.5, 1.0], temperatures=[1.0, 4.0, 1024.0],
         ablate=["s1", "s2", "s3", "s4", "s5", "s6", "s7"],
@@ -101,7 +106,7 @@ PROFILES: dict[str, Profile] = {
         nlg_train=10**9, nlg_eval=2000, nlg_steps=100_000, nlg_batch=512, nlg_lr=3e-5, nlg_eval_every=10_000,
         nlg_beams=4, seeds=[0, 1, 2], side_seeds=[0], alphas=[0.0, 0.5, 1.0], temperatures=[1.0, 4.0, 1024.0],
         ablate=["s1", "s2", "s3", "s4", "s5", "s6", "s7"], ds_config="ds_configs/zero2.json", in_process=False,
-        compact_vocab=False,
+        compact_vocab=False, jobs=1,
     ),
 }
 

@@ -100,7 +100,8 @@ def tail(doc: Document, out: Path, stages: list[Any], records: dict[str, Any], f
         if "floor" in rec:
             v = rec["floor_value"]
             verdict = ("passed" if rec["floor_passed"] else
-                       "**below the floor**" + ("" if rec["floor_enforced"] else " (this profile does not enforce it)"))
+                       "**below the floor**" + ("" if rec["floor_enforced"] else
+                                               " (not enforced in this run: its fine-tuning went on from it)"))
             floors.append([s.name, f"`{rec['floor_key']}`", "-" if v is None else f"{v:.3f}", f"{rec['floor']}",
                            verdict])
     if floors:
@@ -123,7 +124,13 @@ def cuts(profile: Any, parts: tuple[str, ...], records: dict[str, Any]) -> list[
     g = profile.bart or {"d_model": 768, "encoder_layers": 6}
     corpus = (records.get("corpus") or {}).get("info", {}).get("bytes")
     text = f"~{corpus / 1e6:.0f} MB of packaged Chinese text" if corpus else "the packaged Chinese text"
-    out = []
+    vocab = (records.get("vocab") or {}).get("info", {}).get("size")
+    out = [f"Vocabulary: the {vocab:,} bert-base-chinese entries that the corpus and the tasks' training files use "
+           "(paper: all 21,128); every export carries its own vocab.txt." if vocab else
+           "Vocabulary: bert-base-chinese, 21,128 entries (as the papers)."]
+    if profile.jobs > 1:
+        out.append(f"Fine-tuning runs: {profile.jobs} at once, one thread each (tiny models use one thread better "
+                   "than two: `bench/compare_jobs.py`).")
     if "nlu" in parts:
         out += [
             f"Model size: BERT hidden {b['hidden_size']}, {b['num_hidden_layers']} layers (paper: BERT-base, 768 and "
@@ -132,7 +139,9 @@ def cuts(profile: Any, parts: tuple[str, ...], records: dict[str, Any]) -> list[
             f"{profile.sparse_pt_steps} sparse steps of {profile.ranks} x {profile.pt_batch} sequences, "
             f"{profile.pt_seq} tokens each, on {text} (paper: 100k steps of 10,240 x 512 tokens on 800 GB).",
             f"Fine-tuning: {profile.nlu_steps} steps of batch {profile.nlu_batch} on at most {profile.nlu_train} "
-            f"training examples per task (paper: full datasets, 50k-100k steps); new task {profile.adapt_steps} steps; "
+            f"training examples per task (paper: full datasets, 50k-100k steps), checkpoints chosen on "
+            f"{profile.nlu_dev or profile.nlu_eval} dev examples per task, scored on up to {profile.nlu_eval} test "
+            f"examples; new task {profile.adapt_steps} steps; "
             + ("each task-specific model trains the joint run's steps on its own task."
                if profile.task_specific_budget == "full" else
                "the task-specific models share the joint run's steps by sampling share (too few each to converge, "
@@ -146,8 +155,8 @@ def cuts(profile: Any, parts: tuple[str, ...], records: dict[str, Any]) -> list[
             "BART-large, 1024 and 12+12).",
             f"BART pre-training: {profile.bart_pt_steps} denoising steps of {profile.ranks} x "
             f"{profile.bart_pt_batch or profile.pt_batch} sequences of {profile.pt_seq} tokens on {text} (its LM head "
-            "over the whole 21,128-token vocabulary at every target position makes a BART step several times the "
-            "FLOPs of a BERT MLM step at this size).",
+            "runs at every target position, where BERT's MLM head runs at the masked 15%: a BART step costs "
+            "several BERT MLM steps at this size).",
             f"Fine-tuning: {profile.nlg_steps} steps of batch {profile.nlg_batch} on at most {profile.nlg_train} "
             f"training examples per task, {profile.nlg_eval} evaluation examples, beam {profile.nlg_beams}; new task "
             f"{profile.adapt_steps} steps; "

@@ -55,6 +55,43 @@ class Runner:
             raise RuntimeError(f"stage {self.stage}: command failed (exit {r.returncode}): {text}\n  "
                                + "\n  ".join(tail) + f"\n(full log: {log})")
 
+    def run_many(self, cmds: list[tuple[list[str], Path | None]], jobs: int) -> None:
+        """Independent commands (each with its `check_file`), up to `jobs` at once: single-threaded work such
+        as the task converters, whose interpreter start-up and package reading dominate. Each command's
+        output goes to its own file and is appended to the stage log in command order."""
+        pending = []
+        for cmd, check_file in cmds:
+            text = shlex.join(cmd)
+            self.commands.append(text)
+            if check_file is not None and check_file.exists():
+                continue
+            print(f"  $ {text}", flush=True)
+            if not self.dry_run:
+                pending.append((cmd, text))
+        if not pending:
+            return
+        import tempfile
+        from concurrent.futures import ThreadPoolExecutor
+
+        log = self.out / "logs" / f"{self.stage}.log"
+        with tempfile.TemporaryDirectory(prefix="stage_", dir=self.out / "logs") as tmp:
+            def one(i: int) -> int:
+                with open(Path(tmp) / f"{i}.log", "w", encoding="utf-8") as f:
+                    return subprocess.run(pending[i][0], cwd=REPO, stdout=f, stderr=subprocess.STDOUT,
+                                          env=self.env()).returncode
+
+            with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+                codes = list(pool.map(one, range(len(pending))))
+            with open(log, "a", encoding="utf-8") as f:
+                for i, (_, text) in enumerate(pending):
+                    f.write(f"\n$ {text}\n" + (Path(tmp) / f"{i}.log").read_text(encoding="utf-8", errors="replace"))
+        bad = [(text, rc) for (_, text), rc in zip(pending, codes) if rc != 0]
+        if bad:
+            text, rc = bad[0]
+            tail = log.read_text(encoding="utf-8", errors="replace").splitlines()[-15:]
+            raise RuntimeError(f"stage {self.stage}: {len(bad)} command(s) failed, first (exit {rc}): {text}\n  "
+                               + "\n  ".join(tail) + f"\n(full log: {log})")
+
     def deepspeed(self, script: str, args: list[str], micro_batch: int) -> list[str]:
         """`deepspeed` over the profile's ranks with a copy of its DeepSpeed JSON whose micro-batch is this
         stage's (the JSON is the single source of batch geometry)."""
@@ -114,7 +151,7 @@ def check_floor(r: Runner, run_dir: Path) -> dict[str, Any]:
                f"and learning rate (run log: {run_dir / 'log.jsonl'}).")
         if r.p.enforce_floors:
             raise RuntimeError(msg)
-        print(f"  note: {msg} (profile {r.p.name} does not enforce floors: going on)", flush=True)
+        print(f"  note: {msg} (floors not enforced in this run: going on)", flush=True)
     return rec
 
 
@@ -188,6 +225,8 @@ def compare(r: Runner, config: Path, out: Path, rows: list[str], seeds: list[int
         cmd += ["--init", str(init)]
     if r.p.threads:
         cmd += ["--threads", str(r.p.threads)]
+    if r.p.jobs > 1:
+        cmd += ["--jobs", str(r.p.jobs)]
     if r.p.in_process:
         cmd += ["--in-process"]
     r.run(cmd, check_file=out / "comparison.json")

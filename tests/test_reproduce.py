@@ -155,3 +155,50 @@ def test_sizes_formula_is_close_to_the_counted_flops():
     c = SkillNetBertConfig.preset("tiny").to_dict()
     counted = est.counted_flops_per_token("mlm", 64, batch=4, preset="tiny")
     assert est.bert_flops_per_token(c, 64, 2, mlm=True) == pytest.approx(counted, rel=0.1)
+
+
+def test_run_many_runs_at_once_logs_in_order_and_reports_a_failure(tmp_path):
+    import time
+
+    r = Runner(tmp_path, PROFILES["quick"])
+    r.stage = "demo"
+    done = tmp_path / "done.txt"
+    done.write_text("x")
+    sleep = [sys.executable, "-c", "import time, sys; time.sleep(1.0); print(sys.argv[1])"]
+    t0 = time.time()
+    r.run_many([([*sleep, "first"], None), ([*sleep, "second"], None), ([*sleep, "skipped"], done)], jobs=2)
+    assert time.time() - t0 < 1.9  # the two one-second commands ran at once
+    log = (tmp_path / "logs" / "demo.log").read_text()
+    assert log.index("first") < log.index("second") and "skipped\n" not in log
+    assert len(r.commands) == 3  # a skipped command is still one of the stage's commands
+    with pytest.raises(RuntimeError, match=r"1 command\(s\) failed, first \(exit 3\)"):
+        r.run_many([([sys.executable, "-c", "print('ok')"], None),
+                    ([sys.executable, "-c", "import sys; print('boom'); sys.exit(3)"], None)], jobs=2)
+    assert "boom" in (tmp_path / "logs" / "demo.log").read_text()
+
+
+def test_a_stage_spread_over_two_sittings_is_timed_over_both(tmp_path, monkeypatch):
+    import json
+    import time
+
+    from skillnet.experiments import __main__ as cli
+    from skillnet.experiments.runner import Stage
+
+    calls: list[int] = []
+
+    def demo(r):
+        calls.append(1)
+        time.sleep(0.3)
+        if len(calls) == 1:
+            raise RuntimeError("the first sitting stops here")
+        return {}
+
+    monkeypatch.setattr(cli, "STAGES", [Stage("demo", "a stage", demo)])
+    args = ["--quick", "--out", str(tmp_path), "--stages", "demo"]
+    assert cli.main(args) == 1
+    partial = tmp_path / "stages" / "demo.partial.json"
+    assert json.loads(partial.read_text())["seconds"] >= 0.3
+    assert cli.main(args) == 0
+    rec = json.loads((tmp_path / "stages" / "demo.json").read_text())
+    assert rec["seconds"] >= 0.6 and 0.3 <= rec["this_sitting"] < rec["seconds"]
+    assert not partial.exists()
