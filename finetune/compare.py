@@ -80,7 +80,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--jobs", type=int, default=1,
                    help="runs at once, each in its own worker process with cores / jobs threads: tiny models "
                         "use one thread better than two, so on a 2-core CPU --jobs 2 finishes a comparison "
-                        "sooner (bench/threads.py measures it). Keep 1 on a GPU")
+                        "sooner (bench/compare_jobs.py measures it). Keep 1 on a GPU")
     p.add_argument("--report", default=None, metavar="MD",
                    help="also write the comparison as this Markdown file, its pictures beside it in img/")
     p.add_argument("--title", default="Multi-task methods compared", help="title of the report")
@@ -505,7 +505,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     plan = [(r, s) for s in a.seeds for r in rows]
     failed: list[tuple[str, int]] = []
     t_all = time.time()
-    todo: list[tuple[str, list[str], Path, bool]] = []
+    todo: list[Job] = []
     for i, (row, s) in enumerate(plan, 1):
         rdir = run_dir(out, row.label, s)
         cmd = run_command(a, config, row, s, rdir)
@@ -516,7 +516,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"{head}: {shlex.join(cmd)}", file=sys.stderr)
         else:
             todo.append((head, cmd, rdir, a.in_process and cmd[:3] == [sys.executable, "-m", "skillnet.finetune.run"]))
-    def finished(job: tuple[str, list[str], Path, bool], rc: int, secs: float) -> None:
+
+    def finished(job: Job, rc: int, secs: float) -> None:
         head, _, rdir, _ = job
         if rc != 0 or not (rdir / "results.json").is_file():
             tail = (rdir / "run.log").read_text(encoding="utf-8", errors="replace").splitlines()[-5:]
