@@ -25,7 +25,7 @@ def stage_bart_pt(r: Runner) -> dict[str, Any]:
     P = paths(r.out)
     cfg = write_config(r, "bart", r.p.bart) if r.p.bart else None
     model = ["--model-config", str(cfg)] if cfg else ["--preset", "base"]
-    args = ["--arch", "bart", "--shards", str(P["shards"]), *model, *pt_args(r, r.p.bart_pt_steps),
+    args = ["--arch", "bart", "--shards", str(P["shards"]), *model, *pt_args(r, r.p.bart_pt_steps, r.p.bart_pt_lr),
             "--output-dir", str(P["bart"])]
     r.run(r.deepspeed("pretrain/run.py", args, r.p.bart_pt_batch or r.p.pt_batch))
     r.run([PY, "-m", "skillnet.pretrain.export", "--checkpoint", str(P["bart"]), "--out", str(P["bart_hf"])])

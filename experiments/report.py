@@ -137,7 +137,8 @@ def cuts(profile: Any, parts: tuple[str, ...], records: dict[str, Any]) -> list[
             "12).",
             f"Pre-training: {profile.dense_pt_steps} dense steps of {profile.pt_batch} sequences (one process), then "
             f"{profile.sparse_pt_steps} sparse steps of {profile.ranks} x {profile.pt_batch} sequences, "
-            f"{profile.pt_seq} tokens each, on {text} (paper: 100k steps of 10,240 x 512 tokens on 800 GB).",
+            f"{profile.pt_seq} tokens each, peak lr {profile.pt_lr:g}, on {text} (paper: 100k steps of 10,240 x 512 "
+            "tokens on 800 GB).",
             f"Fine-tuning: {profile.nlu_steps} steps of batch {profile.nlu_batch} on at most {profile.nlu_train} "
             f"training examples per task (paper: full datasets, 50k-100k steps), checkpoints chosen on "
             f"{profile.nlu_dev or profile.nlu_eval} dev examples per task, scored on up to {profile.nlu_eval} test "
@@ -154,7 +155,8 @@ def cuts(profile: Any, parts: tuple[str, ...], records: dict[str, Any]) -> list[
             f"Model size: BART hidden {g['d_model']}, {g['encoder_layers']}+{g['encoder_layers']} layers (paper: "
             "BART-large, 1024 and 12+12).",
             f"BART pre-training: {profile.bart_pt_steps} denoising steps of {profile.ranks} x "
-            f"{profile.bart_pt_batch or profile.pt_batch} sequences of {profile.pt_seq} tokens on {text} (its LM head "
+            f"{profile.bart_pt_batch or profile.pt_batch} sequences of {profile.pt_seq} tokens on {text}, peak lr "
+            f"{profile.bart_pt_lr or profile.pt_lr:g} (its LM head "
             "runs at every target position, where BERT's MLM head runs at the masked 15%: a BART step costs "
             "several BERT MLM steps at this size).",
             f"Fine-tuning: {profile.nlg_steps} steps of batch {profile.nlg_batch} on at most {profile.nlg_train} "

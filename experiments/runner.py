@@ -209,9 +209,9 @@ def write_config(r: Runner, name: str, d: dict[str, Any]) -> Path:
     return path
 
 
-def pt_args(r: Runner, steps: int) -> list[str]:
+def pt_args(r: Runner, steps: int, lr: float | None = None) -> list[str]:
     p = r.p
-    return ["--max-seq-len", str(p.pt_seq), "--max-steps", str(steps), "--lr", str(p.pt_lr), "--warmup-steps",
+    return ["--max-seq-len", str(p.pt_seq), "--max-steps", str(steps), "--lr", str(lr or p.pt_lr), "--warmup-steps",
             str(max(1, steps // 20)), "--log-every", str(max(1, steps // 20)), "--save-every", str(max(10, steps // 4)),
             "--no-progress"]
 

@@ -67,7 +67,10 @@ class GenerationCodec(TaskCodec):
         return batch
 
     def decode(self, td: TaskData, model: Any, feats: list[Encoded], batch: dict[str, torch.Tensor]) -> list[Any]:
-        out = model.generate(**batch, task=td.name, num_beams=td.cfg.num_beams, max_new_tokens=td.cfg.max_target_len)
+        # [UNK] is never a right character (it stands for all the characters outside the vocab at once),
+        # yet it is often a small model's most likely token: decoding picks the best real one instead.
+        out = model.generate(**batch, task=td.name, num_beams=td.cfg.num_beams, max_new_tokens=td.cfg.max_target_len,
+                             suppress_tokens=[td.tok.unk_id])
         return [td.decode_text(row) for row in out.tolist()]
 
     def score(self, td: TaskData, recs: list[dict[str, Any]], preds: list[Any]) -> dict[str, float]:
