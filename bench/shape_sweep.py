@@ -8,9 +8,10 @@ spaced, and once on test with the checkpoint of its best mean dev score.
 
 Compute is counted as FLOPs, not seconds, so a busy machine cannot bend the curve: 6 x (non-embedding
 parameters a token passes through) per token, plus 12 x T x d per token and layer for attention (QK^T and
-AV, forward and backward), at each task's max_seq_len, the tasks weighted by the sampler's mix and each
-task's active skills counted (a SkillNet task runs k of the skill FFNs). The wall seconds of each run are
-reported beside it.
+AV, forward and backward), at each task's max_seq_len (batches are padded to their longest row, so this
+is an upper bound, alike for every shape), the tasks weighted by the sampler's mix and each task's active
+skills counted (a SkillNet task runs k of the skill FFNs). The wall seconds of each run are reported
+beside it.
 
 Random init, not pre-trained: pre-training every shape would cost more than the sweep, and at the CPU
 budget MLM pre-training barely leaves the unigram plateau (docs/model.md, the init sweep), so the shapes'
@@ -117,9 +118,12 @@ def _config(run_dir: Path, tasks: list[dict[str, Any]], width: int, layers: int,
 def run_shape(cfg: dict[str, Any], out: Path, threads: int | None) -> dict[str, Any]:
     """One fine-tuning run in its own process (its results.json is reused when it exists)."""
     res = out / "results.json"
+    path = out / "sweep_config.json"
+    if path.is_file() and json.loads(path.read_text(encoding="utf-8")) != cfg:
+        raise SystemExit(f"error: {out} holds a run with other options (see its sweep_config.json): remove it "
+                         "or pass another --out")
     if not res.is_file():
         out.mkdir(parents=True, exist_ok=True)
-        path = out / "sweep_config.json"
         path.write_text(json.dumps(cfg, indent=2) + "\n", encoding="utf-8")
         cmd = [sys.executable, "-m", "skillnet.finetune.run", "--config", str(path), "--no-progress",
                "--no-tensorboard", "--resume", "auto"]

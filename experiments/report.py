@@ -16,6 +16,7 @@ from skillnet.experiments.report_nlg import nlg_part
 from skillnet.experiments.report_nlu import nlu_part
 from skillnet.experiments.runner import REPO
 from skillnet.experiments.tables import load
+from skillnet.experiments.targets import targets_section
 from skillnet.finetune.document import Document, copied_to
 
 
@@ -71,6 +72,8 @@ def build(out: Path, profile: Any, stages: list[Any], report: Path, title: str,
         nlu_part(doc, cmps, cmp_dir, out, findings)
     if "nlg" in parts:
         nlg_part(doc, cmps, cmp_dir, out, findings)
+    if profile.name == "full":  # the targets are the full CPU profile's; the quick one shows the mechanics
+        targets_section(doc, cmps, cmp_dir, parts, findings)
     tail(doc, out, stages, records, findings, parts)
     report.parent.mkdir(parents=True, exist_ok=True)
     stem = report.stem

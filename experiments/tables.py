@@ -30,17 +30,21 @@ def load(path: Path) -> dict[str, Any] | None:
     return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else None
 
 
-def baseline_scores(cmp_dir: Path, cmp: dict[str, Any], key: str) -> dict[str, Any]:
+def baseline_scores(cmp_dir: Path, cmp: dict[str, Any], key: str, metric: str | None = None) -> dict[str, Any]:
     """Each task's ``key`` entry (``trivial_test``, ``lexical_test``, ``lexical_name``, ``test_examples``)
-    of its metric, from the first run of the comparison that recorded it (every run scores the same
-    split with the same baseline)."""
+    of its metric (or of ``metric``), from the first run of the comparison that recorded it (every run
+    scores the same split with the same baseline)."""
     out: dict[str, Any] = {}
     for f in sorted(cmp_dir.glob("*/seed*/results.json")) + sorted(cmp_dir.glob("*/seed*/*/results.json")):
         for t, r in (load(f) or {}).get("tasks", {}).items():
-            if t not in cmp["tasks"] or t in out or r.get(key) is None:
+            v = r.get(key)
+            if t not in cmp["tasks"] or t in out or v is None:
                 continue
-            v = r[key]
-            out[t] = v.get(r["metric"]) if isinstance(v, dict) else v
+            if isinstance(v, dict):
+                v = v.get(metric or r["metric"])
+                if v is None:
+                    continue  # an older run without that metric: a later one may have it
+            out[t] = v
     return {t: v for t, v in out.items() if v is not None}
 
 

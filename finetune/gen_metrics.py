@@ -27,7 +27,8 @@ from collections.abc import Sequence
 from typing import Any
 
 LANGS = ("zh", "en")
-GEN_METRICS = ("rouge_l", "bleu_2", "bleu_4", "f0.5", "edit_p", "edit_r", "distinct", "repetition")
+GEN_METRICS = ("rouge_l", "bleu_2", "bleu_4", "f0.5", "edit_p", "edit_r", "distinct", "repetition",
+               "char_accuracy")
 References = Sequence[str] | Sequence[Sequence[str]]
 # A run of ASCII letters/digits is one token; any other non-space character (CJK, punctuation) is one token.
 _TOKEN_RE = re.compile(r"[A-Za-z0-9]+|\S")
@@ -141,7 +142,7 @@ def _sub_cost(a: str, b: str) -> int:
     return _SUB_COST[_is_punct(a) + _is_punct(b)]
 
 
-def _levenshtein(a: str, b: str) -> int:
+def _levenshtein(a: Sequence[str], b: Sequence[str]) -> int:
     prev = list(range(len(b) + 1))
     for i, ca in enumerate(a, 1):
         cur = [i]
@@ -371,6 +372,23 @@ def repetition_rate(hypotheses: Sequence[str], n: int = 4, lang: str = "zh") -> 
     return 100.0 * repeated / total if total else 0.0
 
 
+def char_accuracy(hypotheses: Sequence[str], references: References, lang: str = "zh") -> float:
+    """100 x (1 - character error rate): one minus the summed Levenshtein distances over the summed
+    reference lengths, in metric tokens (``lang="zh"``: characters, a Latin/number run as one; ``en``:
+    words); with several references, the closest. For spelling correction it says whether a model keeps
+    the sentence: copying the source scores the share of characters that were right already, and a model
+    that drops or invents characters falls below it even when it fixes none."""
+    refs = _multi_refs(references, len(hypotheses))
+    dist = total = 0
+    for h, rs in zip(hypotheses, refs):
+        toks = [gen_tokens(r) if lang == "zh" else r.split() for r in rs]
+        ht = gen_tokens(h) if lang == "zh" else h.split()
+        d, n = min(((_levenshtein(ht, t), len(t)) for t in toks), key=lambda x: x[0])
+        dist += d
+        total += n
+    return max(0.0, 100.0 * (1.0 - dist / total)) if total else 0.0
+
+
 def score_generation(metric_names: Sequence[str], sources: Sequence[str] | None, hypotheses: Sequence[str],
                      references: References, lang: str = "zh", lowercase: bool = False) -> dict[str, float]:
     """{name: value in percent} for each requested name of GEN_METRICS.
@@ -398,6 +416,8 @@ def score_generation(metric_names: Sequence[str], sources: Sequence[str] | None,
             out[m] = distinct_share(hypotheses)
         elif m == "repetition":
             out[m] = repetition_rate(hypotheses, lang=lang)
+        elif m == "char_accuracy":
+            out[m] = char_accuracy(hypotheses, references, lang=lang)
         elif m == "rouge_l":
             out[m] = rouge_l(hypotheses, references, lang=lang)
         elif m.startswith("bleu_"):

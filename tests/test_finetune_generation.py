@@ -45,7 +45,8 @@ def test_generation_tasks_train_evaluate_export_and_predict(tmp_path):
     res = run_cli.run(FinetuneConfig.from_dict(gen_config(out)), tensorboard=False, progress=False)
     assert set(res) == {"fix", "qa"}
     assert res["fix"]["metric"] == "f0.5" and res["qa"]["metric"] == "rouge_l"
-    assert set(res["qa"]["dev"]) == {"rouge_l", "bleu_2", "bleu_4", "f0.5", "distinct", "repetition"}
+    assert set(res["qa"]["dev"]) == {"rouge_l", "bleu_2", "bleu_4", "f0.5", "distinct", "repetition",
+                                        "char_accuracy"}
     assert res["fix"]["trivial_dev"]["f0.5"] == 100.0  # copying the source is right on a dev set with no errors
     samples = json.loads((out / "samples.json").read_text(encoding="utf-8"))
     assert set(samples) == {"fix", "qa"} and samples["qa"][0]["source"] == "理赔要多久"

@@ -322,3 +322,37 @@ def test_distinct_share_and_repetition_rate_by_hand() -> None:
     assert repetition_rate(["短"]) == 0.0  # no 4-gram
     out = score_generation(["distinct", "repetition"], None, ["a b", "a b"], ["x", "y"])
     assert out == {"distinct": 50.0, "repetition": 0.0}
+
+
+def test_char_accuracy_is_one_minus_the_character_error_rate_as_nltk_counts_it() -> None:
+    import nltk
+    from skillnet.finetune.gen_metrics import char_accuracy, score_generation
+
+    # By hand: one wrong character of six, or one dropped, costs one sixth; a Latin run is one token.
+    assert char_accuracy(["我今天很高心"], ["我今天很高兴"]) == pytest.approx(100 * 5 / 6)
+    assert char_accuracy(["我今天很高"], ["我今天很高兴"]) == pytest.approx(100 * 5 / 6)
+    assert char_accuracy(["买了abc"], ["买了abd"]) == pytest.approx(100 * 2 / 3)
+    assert char_accuracy(["完全不同的一句很长的话"], ["短"]) == 0.0  # clipped at 0
+    assert char_accuracy(["甲乙", "丙"], [["丁乙", "甲乙"], "丙"]) == 100.0  # the closest reference
+    # Against nltk's edit distance, over outputs that drop, add and swap characters of their reference.
+    rng = random.Random(0)
+    alphabet = "我们的是不了人在有他这中大来上国个到说，。"
+    hyps, refs = [], []
+    for _ in range(200):
+        ref = [rng.choice(alphabet) for _ in range(rng.randint(1, 30))]
+        hyp = list(ref)
+        for _ in range(rng.randint(0, 4)):
+            i = rng.randrange(len(hyp) + 1)
+            op = rng.choice("dis")
+            if op == "d" and i < len(hyp):
+                del hyp[i]
+            elif op == "i":
+                hyp.insert(i, rng.choice(alphabet))
+            elif i < len(hyp):
+                hyp[i] = rng.choice(alphabet)
+        hyps.append("".join(hyp))
+        refs.append("".join(ref))
+    errors = sum(nltk.edit_distance(h, r) for h, r in zip(hyps, refs))
+    want = 100 * (1 - errors / sum(map(len, refs)))
+    assert 50 < want < 100 and char_accuracy(hyps, refs) == pytest.approx(want)
+    assert score_generation(["char_accuracy"], None, hyps, refs) == {"char_accuracy": pytest.approx(want)}

@@ -40,7 +40,7 @@ def test_config_refuses_a_prefix_that_overflows_the_positions(tmp_path) -> None:
 
 @pytest.mark.parametrize("beams", [1, 3])
 def test_decoding_never_emits_unk(beams: int) -> None:
-    """[UNK] stands for every character outside the vocab (1.7% of the poem targets, more than any single
+    """[UNK] stands for every character outside the vocab (on classical poems, more often than any single
     character): a small model's most likely token, and never a character of the reference. Decoding
     suppresses it, greedy and beam alike."""
     import torch

@@ -19,7 +19,7 @@ class GenerationCodec(TaskCodec):
     kinds = ("generation",)
     metrics = ("rouge_l", "bleu_2", "bleu_4", "f0.5")
     # Reported beside the metrics, never selected on: does the output depend on the input at all?
-    diagnostics = ("distinct", "repetition")
+    diagnostics = ("distinct", "repetition", "char_accuracy")
     metric = "rouge_l"
     arch = "bart"
     shows_samples = True

@@ -1,0 +1,172 @@
+"""The learning targets of the full CPU reproduction, checked against its own tables.
+
+The report states, for each target, what the run measured, whether it holds, and for one that does not,
+by how much. For a fine-tuning score that falls short, it also states the step budget at which the row's
+dev curve would reach the target if it kept the rate of its last segment (points per doubling of steps
+between its last two evaluations). That is an extrapolation and is printed as one: the last segment runs
+under a learning rate decaying to zero, and dev is not test.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from pathlib import Path
+from typing import Any
+
+from skillnet.experiments.report_nlg import DISTINCT_FLOOR, diagnostics
+from skillnet.experiments.tables import baseline_scores
+from skillnet.finetune.document import Document
+
+# NLU: SkillNet-NLU's test score (mean over seeds) on these tasks, at least this high.
+NLU_SCORE_TARGETS = {"ner": 60.0, "sentiment": 85.0}
+STD_CEILING = 1.5  # standard deviation over seeds of a row's average, at most
+CSC_CHAR_ACC_MARGIN = 2.0  # a corrector keeps at least the copy baseline's character accuracy minus this
+NLG_BEAT_COPY = ("insuranceqa_question", "poetry_title")  # the best row beats copy-the-source here
+
+
+def mean_curve(curves: list[list[list[float]]]) -> list[tuple[int, float]]:
+    """Mean over seeds at every step that each seed evaluated."""
+    by_step: dict[int, list[float]] = {}
+    for curve in curves:
+        for step, v in curve:
+            by_step.setdefault(int(step), []).append(float(v))
+    n = len(curves)
+    return [(s, statistics.fmean(v)) for s, v in sorted(by_step.items()) if len(v) == n]
+
+
+def steps_to_reach(curve: list[tuple[int, float]], target: float) -> tuple[float | None, float | None]:
+    """(steps at which the curve reaches ``target`` at the rate of its last segment, that rate in points
+    per doubling of steps). Steps is None with fewer than 2 points or a last segment that does not rise;
+    math.inf when the target lies beyond 2^1000 steps."""
+    pts = [(s, v) for s, v in curve if s > 0]
+    if len(pts) < 2 or pts[-1][0] <= pts[-2][0]:
+        return None, None
+    (s0, v0), (s1, v1) = pts[-2], pts[-1]
+    per_doubling = (v1 - v0) / math.log2(s1 / s0)
+    if per_doubling <= 0:
+        return None, per_doubling
+    e = (target - v1) / per_doubling
+    return (math.inf if e > 1000 else s1 * 2 ** e), per_doubling
+
+
+def _need(curve: list[tuple[int, float]], target: float, short: float) -> str:
+    """What a missed score target's dev curve says, in words."""
+    gap = f"{short:.1f} points short"
+    if len(curve) < 2:
+        return f"{gap}; no dev curve to extrapolate"
+    span = f"steps {curve[-2][0]}-{curve[-1][0]}"
+    last = curve[-1][0]
+    if curve[-1][1] >= target:
+        return f"{gap} on test; dev already reaches {target:g} at step {last} (the shortfall is the dev/test gap)"
+    steps, rate = steps_to_reach(curve, target)
+    if steps is None:
+        return f"{gap}; the dev curve's last segment ({span}) does not rise: no extrapolation"
+    at = "more than 100x this run's steps" if steps > 100 * last else f"~{steps:,.0f} steps"
+    return (f"{gap}; the dev curve's last segment ({span}) gains {rate:.1f} points per doubling of steps: at that "
+            f"rate dev reaches {target:g} at {at} (this run: {last:,}; an extrapolation, not a measurement)")
+
+
+def _ok(x: Any) -> bool:
+    return isinstance(x, (int, float)) and not math.isnan(x)
+
+
+def _verdict(ok: bool | None) -> str:
+    return "not measured" if ok is None else ("**holds**" if ok else "**missed**")
+
+
+def nlu_rows(nlu: dict[str, Any], run_dir: Path, row: str = "skillnet") -> list[list[str]]:
+    """Table rows: target, measured, verdict, gap and what the dev curve says it would need."""
+    out: list[list[str]] = []
+    methods = nlu["methods"]
+    main = methods.get(row)
+    for task, target in NLU_SCORE_TARGETS.items():
+        name = f"{task} >= {target:g} (`{row}`, test)"
+        v = None if main is None else main["tasks"].get(task, {}).get("mean")
+        if not _ok(v):
+            out.append([name, "-", _verdict(None), "-"])
+            continue
+        ok = v >= target
+        need = "-" if ok else _need(mean_curve(main.get("curves", {}).get(task, [])), target, target - v)
+        out.append([name, f"{v:.1f}", _verdict(ok), need])
+    triv = baseline_scores(run_dir, nlu, "trivial_test")
+    cells = [(m, t, r["tasks"][t]["mean"]) for m, r in methods.items() for t in nlu["tasks"] if t in triv]
+    below = [f"`{m}` on {t}" for m, t, v in cells if not _ok(v) or v <= triv[t]]
+    out.append(["every task above its trivial baseline, every row",
+                f"{len(below)} of {len(cells)} (row, task) at or below, or not scored" if cells else "-",
+                _verdict(None if not cells else not below), ", ".join(below) or "-"])
+    stds = {m: r["average"]["std"] for m, r in methods.items()
+            if len(r["average"].get("values", [])) > 1 and _ok(r["average"]["std"])}
+    bad = {m: s for m, s in stds.items() if s > STD_CEILING}
+    out.append([f"std over seeds of each row's average <= {STD_CEILING:g}",
+                f"largest {max(stds.values()):.1f}" if stds else "-", _verdict(None if not stds else not bad),
+                ", ".join(f"`{m}` {s:.1f}" for m, s in sorted(bad.items(), key=lambda x: -x[1])) or "-"])
+    return out
+
+
+def nlg_rows(nlg: dict[str, Any], run_dir: Path, row: str = "skillnet") -> list[list[str]]:
+    out: list[list[str]] = []
+    low, seen = [], False
+    for m in nlg["methods"]:
+        for t in nlg["tasks"]:
+            d = diagnostics(run_dir, m, t, "distinct")
+            if d:
+                seen = True
+                if statistics.fmean(d) < DISTINCT_FLOOR:
+                    low.append(f"`{m}` on {t} ({statistics.fmean(d):.0f}%)")
+    out.append([f">= {DISTINCT_FLOOR:.0f}% distinct test outputs, every row and task",
+                f"{len(low)} (row, task) below" if seen else "-", _verdict(None if not seen else not low),
+                ", ".join(low) or "-"])
+    main = nlg["methods"].get(row)
+    if "csc" in nlg["tasks"] and main is not None:
+        f05 = diagnostics(run_dir, row, "csc", "f0.5")
+        v = statistics.fmean(f05) if f05 else None
+        out.append([f"csc: F0.5 > 0 (`{row}`)", "-" if v is None else f"{v:.1f}",
+                    _verdict(None if v is None else v > 0), "-"])
+        acc = diagnostics(run_dir, row, "csc", "char_accuracy")
+        copy_acc = baseline_scores(run_dir, {"tasks": ["csc"]}, "trivial_test", "char_accuracy").get("csc")
+        if acc and copy_acc is not None:
+            a = statistics.fmean(acc)
+            out.append([f"csc: character accuracy >= copy-the-source's - {CSC_CHAR_ACC_MARGIN:g} (`{row}`)",
+                        f"{a:.1f} (copy: {copy_acc:.1f})", _verdict(a >= copy_acc - CSC_CHAR_ACC_MARGIN),
+                        "-" if a >= copy_acc - CSC_CHAR_ACC_MARGIN else
+                        f"{copy_acc - CSC_CHAR_ACC_MARGIN - a:.1f} points short"])
+        else:
+            out.append([f"csc: character accuracy >= copy-the-source's - {CSC_CHAR_ACC_MARGIN:g} (`{row}`)", "-",
+                        _verdict(None), "the runs did not score character accuracy"])
+    copy = baseline_scores(run_dir, nlg, "trivial_test")
+    for t in (t for t in NLG_BEAT_COPY if t in nlg["tasks"]):
+        scored = {m: r["tasks"][t]["mean"] for m, r in nlg["methods"].items() if _ok(r["tasks"][t]["mean"])}
+        if not scored:
+            out.append([f"{t}: the best row beats copy-the-source", "-", _verdict(None), "-"])
+            continue
+        best = max(scored, key=scored.__getitem__)
+        top = scored[best]
+        ok = None if t not in copy else top > copy[t]
+        out.append([f"{t}: the best row beats copy-the-source", f"`{best}` {top:.1f}"
+                    + (f" (copy: {copy[t]:.1f})" if t in copy else ""), _verdict(ok),
+                    "-" if ok or ok is None else f"{copy[t] - top:.1f} points short"])
+    return out
+
+
+def targets_section(doc: Document, cmps: dict[str, Any], cmp_dir: Path, parts: tuple[str, ...],
+                    findings: list[str]) -> None:
+    """The targets table of the report (one row per target), and one finding naming the missed ones."""
+    rows: list[list[str]] = []
+    if "nlu" in parts and cmps.get("nlu_main"):
+        rows += nlu_rows(cmps["nlu_main"], cmp_dir / "nlu_main")
+    if "nlg" in parts and cmps.get("nlg_main"):
+        rows += nlg_rows(cmps["nlg_main"], cmp_dir / "nlg_main")
+    if not rows:
+        return
+    doc.h(2, "Learning targets at this scale")
+    doc.p("What a CPU run of this profile is expected to reach for its tables to say anything: scores well above "
+          "the trivial baselines, outputs that depend on the input, and a spread over seeds small enough to "
+          "resolve a difference of a few points. Each row is checked against the tables above.")
+    doc.table(["target", "measured", "verdict", "gap; what the measured curve says"], rows)
+    missed = [r[0] for r in rows if r[2] == "**missed**"]
+    measured = [r for r in rows if r[2] != _verdict(None)]
+    if missed:
+        findings.append("Learning targets missed in this run: " + "; ".join(missed) + " (see the targets table).")
+    elif measured:
+        findings.append("Every learning target that this run measured holds.")

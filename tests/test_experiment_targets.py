@@ -1,0 +1,94 @@
+"""The report's learning targets: each is checked against the tables it comes from, and a missed
+fine-tuning target comes with the budget its measured dev curve extrapolates to."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+from skillnet.experiments.targets import mean_curve, nlg_rows, nlu_rows, steps_to_reach
+
+
+def test_steps_to_reach_inverts_a_log_linear_curve() -> None:
+    curve = [(s, 10.0 + 5.0 * math.log2(s)) for s in (100, 200, 400)]  # +5 points per doubling
+    steps, per_doubling = steps_to_reach(curve, 10.0 + 5.0 * math.log2(3200))
+    assert per_doubling == pytest.approx(5.0) and steps == pytest.approx(3200)
+    assert steps_to_reach([(100, 50.0), (200, 49.0)], 60.0) == (None, pytest.approx(-1.0))  # falls: no budget
+    assert steps_to_reach([(100, 50.0)], 60.0) == (None, None)
+
+
+def test_mean_curve_keeps_the_steps_every_seed_evaluated() -> None:
+    assert mean_curve([[[100, 10.0], [200, 20.0]], [[100, 30.0]]]) == [(100, 20.0)]
+
+
+def _write_run(d: Path, tasks: dict[str, dict]) -> None:
+    d.mkdir(parents=True)
+    (d / "results.json").write_text(json.dumps({"tasks": tasks}), encoding="utf-8")
+
+
+def _row(scores: dict[str, list[float]], curves: dict[str, list]) -> dict:
+    tasks = {t: {"mean": sum(v) / len(v), "values": v} for t, v in scores.items()}
+    avg = [sum(scores[t][i] for t in scores) / len(scores) for i in range(len(next(iter(scores.values()))))]
+    mean = sum(avg) / len(avg)
+    std = (sum((a - mean) ** 2 for a in avg) / (len(avg) - 1)) ** 0.5
+    return {"tasks": tasks, "average": {"mean": mean, "std": std, "values": avg}, "steps": 300, "curves": curves}
+
+
+def test_nlu_rows_report_holds_misses_and_what_the_curve_needs(tmp_path: Path) -> None:
+    run_dir = tmp_path / "nlu_main"
+    _write_run(run_dir / "skillnet" / "seed0", {
+        "ner": {"metric": "f1", "trivial_test": {"f1": 0.0}},
+        "sentiment": {"metric": "accuracy", "trivial_test": {"accuracy": 55.0}}})
+    ner_curve = [[100, 30.0], [200, 40.0], [300, 30.0 + 10.0 * math.log2(3)]]  # 10 points a doubling
+    nlu = {"tasks": ["ner", "sentiment"], "methods": {
+        "skillnet": _row({"ner": [44.0, 46.0], "sentiment": [86.0, 88.0]},
+                         {"ner": [ner_curve, ner_curve], "sentiment": []}),
+        "moe": _row({"ner": [0.0, 0.0], "sentiment": [60.0, 70.0]}, {}),
+    }}
+    rows = {r[0].split(" ")[0]: r for r in nlu_rows(nlu, run_dir)}
+    assert rows["ner"][1:3] == ["45.0", "**missed**"]
+    assert "15.0 points short" in rows["ner"][3] and "10.0 points per doubling" in rows["ner"][3]
+    assert "~800 steps" in rows["ner"][3]  # 30 + 10 log2(s / 100) = 60 at s = 800
+    assert rows["sentiment"][1:3] == ["87.0", "**holds**"]
+    assert rows["every"][2] == "**missed**" and rows["every"][3] == "`moe` on ner"
+    assert rows["std"][2] == "**missed**" and "`moe` 3.5" in rows["std"][3] and "skillnet" not in rows["std"][3]
+
+
+def test_nlg_rows_read_distinct_outputs_f05_and_the_copy_baseline(tmp_path: Path) -> None:
+    run_dir = tmp_path / "nlg_main"
+    for seed, (f05, distinct) in enumerate([(0.0, 95.0), (2.0, 85.0)]):
+        _write_run(run_dir / "skillnet" / f"seed{seed}", {
+            "csc": {"metric": "f0.5", "test": {"f0.5": f05, "distinct": 100.0, "char_accuracy": 93.0},
+                    "trivial_test": {"f0.5": 0.0, "char_accuracy": 96.0}},
+            "poetry_title": {"metric": "bleu_2", "test": {"bleu_2": 3.0, "distinct": distinct},
+                             "trivial_test": {"bleu_2": 1.0}}})
+    nlg = {"tasks": ["csc", "poetry_title"], "methods": {"skillnet": {"tasks": {
+        "csc": {"mean": 1.0}, "poetry_title": {"mean": 3.0}}}}}
+    rows = nlg_rows(nlg, run_dir)
+    assert rows[0][2] == "**holds**"  # 90% distinct on average over the seeds
+    assert rows[1][1:3] == ["1.0", "**holds**"]  # F0.5 > 0
+    assert rows[2][1:4] == ["93.0 (copy: 96.0)", "**missed**", "1.0 points short"]
+    assert rows[3][1:3] == ["`skillnet` 3.0 (copy: 1.0)", "**holds**"]
+
+
+def test_need_says_plainly_when_there_is_no_honest_number() -> None:
+    from skillnet.experiments.targets import _need
+
+    flat = [(100, 44.0), (200, 44.1), (300, 44.10001)]  # rises, but 16 points would take 2^600000 steps
+    assert "more than 100x this run's steps" in _need(flat, 60.0, 16.0)
+    assert steps_to_reach(flat, 1e9)[0] == math.inf  # no OverflowError
+    assert "does not rise" in _need([(100, 30.0), (200, 55.0), (300, 54.0)], 60.0, 6.0)
+    # An early jump is not the rate: the last segment is.
+    assert "1.7 points per doubling" in _need([(100, 30.0), (200, 55.0), (300, 56.0)], 60.0, 4.0)
+    assert "dev/test gap" in _need([(100, 58.0), (200, 62.0)], 60.0, 1.0)
+
+
+def test_a_row_without_scores_is_not_measured_rather_than_missed(tmp_path: Path) -> None:
+    nan = float("nan")
+    nlu = {"tasks": ["ner"], "methods": {"skillnet": {
+        "tasks": {"ner": {"mean": nan, "values": [None, None]}},
+        "average": {"mean": nan, "std": nan, "values": [nan, nan]}, "steps": 300, "curves": {}}}}
+    rows = nlu_rows(nlu, tmp_path)
+    assert rows[0][1:3] == ["-", "not measured"] and rows[-1][1:3] == ["-", "not measured"]
