@@ -89,12 +89,7 @@ def nlu_rows(nlu: dict[str, Any], run_dir: Path, row: str = "skillnet") -> list[
         ok = v >= target
         need = "-" if ok else _need(mean_curve(main.get("curves", {}).get(task, [])), target, target - v)
         out.append([name, f"{v:.1f}", _verdict(ok), need])
-    triv = baseline_scores(run_dir, nlu, "trivial_test")
-    cells = [(m, t, r["tasks"][t]["mean"]) for m, r in methods.items() for t in nlu["tasks"] if t in triv]
-    below = [f"`{m}` on {t}" for m, t, v in cells if not _ok(v) or v <= triv[t]]
-    out.append(["every task above its trivial baseline, every row",
-                f"{len(below)} of {len(cells)} (row, task) at or below, or not scored" if cells else "-",
-                _verdict(None if not cells else not below), ", ".join(below) or "-"])
+    out.append(above_trivial(nlu, run_dir, "every task above its trivial baseline, every row"))
     stds = {m: r["average"]["std"] for m, r in methods.items()
             if len(r["average"].get("values", [])) > 1 and _ok(r["average"]["std"])}
     bad = {m: s for m, s in stds.items() if s > STD_CEILING}
@@ -104,19 +99,33 @@ def nlu_rows(nlu: dict[str, Any], run_dir: Path, row: str = "skillnet") -> list[
     return out
 
 
-def nlg_rows(nlg: dict[str, Any], run_dir: Path, row: str = "skillnet") -> list[list[str]]:
-    out: list[list[str]] = []
+def above_trivial(cmp: dict[str, Any], run_dir: Path, name: str) -> list[str]:
+    """One table row: every (row, task) of a comparison scores above the task's trivial baseline."""
+    triv = baseline_scores(run_dir, cmp, "trivial_test")
+    cells = [(m, t, r["tasks"][t]["mean"]) for m, r in cmp["methods"].items() for t in cmp["tasks"] if t in triv]
+    below = [f"`{m}` on {t}" for m, t, v in cells if not _ok(v) or v <= triv[t]]
+    return [name, f"{len(below)} of {len(cells)} (row, task) at or below, or not scored" if cells else "-",
+            _verdict(None if not cells else not below), ", ".join(below) or "-"]
+
+
+def distinct_outputs(cmp: dict[str, Any], run_dir: Path, name: str) -> list[str]:
+    """One table row: every (row, task) of a generation comparison gives distinct outputs to at least
+    DISTINCT_FLOOR percent of its test inputs (mean over seeds)."""
     low, seen = [], False
-    for m in nlg["methods"]:
-        for t in nlg["tasks"]:
+    for m in cmp["methods"]:
+        for t in cmp["tasks"]:
             d = diagnostics(run_dir, m, t, "distinct")
             if d:
                 seen = True
                 if statistics.fmean(d) < DISTINCT_FLOOR:
                     low.append(f"`{m}` on {t} ({statistics.fmean(d):.0f}%)")
-    out.append([f">= {DISTINCT_FLOOR:.0f}% distinct test outputs, every row and task",
-                f"{len(low)} (row, task) below" if seen else "-", _verdict(None if not seen else not low),
-                ", ".join(low) or "-"])
+    return [name, f"{len(low)} (row, task) below" if seen else "-", _verdict(None if not seen else not low),
+            ", ".join(low) or "-"]
+
+
+def nlg_rows(nlg: dict[str, Any], run_dir: Path, row: str = "skillnet") -> list[list[str]]:
+    out: list[list[str]] = []
+    out.append(distinct_outputs(nlg, run_dir, f">= {DISTINCT_FLOOR:.0f}% distinct test outputs, every row and task"))
     main = nlg["methods"].get(row)
     if "csc" in nlg["tasks"] and main is not None:
         f05 = diagnostics(run_dir, row, "csc", "f0.5")
@@ -155,8 +164,14 @@ def targets_section(doc: Document, cmps: dict[str, Any], cmp_dir: Path, parts: t
     rows: list[list[str]] = []
     if "nlu" in parts and cmps.get("nlu_main"):
         rows += nlu_rows(cmps["nlu_main"], cmp_dir / "nlu_main")
+    if "nlu" in parts and cmps.get("nlu_adapt"):
+        rows.append(above_trivial(cmps["nlu_adapt"], cmp_dir / "nlu_adapt",
+                                  "new task (Table 5): every row above its trivial baseline"))
     if "nlg" in parts and cmps.get("nlg_main"):
         rows += nlg_rows(cmps["nlg_main"], cmp_dir / "nlg_main")
+    if "nlg" in parts and cmps.get("nlg_adapt"):
+        rows.append(distinct_outputs(cmps["nlg_adapt"], cmp_dir / "nlg_adapt",
+                                     f"new generation task: >= {DISTINCT_FLOOR:.0f}% distinct test outputs, every row"))
     if not rows:
         return
     doc.h(2, "Learning targets at this scale")

@@ -92,3 +92,21 @@ def test_a_row_without_scores_is_not_measured_rather_than_missed(tmp_path: Path)
         "average": {"mean": nan, "std": nan, "values": [nan, nan]}, "steps": 300, "curves": {}}}}
     rows = nlu_rows(nlu, tmp_path)
     assert rows[0][1:3] == ["-", "not measured"] and rows[-1][1:3] == ["-", "not measured"]
+
+
+def test_the_new_task_rows_catch_an_adaptation_that_answers_the_majority(tmp_path: Path) -> None:
+    from skillnet.experiments.targets import targets_section
+    from skillnet.finetune.document import Document
+
+    # answer_select: F1 of "always positive" is the trivial baseline; a row stuck there learnt nothing.
+    adapt_dir = tmp_path / "nlu_adapt"
+    _write_run(adapt_dir / "a_existing" / "seed0", {"answer_select": {"metric": "f1", "trivial_test": {"f1": 66.7}}})
+    adapt = {"tasks": ["answer_select"], "methods": {
+        "a_existing": _row({"answer_select": [66.7, 66.7]}, {}),
+        "c_s8_all": _row({"answer_select": [70.0, 72.0]}, {})}}
+    doc, findings = Document(), []
+    targets_section(doc, {"nlu_adapt": adapt}, tmp_path, ("nlu",), findings)
+    text = doc.markdown(lambda p: str(p))
+    assert "new task (Table 5): every row above its trivial baseline | 1 of 2" in text
+    assert "`a_existing` on answer_select" in text and "c_s8_all" not in text.split("Table 5")[1]
+    assert findings and "new task (Table 5)" in findings[0]
