@@ -112,21 +112,35 @@ def diagnostics(run_dir: Path, method: str, task: str, key: str) -> list[float]:
 DISTINCT_FLOOR = 90.0  # percent of test inputs with their own output; below it a row is called degenerate
 
 
+def distinct_means(cmp: dict[str, Any], run_dir: Path) -> dict[tuple[str, str], float]:
+    """Mean share of distinct test outputs over the seeds, per (row, task) that recorded it."""
+    out = {}
+    for m in cmp["methods"]:
+        for t in cmp["tasks"]:
+            d = diagnostics(run_dir, m, t, "distinct")
+            if d:
+                out[(m, t)] = sum(d) / len(d)
+    return out
+
+
+def below_distinct_floor(means: dict[tuple[str, str], float]) -> list[str]:
+    return [f"`{m}` on {t} ({d:.0f}%)" for (m, t), d in means.items() if d < DISTINCT_FLOOR]
+
+
 def degenerate_outputs(doc: Document, nlg: dict[str, Any], run_dir: Path, findings: list[str]) -> None:
     """Share of distinct outputs and repetition rate per row and task (all test inputs, mean over seeds);
     a finding names every (row, task) below DISTINCT_FLOOR."""
-    rows, low = [], []
+    means = distinct_means(nlg, run_dir)
+    low = below_distinct_floor(means)
+    rows = []
     for m in nlg["methods"]:
         cells = []
         for t in nlg["tasks"]:
-            d, rep = diagnostics(run_dir, m, t, "distinct"), diagnostics(run_dir, m, t, "repetition")
-            if not d:
+            if (m, t) not in means:
                 cells.append("-")
                 continue
-            mean_d = sum(d) / len(d)
-            cells.append(f"{mean_d:.0f}% / {sum(rep) / len(rep):.0f}%" if rep else f"{mean_d:.0f}%")
-            if mean_d < DISTINCT_FLOOR:
-                low.append(f"`{m}` on {t} ({mean_d:.0f}%)")
+            rep = diagnostics(run_dir, m, t, "repetition")
+            cells.append(f"{means[m, t]:.0f}% / {sum(rep) / len(rep):.0f}%" if rep else f"{means[m, t]:.0f}%")
         rows.append([m, *cells])
     if all(c == "-" for r in rows for c in r[1:]):
         return

@@ -9,6 +9,7 @@ from typing import Any
 from skillnet.experiments.tables import (
     NLU_ROWS,
     NLU_STAND_INS,
+    at_or_below,
     baseline_scores,
     differences,
     line_plot,
@@ -153,8 +154,7 @@ def baselines(doc: Document, nlu: dict[str, Any], run_dir: Path, findings: list[
     doc.table(["baseline", *tasks], [["trivial", *[cell(triv, t) for t in tasks]],
                                      ["TF-IDF", *[cell(lex, t) for t in tasks]],
                                      ["test examples", *[f"{size[t]:,}" if t in size else "-" for t in tasks]]])
-    below_triv = [(m, t) for m, r in nlu["methods"].items() for t in tasks
-                  if t in triv and r["tasks"][t]["mean"] <= triv[t]]
+    below_triv = at_or_below(nlu, triv)
     if below_triv:
         findings.append("At or below the trivial baseline: " + ", ".join(f"`{m}` on {t}" for m, t in below_triv)
                         + " (those rows learnt nothing usable on that task).")

@@ -14,8 +14,8 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from skillnet.experiments.report_nlg import DISTINCT_FLOOR, diagnostics
-from skillnet.experiments.tables import baseline_scores
+from skillnet.experiments.report_nlg import DISTINCT_FLOOR, below_distinct_floor, diagnostics, distinct_means
+from skillnet.experiments.tables import at_or_below, baseline_scores
 from skillnet.finetune.document import Document
 
 # NLU: SkillNet-NLU's test score (mean over seeds) on these tasks, at least this high.
@@ -102,24 +102,18 @@ def nlu_rows(nlu: dict[str, Any], run_dir: Path, row: str = "skillnet") -> list[
 def above_trivial(cmp: dict[str, Any], run_dir: Path, name: str) -> list[str]:
     """One table row: every (row, task) of a comparison scores above the task's trivial baseline."""
     triv = baseline_scores(run_dir, cmp, "trivial_test")
-    cells = [(m, t, r["tasks"][t]["mean"]) for m, r in cmp["methods"].items() for t in cmp["tasks"] if t in triv]
-    below = [f"`{m}` on {t}" for m, t, v in cells if not _ok(v) or v <= triv[t]]
-    return [name, f"{len(below)} of {len(cells)} (row, task) at or below, or not scored" if cells else "-",
-            _verdict(None if not cells else not below), ", ".join(below) or "-"]
+    n = sum(t in triv for t in cmp["tasks"]) * len(cmp["methods"])
+    below = [f"`{m}` on {t}" for m, t in at_or_below(cmp, triv)]
+    return [name, f"{len(below)} of {n} (row, task) at or below, or not scored" if n else "-",
+            _verdict(None if not n else not below), ", ".join(below) or "-"]
 
 
 def distinct_outputs(cmp: dict[str, Any], run_dir: Path, name: str) -> list[str]:
     """One table row: every (row, task) of a generation comparison gives distinct outputs to at least
     DISTINCT_FLOOR percent of its test inputs (mean over seeds)."""
-    low, seen = [], False
-    for m in cmp["methods"]:
-        for t in cmp["tasks"]:
-            d = diagnostics(run_dir, m, t, "distinct")
-            if d:
-                seen = True
-                if statistics.fmean(d) < DISTINCT_FLOOR:
-                    low.append(f"`{m}` on {t} ({statistics.fmean(d):.0f}%)")
-    return [name, f"{len(low)} (row, task) below" if seen else "-", _verdict(None if not seen else not low),
+    means = distinct_means(cmp, run_dir)
+    low = below_distinct_floor(means)
+    return [name, f"{len(low)} (row, task) below" if means else "-", _verdict(None if not means else not low),
             ", ".join(low) or "-"]
 
 
