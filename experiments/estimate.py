@@ -175,7 +175,7 @@ def estimate(p: Profile) -> list[dict[str, Any]]:
         * bart_flops_per_pair(bart, p.pt_seq, p.pt_seq, 1),
         "nlg_main": nlg_runs(p.nlg_methods, p.seeds, p.nlg_steps),
         "nlg_temp": nlg_runs(["skillnet"] * len(p.temperatures), p.side_seeds, p.nlg_steps),
-        "nlg_adapt": nlg_runs(["skillnet", "skillnet", "task_specific"], p.seeds, p.adapt_steps),
+        "nlg_adapt": nlg_runs(["skillnet", "skillnet", "task_specific"], p.seeds, p.nlg_adapt_steps or p.adapt_steps),
     }
     return [{"stage": name, "pflop": v / 1e15, **{gpu: v / (peak * ASSUMED_MFU) / 3600 for gpu, peak in GPU_PEAKS.items()}}
             for name, v in flops.items()]

@@ -85,6 +85,14 @@ def nlg_config(r: Runner, names: list[str], steps: int, name: str, caps: dict[st
     return write_config(r, name, d)
 
 
+def task_steps_args(rows: list[str], steps: int | None) -> list[str]:
+    """compare options that give every task-specific row `steps` steps per task (none when `steps` is None)."""
+    if steps is None:
+        return []
+    labels = [row.split("=")[0] for row in rows if row.split("=")[-1] == "task_specific"]
+    return [x for lab in labels for x in ("--args-for", f"{lab}=--max-steps {steps}")]
+
+
 def nlg_train_tasks() -> list[str]:
     return [n for n, i in gen_tasks().items() if not i.held_out and n in NLG_FORMATS]
 
@@ -92,7 +100,8 @@ def nlg_train_tasks() -> list[str]:
 def stage_nlg_main(r: Runner) -> dict[str, Any]:
     P = paths(r.out)
     cfg = nlg_config(r, nlg_train_tasks(), r.p.nlg_steps, "nlg_main")
-    compare(r, cfg, P["cmp"] / "nlg_main", r.p.nlg_methods, r.p.seeds, P["bart_hf"])
+    extra = task_steps_args(r.p.nlg_methods, r.p.nlg_task_steps)
+    compare(r, cfg, P["cmp"] / "nlg_main", r.p.nlg_methods, r.p.seeds, P["bart_hf"], extra)
     return {}
 
 
@@ -111,7 +120,7 @@ def stage_nlg_adapt(r: Runner) -> dict[str, Any]:
     skills (existing), with a new skill, and task-specific from the same weights."""
     P = paths(r.out)
     new = [n for n, i in gen_tasks().items() if i.held_out][0]
-    cfg = nlg_config(r, [new], r.p.adapt_steps, "nlg_adapt")
+    cfg = nlg_config(r, [new], r.p.nlg_adapt_steps or r.p.adapt_steps, "nlg_adapt")
     init = P["cmp"] / "nlg_main" / "skillnet" / "seed{seed}" / "export"
     rows = ["a_existing=skillnet", "c_new_skill=skillnet", "task_specific"]
     extra = ["--args-for", "c_new_skill=--new-skill new_task", "--reference", "a_existing"]

@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from skillnet.experiments.nlg import nlg_train_tasks
 from skillnet.experiments.report_nlg import nlg_part
 from skillnet.experiments.report_nlu import nlu_part
 from skillnet.experiments.runner import REPO
@@ -154,6 +155,7 @@ def cuts(profile: Any, parts: tuple[str, ...], records: dict[str, Any]) -> list[
             "ChnSentiCorp, OntoNotes, TNEWS, AFQMC, CMRC 2018 and NLPCC-DBQA (the table below); OCNLI has none.",
         ]
     if "nlg" in parts:
+        n_gen = len(nlg_train_tasks())
         out += [
             f"Model size: BART hidden {g['d_model']}, {g['encoder_layers']}+{g['encoder_layers']} layers (paper: "
             "BART-large, 1024 and 12+12).",
@@ -163,9 +165,12 @@ def cuts(profile: Any, parts: tuple[str, ...], records: dict[str, Any]) -> list[
             "runs at every target position, where BERT's MLM head runs at the masked 15%: a BART step costs "
             "several BERT MLM steps at this size).",
             f"Fine-tuning: {profile.nlg_steps} steps of batch {profile.nlg_batch} on at most {profile.nlg_train} "
-            f"training examples per task, {profile.nlg_eval} evaluation examples, beam {profile.nlg_beams}; new task "
-            f"{profile.adapt_steps} steps; "
-            + ("each task-specific model trains the joint run's steps on its own task."
+            f"training examples per task, peak lr {profile.nlg_lr:g}, {profile.nlg_eval} evaluation examples, beam "
+            f"{profile.nlg_beams}; new task {profile.nlg_adapt_steps or profile.adapt_steps} steps; "
+            + (f"each task-specific model trains {profile.nlg_task_steps} steps on its own task ({n_gen} x "
+               f"{profile.nlg_task_steps} in all, against {profile.nlg_steps} for a joint row)."
+               if profile.nlg_task_steps else
+               "each task-specific model trains the joint run's steps on its own task."
                if profile.task_specific_budget == "full" else
                "the task-specific models share the joint run's steps (too few each to converge: a lower bound)."),
             "Data: spelling correction (SIGHAN-2015 pairs from pycorrector; synthetic training pairs from its "

@@ -11,7 +11,7 @@ import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from skillnet.experiments.profiles import Profile
 
@@ -35,31 +35,10 @@ class Runner:
                "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
         return env
 
-    def run(self, cmd: list[str], check_file: Path | None = None) -> None:
-        """Run `cmd` from the repository root; skip it when `check_file` exists (done in an earlier sitting)."""
-        text = shlex.join(cmd)
-        self.commands.append(text)
-        if check_file is not None and check_file.exists():
-            return
-        if self.dry_run:
-            print(f"  $ {text}", flush=True)
-            return
-        log = self.out / "logs" / f"{self.stage}.log"
-        print(f"  $ {text}", flush=True)
-        with open(log, "a", encoding="utf-8") as f:
-            f.write(f"\n$ {text}\n")
-            f.flush()
-            r = subprocess.run(cmd, cwd=REPO, stdout=f, stderr=subprocess.STDOUT, env=self.env())
-        if r.returncode != 0:
-            tail = log.read_text(encoding="utf-8", errors="replace").splitlines()[-15:]
-            raise RuntimeError(f"stage {self.stage}: command failed (exit {r.returncode}): {text}\n  "
-                               + "\n  ".join(tail) + f"\n(full log: {log})")
-
-    def run_many(self, cmds: list[tuple[list[str], Path | None]], jobs: int) -> None:
-        """Independent commands (each with its `check_file`), up to `jobs` at once: single-threaded work such
-        as the task converters, whose interpreter start-up and package reading dominate. Each command's
-        output goes to its own file and is appended to the stage log in command order."""
-        pending = []
+    def _pending(self, cmds: list[tuple[list[str], Path | None]]) -> list[tuple[list[str], str]]:
+        """Record and echo every command; return those still to run (not done in an earlier sitting, as
+        their `check_file` says, and not a dry run)."""
+        out = []
         for cmd, check_file in cmds:
             text = shlex.join(cmd)
             self.commands.append(text)
@@ -67,7 +46,37 @@ class Runner:
                 continue
             print(f"  $ {text}", flush=True)
             if not self.dry_run:
-                pending.append((cmd, text))
+                out.append((cmd, text))
+        return out
+
+    def _exec(self, cmd: list[str], f: IO[str]) -> int:
+        return subprocess.run(cmd, cwd=REPO, stdout=f, stderr=subprocess.STDOUT, env=self.env()).returncode
+
+    def _raise_if_failed(self, done: list[tuple[str, int]], log: Path) -> None:
+        bad = [(text, rc) for text, rc in done if rc != 0]
+        if bad:
+            text, rc = bad[0]
+            tail = log.read_text(encoding="utf-8", errors="replace").splitlines()[-15:]
+            what = "command failed" if len(done) == 1 else f"{len(bad)} command(s) failed, first"
+            raise RuntimeError(f"stage {self.stage}: {what} (exit {rc}): {text}\n  " + "\n  ".join(tail)
+                               + f"\n(full log: {log})")
+
+    def run(self, cmd: list[str], check_file: Path | None = None) -> None:
+        """Run `cmd` from the repository root, its output streamed to the stage log; skip it when
+        `check_file` exists (done in an earlier sitting)."""
+        log = self.out / "logs" / f"{self.stage}.log"
+        for c, text in self._pending([(cmd, check_file)]):
+            with open(log, "a", encoding="utf-8") as f:
+                f.write(f"\n$ {text}\n")
+                f.flush()
+                rc = self._exec(c, f)
+            self._raise_if_failed([(text, rc)], log)
+
+    def run_many(self, cmds: list[tuple[list[str], Path | None]], jobs: int) -> None:
+        """Independent commands (each with its `check_file`), up to `jobs` at once: single-threaded work such
+        as the task converters, whose interpreter start-up and package reading dominate. Each command's
+        output goes to its own file and is appended to the stage log in command order."""
+        pending = self._pending(cmds)
         if not pending:
             return
         import tempfile
@@ -77,20 +86,14 @@ class Runner:
         with tempfile.TemporaryDirectory(prefix="stage_", dir=self.out / "logs") as tmp:
             def one(i: int) -> int:
                 with open(Path(tmp) / f"{i}.log", "w", encoding="utf-8") as f:
-                    return subprocess.run(pending[i][0], cwd=REPO, stdout=f, stderr=subprocess.STDOUT,
-                                          env=self.env()).returncode
+                    return self._exec(pending[i][0], f)
 
             with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
                 codes = list(pool.map(one, range(len(pending))))
             with open(log, "a", encoding="utf-8") as f:
                 for i, (_, text) in enumerate(pending):
                     f.write(f"\n$ {text}\n" + (Path(tmp) / f"{i}.log").read_text(encoding="utf-8", errors="replace"))
-        bad = [(text, rc) for (_, text), rc in zip(pending, codes) if rc != 0]
-        if bad:
-            text, rc = bad[0]
-            tail = log.read_text(encoding="utf-8", errors="replace").splitlines()[-15:]
-            raise RuntimeError(f"stage {self.stage}: {len(bad)} command(s) failed, first (exit {rc}): {text}\n  "
-                               + "\n  ".join(tail) + f"\n(full log: {log})")
+        self._raise_if_failed([(text, rc) for (_, text), rc in zip(pending, codes)], log)
 
     def deepspeed(self, script: str, args: list[str], micro_batch: int) -> list[str]:
         """`deepspeed` over the profile's ranks with a copy of its DeepSpeed JSON whose micro-batch is this

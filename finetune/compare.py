@@ -506,8 +506,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     failed: list[tuple[str, int]] = []
     t_all = time.time()
     todo: list[Job] = []
+    row_seed: dict[Path, tuple[str, int]] = {}  # a failed run is named by its row and seed, not its folder
     for i, (row, s) in enumerate(plan, 1):
         rdir = run_dir(out, row.label, s)
+        row_seed[rdir] = (row.label, s)
         cmd = run_command(a, config, row, s, rdir)
         head = f"[compare] ({i}/{len(plan)}) {row.label} seed {s}"
         if (rdir / "results.json").is_file():
@@ -523,7 +525,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             tail = (rdir / "run.log").read_text(encoding="utf-8", errors="replace").splitlines()[-5:]
             print(f"{head}: FAILED (exit {rc}) after {secs:.0f} s; last lines of its log:\n  " + "\n  ".join(tail),
                   file=sys.stderr, flush=True)
-            failed.append((rdir.parent.name, int(rdir.name.removeprefix("seed"))))
+            failed.append(row_seed[rdir])
             return
         res = json.loads((rdir / "results.json").read_text(encoding="utf-8"))
         dev = [_score(r, "dev") for r in res["tasks"].values()]

@@ -57,6 +57,17 @@ def _run_dir(final: Path) -> Path | None:
     return None
 
 
+def _unk_id(folder: Path) -> int | None:
+    """The id of the export's unknown token (its saved tokenizer's), or None without a vocab.txt."""
+    vocab = folder / "vocab.txt"
+    if not vocab.exists():
+        return None
+    unk = (_read(folder / "tokenizer_config.json") or {}).get("unk_token") or "[UNK]"
+    unk = unk.get("content", "[UNK]") if isinstance(unk, dict) else unk  # an AddedToken, serialised
+    lines = vocab.read_text(encoding="utf-8").splitlines()
+    return lines.index(unk) if unk in lines else None
+
+
 def pick_default_task(config: dict[str, Any], final: Path, requested: str | None,
                       meta: dict[str, Any]) -> str | None:
     """`requested` (``export --task``); else the task of a ``best_per_task/<task>`` folder; else the config's
@@ -118,6 +129,9 @@ def finish_export(model: torch.nn.Module, folder: str | os.PathLike, *, final: s
             if task in meta and meta[task].get("type") == "generation":
                 gen["num_beams"] = int(meta[task].get("num_beams", gen.get("num_beams", 1)))
                 gen["max_new_tokens"] = int(meta[task]["max_target_len"])
+                unk = _unk_id(folder)
+                if unk is not None:  # as the project's own decoding: [UNK] is never a right character
+                    gen["suppress_tokens"] = [unk]
                 _write(gen_path, gen)
         _write(cfg_path, cfg)
     run_dir = Path(run_dir) if run_dir is not None else _run_dir(final)

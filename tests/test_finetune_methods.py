@@ -189,6 +189,22 @@ def test_compare_two_methods_two_seeds_resumable(compared, capsys):
     assert (out / "comparison.md").is_file()
 
 
+def test_compare_names_a_failed_run_by_its_row_and_seed_and_keeps_the_others(tmp_path, capsys):
+    cfg = tmp_path / "cfg.json"
+    d = tiny_config(tmp_path / "unused")
+    d["train"].update(max_steps=2, eval_every=2, log_every=2)
+    cfg.write_text(json.dumps(d, ensure_ascii=False), encoding="utf-8")
+    args = ["--config", str(cfg), "--methods", "skillnet", "bad=skillnet", "--seeds", "3",
+            "--args-for", "bad=--drop-skill s99", "--output-dir", str(tmp_path / "cmp"), "--in-process",
+            "--threads", "1", "--no-plots"]
+    assert compare_cli.main(args) == 1
+    err = capsys.readouterr().err
+    assert "[compare] (2/2) bad seed 3: FAILED" in err
+    assert "error: 1 run(s) failed: [('bad', 3)]" in err
+    assert (tmp_path / "cmp" / "skillnet" / "seed3" / "results.json").is_file()
+    assert not (tmp_path / "cmp" / "comparison.json").exists()
+
+
 def test_compare_bad_arguments_end_with_one_error_line(tmp_path, capsys):
     cfg = tmp_path / "cfg.json"
     cfg.write_text(json.dumps(tiny_config(tmp_path)), encoding="utf-8")

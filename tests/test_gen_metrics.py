@@ -324,6 +324,24 @@ def test_distinct_share_and_repetition_rate_by_hand() -> None:
     assert out == {"distinct": 50.0, "repetition": 0.0}
 
 
+def test_edit_distance_equals_nltk_per_pair() -> None:
+    """The bit-vector edit distance against nltk's dynamic programme, pair by pair: empty sides, unrelated
+    strings, near copies, and lengths past one machine word (the masks are Python ints of any width)."""
+    import nltk
+    from skillnet.finetune.gen_metrics import _levenshtein
+
+    rng = random.Random(1)
+    pairs = [("", ""), ("", "abc"), ("abc", ""), ("a", "a"), ("ab", "ba"), ("kitten", "sitting")]
+    for _ in range(300):
+        a = "".join(rng.choice("abcdeф我们") for _ in range(rng.randint(0, 150)))
+        b = ("".join(rng.choice("abcdeф我们") for _ in range(rng.randint(0, 150))) if rng.random() < 0.5
+             else "".join(c for c in a if rng.random() < 0.9) + a[: rng.randint(0, 5)])
+        pairs.append((a, b))
+    for a, b in pairs:
+        assert _levenshtein(a, b) == nltk.edit_distance(a, b), (a, b)
+        assert _levenshtein(list(b), list(a)) == nltk.edit_distance(a, b)
+
+
 def test_char_accuracy_is_one_minus_the_character_error_rate_as_nltk_counts_it() -> None:
     import nltk
     from skillnet.finetune.gen_metrics import char_accuracy, score_generation

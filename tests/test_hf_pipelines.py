@@ -188,6 +188,12 @@ res["max"] = tok.model_max_length
         ("text2text", gen_run / "export", f"""
 gen = pipeline("text2text-generation", model=folder, trust_remote_code=True)
 res["out"] = [gen(s)[0]["generated_text"] for s in {_gen_sources()!r}]
+with torch.no_grad():  # [UNK] becomes by far the most likely token everywhere
+    gen.model.final_logits_bias[0, gen.tokenizer.unk_token_id] = 50.0
+res["unk_biased"] = [gen(s)[0]["generated_text"] for s in {_gen_sources()!r}]
+res["unk_plain"] = gen.tokenizer.decode(gen.model.generate(**gen.tokenizer({_gen_sources()[0]!r}, return_tensors="pt",
+                                                                           return_token_type_ids=False),
+                                                           suppress_tokens=[])[0])
 """),
     ]
     return run_plain_many(tmp_path_factory.mktemp("plain"), jobs)
@@ -282,6 +288,16 @@ def test_text2text_pipeline_matches_generate(gen_run, plain):
     cfg = json.loads((folder / "config.json").read_text())
     assert cfg["default_task"] == "fix" and cfg["task_prefixes"]["fix"] == "fix: "
     assert plain["text2text"]["out"] == want
+
+
+def test_text2text_pipeline_never_emits_unk(gen_run, plain):
+    """The export's generation_config suppresses [UNK] as the project's own decoding does, so a plain
+    transformers user gets the same text (a small model's most likely token is often [UNK])."""
+    assert "[UNK]" in plain["text2text"]["unk_plain"]  # the bias works when nothing suppresses it
+    assert all(out and "[UNK]" not in out for out in plain["text2text"]["unk_biased"])
+    gen = json.loads((gen_run / "export" / "generation_config.json").read_text())
+    vocab = (gen_run / "export" / "vocab.txt").read_text(encoding="utf-8").splitlines()
+    assert gen["suppress_tokens"] == [vocab.index("[UNK]")]
 
 
 def test_export_task_picks_the_default_and_no_default_keeps_the_error(ft_run, tmp_path):

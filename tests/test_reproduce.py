@@ -177,6 +177,20 @@ def test_run_many_runs_at_once_logs_in_order_and_reports_a_failure(tmp_path):
     assert "boom" in (tmp_path / "logs" / "demo.log").read_text()
 
 
+def test_run_streams_to_the_stage_log_skips_done_commands_and_reports_a_failure(tmp_path):
+    r = Runner(tmp_path, PROFILES["quick"])
+    r.stage = "demo"
+    done = tmp_path / "done.txt"
+    done.write_text("x")
+    r.run([sys.executable, "-c", "print('ran')"])
+    r.run([sys.executable, "-c", "print('never')"], check_file=done)
+    log = (tmp_path / "logs" / "demo.log").read_text()
+    assert "ran\n" in log and "never\n" not in log and len(r.commands) == 2
+    with pytest.raises(RuntimeError, match=r"stage demo: command failed \(exit 3\)") as e:
+        r.run([sys.executable, "-c", "import sys; print('boom'); sys.exit(3)"])
+    assert "boom" in str(e.value) and "demo.log" in str(e.value)
+
+
 def test_a_stage_spread_over_two_sittings_is_timed_over_both(tmp_path, monkeypatch):
     import json
     import time
