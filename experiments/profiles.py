@@ -71,11 +71,17 @@ class Profile:
     # CPU profiles train with the vocab entries their corpus and tasks use (runner.stage_vocab); the GPU
     # profile keeps bert-base-chinese's 21,128, as the papers.
     compact_vocab: bool = True
-    # Steps of each NLG task-specific model when set (a `--max-steps` of that row); default: as
-    # task_specific_budget says. Lets the joint rows train longer without the per-task models costing
-    # (number of tasks) x as much.
+    # Steps of each NLG task-specific model, when set (needs task_specific_budget "full": under "share"
+    # the row's steps are split among its task models). Lets the joint rows train longer without the
+    # per-task models costing (number of tasks) x as much.
     nlg_task_steps: int | None = None
     nlg_adapt_steps: int | None = None  # the new NLG task (NLG Table 4); default adapt_steps
+
+    def __post_init__(self) -> None:
+        if self.nlg_task_steps is not None and self.task_specific_budget != "full":
+            raise ValueError(f"profile {self.name}: nlg_task_steps={self.nlg_task_steps} needs "
+                             f"task_specific_budget='full' (got {self.task_specific_budget!r}: under 'share' the "
+                             "steps would be split among the task models)")
 
 
 _BERT_SMALL = {"vocab_size": 21128, "hidden_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4, "intermediate_size": 256,

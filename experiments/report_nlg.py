@@ -95,18 +95,17 @@ def trivial(cmp_dir: Path, cmp: dict[str, Any]) -> dict[str, float]:
     return out if len(out) == len(cmp["tasks"]) else {}
 
 
-def diagnostics(run_dir: Path, method: str, task: str, key: str) -> list[float]:
-    """``key`` of the task's test scores in every seed's run of one row (a task-specific row keeps one
-    run per task), in seed order."""
+def task_results(run_dir: Path, method: str, task: str) -> list[dict[str, Any]]:
+    """The task's entry of every seed's results.json of one row, in seed order."""
     files = sorted((run_dir / method).glob("seed*/results.json")) + sorted(
         (run_dir / method).glob(f"seed*/{task}/results.json"))
-    vals = []
-    for f in files:
-        r = (load(f) or {}).get("tasks", {}).get(task) or {}
-        v = (r.get("test") or {}).get(key)
-        if v is not None:
-            vals.append(float(v))
-    return vals
+    return [r for r in ((load(f) or {}).get("tasks", {}).get(task) for f in files) if r]
+
+
+def diagnostics(run_dir: Path, method: str, task: str, key: str) -> list[float]:
+    """``key`` of the task's test scores in every seed's run of one row, in seed order."""
+    return [float(v) for v in ((r.get("test") or {}).get(key) for r in task_results(run_dir, method, task))
+            if v is not None]
 
 
 DISTINCT_FLOOR = 90.0  # percent of test inputs with their own output; below it a row is called degenerate
@@ -124,7 +123,12 @@ def distinct_means(cmp: dict[str, Any], run_dir: Path) -> dict[tuple[str, str], 
 
 
 def below_distinct_floor(means: dict[tuple[str, str], float]) -> list[str]:
-    return [f"`{m}` on {t} ({d:.0f}%)" for (m, t), d in means.items() if d < DISTINCT_FLOOR]
+    return [f"`{m}` on {t} ({d:.0f}%)" for m, t, d in low_distinct(means)]
+
+
+def low_distinct(means: dict[tuple[str, str], float]) -> list[tuple[str, str, float]]:
+    """(row, task, share) of every pair below DISTINCT_FLOOR."""
+    return [(m, t, d) for (m, t), d in means.items() if d < DISTINCT_FLOOR]
 
 
 def degenerate_outputs(doc: Document, nlg: dict[str, Any], run_dir: Path, findings: list[str]) -> None:

@@ -50,16 +50,13 @@ class Runner:
         return out
 
     def _exec(self, cmd: list[str], f: IO[str]) -> int:
+        """Run one command from the repository root, its output (stdout and stderr) into `f`."""
         return subprocess.run(cmd, cwd=REPO, stdout=f, stderr=subprocess.STDOUT, env=self.env()).returncode
 
-    def _raise_if_failed(self, done: list[tuple[str, int]], log: Path) -> None:
-        bad = [(text, rc) for text, rc in done if rc != 0]
-        if bad:
-            text, rc = bad[0]
-            tail = log.read_text(encoding="utf-8", errors="replace").splitlines()[-15:]
-            what = "command failed" if len(done) == 1 else f"{len(bad)} command(s) failed, first"
-            raise RuntimeError(f"stage {self.stage}: {what} (exit {rc}): {text}\n  " + "\n  ".join(tail)
-                               + f"\n(full log: {log})")
+    def _fail(self, what: str, rc: int, text: str, output: str, log: Path) -> None:
+        tail = output.splitlines()[-15:]  # the failed command's own last lines
+        raise RuntimeError(f"stage {self.stage}: {what} (exit {rc}): {text}\n  " + "\n  ".join(tail)
+                           + f"\n(full log: {log})")
 
     def run(self, cmd: list[str], check_file: Path | None = None) -> None:
         """Run `cmd` from the repository root, its output streamed to the stage log; skip it when
@@ -70,7 +67,8 @@ class Runner:
                 f.write(f"\n$ {text}\n")
                 f.flush()
                 rc = self._exec(c, f)
-            self._raise_if_failed([(text, rc)], log)
+            if rc != 0:  # it wrote last: the log's tail is its output
+                self._fail("command failed", rc, text, log.read_text(encoding="utf-8", errors="replace"), log)
 
     def run_many(self, cmds: list[tuple[list[str], Path | None]], jobs: int) -> None:
         """Independent commands (each with its `check_file`), up to `jobs` at once: single-threaded work such
@@ -90,10 +88,15 @@ class Runner:
 
             with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
                 codes = list(pool.map(one, range(len(pending))))
-            with open(log, "a", encoding="utf-8") as f:
-                for i, (_, text) in enumerate(pending):
-                    f.write(f"\n$ {text}\n" + (Path(tmp) / f"{i}.log").read_text(encoding="utf-8", errors="replace"))
-        self._raise_if_failed([(text, rc) for (_, text), rc in zip(pending, codes)], log)
+            outputs = [(Path(tmp) / f"{i}.log").read_text(encoding="utf-8", errors="replace")
+                       for i in range(len(pending))]
+        with open(log, "a", encoding="utf-8") as f:
+            for (_, text), output in zip(pending, outputs):
+                f.write(f"\n$ {text}\n" + output)
+        bad = [i for i, rc in enumerate(codes) if rc != 0]
+        if bad:
+            i = bad[0]
+            self._fail(f"{len(bad)} command(s) failed, first", codes[i], pending[i][1], outputs[i], log)
 
     def deepspeed(self, script: str, args: list[str], micro_batch: int) -> list[str]:
         """`deepspeed` over the profile's ranks with a copy of its DeepSpeed JSON whose micro-batch is this
@@ -123,19 +126,26 @@ FLOORS: dict[str, tuple[str, float, str]] = {  # stage -> (log key, floor, what 
 }
 
 
-def last_logged(log: Path, key: str, windows: int = 3) -> float | None:
-    """Mean of ``key`` over the last ``windows`` training lines of a run's log.jsonl that carry it."""
+def logged(log: Path, key: str, split: str = "train") -> list[tuple[int, float]]:
+    """(step, value) of every line of a run's log.jsonl of `split` ("train" or "eval") that carries ``key``
+    (a line cut by a crash is skipped)."""
     if not log.is_file():
-        return None
-    vals = []
+        return []
+    out = []
     for line in log.read_text(encoding="utf-8").splitlines():
         try:
             rec = json.loads(line)
         except json.JSONDecodeError:
             continue
-        if rec.get("split", "train") == "train" and isinstance(rec.get(key), (int, float)):
-            vals.append(float(rec[key]))
-    return sum(vals[-windows:]) / len(vals[-windows:]) if vals else None
+        if rec.get("split", "train") == split and isinstance(rec.get(key), (int, float)):
+            out.append((int(rec.get("step", 0)), float(rec[key])))
+    return out
+
+
+def last_logged(log: Path, key: str, windows: int = 3) -> float | None:
+    """Mean of ``key`` over the last ``windows`` training lines of a run's log.jsonl that carry it."""
+    vals = [v for _, v in logged(log, key)][-windows:]
+    return sum(vals) / len(vals) if vals else None
 
 
 def check_floor(r: Runner, run_dir: Path) -> dict[str, Any]:

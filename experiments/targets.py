@@ -14,7 +14,14 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from skillnet.experiments.report_nlg import DISTINCT_FLOOR, below_distinct_floor, diagnostics, distinct_means
+from skillnet.experiments.report_nlg import (
+    DISTINCT_FLOOR,
+    diagnostics,
+    distinct_means,
+    low_distinct,
+    task_results,
+)
+from skillnet.experiments.runner import logged
 from skillnet.experiments.tables import at_or_below, baseline_scores
 from skillnet.finetune.document import Document
 
@@ -108,13 +115,40 @@ def above_trivial(cmp: dict[str, Any], run_dir: Path, name: str) -> list[str]:
             _verdict(None if not n else not below), ", ".join(below) or "-"]
 
 
+def dev_curve(run_dir: Path, method: str, task: str, key: str) -> list[tuple[int, float]]:
+    """Mean over seeds of ``<task>/<key>`` at each dev evaluation of one row (a task-specific row: the
+    run of that task), read from the runs' logs."""
+    logs = sorted((run_dir / method).glob("seed*/log.jsonl")) + sorted((run_dir / method).glob(f"seed*/{task}/log.jsonl"))
+    curves = [c for c in (logged(f, f"{task}/{key}", split="eval") for f in logs) if c]
+    return mean_curve([[[s, v] for s, v in c] for c in curves]) if curves else []
+
+
+def _distinct_need(run_dir: Path, method: str, task: str) -> str:
+    """What a (row, task)'s dev curve of distinct outputs says about reaching DISTINCT_FLOOR."""
+    curve = dev_curve(run_dir, method, task, "distinct")
+    if len(curve) < 2:
+        return ""
+    text = f"dev {' / '.join(f'{v:.0f}' for _, v in curve)}% at steps {', '.join(str(s) for s, _ in curve)}"
+    chosen = [r.get("best_step") for r in task_results(run_dir, method, task)]
+    if any(isinstance(b, int) and b < curve[-1][0] for b in chosen):
+        # the test outputs are the dev-selected checkpoint's, which may be an earlier, less diverse one
+        text += f" (test: the checkpoints chosen on dev, steps {', '.join(str(b) for b in chosen)})"
+    if curve[-1][1] >= DISTINCT_FLOOR:
+        return text
+    steps, _ = steps_to_reach(curve, DISTINCT_FLOOR)
+    if steps is None:
+        return text + ", the last segment does not rise"
+    at = "more than 100x this run's steps" if steps > 100 * curve[-1][0] else f"~{steps:,.0f} steps"
+    return text + f", {DISTINCT_FLOOR:.0f}% at {at} at the last segment's rate (an extrapolation)"
+
+
 def distinct_outputs(cmp: dict[str, Any], run_dir: Path, name: str) -> list[str]:
     """One table row: every (row, task) of a generation comparison gives distinct outputs to at least
-    DISTINCT_FLOOR percent of its test inputs (mean over seeds)."""
+    DISTINCT_FLOOR percent of its test inputs (mean over seeds); for each pair below, its dev curve."""
     means = distinct_means(cmp, run_dir)
-    low = below_distinct_floor(means)
+    low = [(f"`{m}` on {t} ({d:.0f}%", _distinct_need(run_dir, m, t)) for m, t, d in low_distinct(means)]
     return [name, f"{len(low)} (row, task) below" if means else "-", _verdict(None if not means else not low),
-            ", ".join(low) or "-"]
+            "; ".join(f"{a}: {b})" if b else f"{a})" for a, b in low) or "-"]
 
 
 def nlg_rows(nlg: dict[str, Any], run_dir: Path, row: str = "skillnet") -> list[list[str]]:

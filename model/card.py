@@ -64,7 +64,8 @@ def _unk_id(folder: Path) -> int | None:
         return None
     unk = (_read(folder / "tokenizer_config.json") or {}).get("unk_token") or "[UNK]"
     unk = unk.get("content", "[UNK]") if isinstance(unk, dict) else unk  # an AddedToken, serialised
-    lines = vocab.read_text(encoding="utf-8").splitlines()
+    # split("\n"), not splitlines(): the vocab holds tokens such as \x1c and \u2028 that splitlines() breaks on
+    lines = [t.rstrip("\r") for t in vocab.read_text(encoding="utf-8").split("\n")]
     return lines.index(unk) if unk in lines else None
 
 

@@ -110,3 +110,22 @@ def test_the_new_task_rows_catch_an_adaptation_that_answers_the_majority(tmp_pat
     assert "new task (Table 5): every row above its trivial baseline | 1 of 2" in text
     assert "`a_existing` on answer_select" in text and "c_s8_all" not in text.split("Table 5")[1]
     assert findings and "new task (Table 5)" in findings[0]
+
+
+def test_a_degenerate_pair_shows_its_dev_curve_the_chosen_checkpoints_and_the_steps_it_needs(tmp_path: Path) -> None:
+    """Distinct outputs below the floor come with the dev curve of that (row, task) from the runs' logs,
+    the checkpoint steps its test outputs come from, and the steps at which the curve's last segment
+    reaches the floor."""
+    from skillnet.experiments.targets import distinct_outputs
+
+    run_dir = tmp_path / "nlg_adapt"
+    for seed in (0, 1):
+        d = run_dir / "a" / f"seed{seed}"
+        _write_run(d, {"t": {"metric": "bleu_2", "best_step": 200, "test": {"bleu_2": 1.0, "distinct": 20.0}}})
+        lines = [{"step": s, "split": "eval", "t/distinct": v} for s, v in ((200, 30.0), (400, 50.0), (800, 70.0))]
+        (d / "log.jsonl").write_text("\n".join(json.dumps(x) for x in lines) + '\n{"step": 9', encoding="utf-8")
+    row = distinct_outputs({"tasks": ["t"], "methods": {"a": {}}}, run_dir, "x")
+    assert row[1:3] == ["1 (row, task) below", "**missed**"]
+    assert row[3].startswith("`a` on t (20%: dev 30 / 50 / 70% at steps 200, 400, 800")
+    assert "chosen on dev, steps 200, 200" in row[3]
+    assert "90% at ~1,600 steps" in row[3]  # +20 points per doubling from 70 at step 800

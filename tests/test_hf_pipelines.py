@@ -296,8 +296,9 @@ def test_text2text_pipeline_never_emits_unk(gen_run, plain):
     assert "[UNK]" in plain["text2text"]["unk_plain"]  # the bias works when nothing suppresses it
     assert all(out and "[UNK]" not in out for out in plain["text2text"]["unk_biased"])
     gen = json.loads((gen_run / "export" / "generation_config.json").read_text())
-    vocab = (gen_run / "export" / "vocab.txt").read_text(encoding="utf-8").splitlines()
-    assert gen["suppress_tokens"] == [vocab.index("[UNK]")]
+    from transformers import AutoTokenizer
+
+    assert gen["suppress_tokens"] == [AutoTokenizer.from_pretrained(gen_run / "export").unk_token_id]
 
 
 def test_export_task_picks_the_default_and_no_default_keeps_the_error(ft_run, tmp_path):

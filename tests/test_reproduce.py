@@ -147,6 +147,43 @@ def test_a_labelled_row_is_costed_by_its_method():
         assert moe > stage(dataclasses.replace(full, **{field: ["dense_joint"]}), name)
 
 
+def test_a_task_specific_row_is_costed_as_all_its_task_models():
+    """One model per task: under the "full" budget each trains the joint run's steps (so the row costs
+    tasks x a dense joint row), under "share" they split them (one joint row), and the full profile's
+    NLG task models train nlg_task_steps each."""
+    import dataclasses
+
+    from skillnet.experiments.nlg import nlg_train_tasks
+
+    def ratio(p, field, name):
+        def cost(rows):
+            return next(r["pflop"] for r in est.estimate(dataclasses.replace(p, **{field: rows})) if r["stage"] == name)
+        return cost(["task_specific"]) / cost(["dense_joint"])
+
+    base = dataclasses.replace(PROFILES["full"], nlg_task_steps=None, task_specific_budget="full")
+    assert ratio(base, "nlu_methods", "nlu_main") == pytest.approx(len(NLU_TASKS))
+    assert ratio(base, "nlg_methods", "nlg_main") == pytest.approx(len(nlg_train_tasks()))
+    share = dataclasses.replace(base, task_specific_budget="share")
+    assert ratio(share, "nlu_methods", "nlu_main") == pytest.approx(1.0)
+    assert ratio(share, "nlg_methods", "nlg_main") == pytest.approx(1.0)
+    full = PROFILES["full"]
+    assert ratio(full, "nlg_methods", "nlg_main") == pytest.approx(
+        len(nlg_train_tasks()) * full.nlg_task_steps / full.nlg_steps)
+    with pytest.raises(ValueError, match="needs task_specific_budget='full'"):  # "share" would split them
+        dataclasses.replace(full, task_specific_budget="share")
+
+
+def test_the_nlg_task_models_get_their_own_steps_in_the_compare_command(tmp_path):
+    from skillnet.experiments.nlg import stage_nlg_main, task_steps_args
+
+    assert task_steps_args(["skillnet", "ts=task_specific", "moe"], 400) == ["--args-for", "ts=--max-steps 400"]
+    assert task_steps_args(["skillnet", "task_specific"], None) == []
+    r = Runner(tmp_path, PROFILES["full"], dry_run=True)
+    stage_nlg_main(r)
+    assert "--args-for 'task_specific=--max-steps 400'" in r.commands[-1]
+    assert '"max_steps": 800' in (tmp_path / "configs" / "nlg_main.json").read_text()
+
+
 def test_sizes_formula_is_close_to_the_counted_flops():
     """The per-token formula of the profile estimate against FlopCounterMode on the real (tiny) model, for an
     MLM step (skills s2, s7)."""
@@ -171,9 +208,11 @@ def test_run_many_runs_at_once_logs_in_order_and_reports_a_failure(tmp_path):
     log = (tmp_path / "logs" / "demo.log").read_text()
     assert log.index("first") < log.index("second") and "skipped\n" not in log
     assert len(r.commands) == 3  # a skipped command is still one of the stage's commands
-    with pytest.raises(RuntimeError, match=r"1 command\(s\) failed, first \(exit 3\)"):
-        r.run_many([([sys.executable, "-c", "print('ok')"], None),
-                    ([sys.executable, "-c", "import sys; print('boom'); sys.exit(3)"], None)], jobs=2)
+    # the message shows the failed command's output, not the last lines of the stage log (another command's)
+    with pytest.raises(RuntimeError, match=r"1 command\(s\) failed, first \(exit 3\)") as e:
+        r.run_many([([sys.executable, "-c", "import sys; print('boom'); sys.exit(3)"], None),
+                    ([sys.executable, "-c", "print('\\n'.join(['ok'] * 30))"], None)], jobs=2)
+    assert "boom" in str(e.value) and "ok" not in str(e.value)
     assert "boom" in (tmp_path / "logs" / "demo.log").read_text()
 
 
