@@ -11,7 +11,7 @@ import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, NoReturn
 
 from skillnet.experiments.profiles import Profile
 
@@ -50,10 +50,16 @@ class Runner:
         return out
 
     def _exec(self, cmd: list[str], f: IO[str]) -> int:
-        """Run one command from the repository root, its output (stdout and stderr) into `f`."""
-        return subprocess.run(cmd, cwd=REPO, stdout=f, stderr=subprocess.STDOUT, env=self.env()).returncode
+        """Run one command from the repository root, its output (stdout and stderr) into `f`. A command
+        that cannot start (e.g. `deepspeed` not installed) fails like one that exits 127, with the reason
+        in its output, so the other commands of the stage still reach the log."""
+        try:
+            return subprocess.run(cmd, cwd=REPO, stdout=f, stderr=subprocess.STDOUT, env=self.env()).returncode
+        except OSError as e:
+            f.write(f"cannot run {cmd[0]}: {e}\n")
+            return 127
 
-    def _fail(self, what: str, rc: int, text: str, output: str, log: Path) -> None:
+    def _fail(self, what: str, rc: int, text: str, output: str, log: Path) -> NoReturn:
         tail = output.splitlines()[-15:]  # the failed command's own last lines
         raise RuntimeError(f"stage {self.stage}: {what} (exit {rc}): {text}\n  " + "\n  ".join(tail)
                            + f"\n(full log: {log})")
@@ -63,12 +69,13 @@ class Runner:
         `check_file` exists (done in an earlier sitting)."""
         log = self.out / "logs" / f"{self.stage}.log"
         for c, text in self._pending([(cmd, check_file)]):
+            with open(log, "ab") as fb:
+                fb.write(f"\n$ {text}\n".encode())
+                start = fb.tell()  # where this command's output begins
             with open(log, "a", encoding="utf-8") as f:
-                f.write(f"\n$ {text}\n")
-                f.flush()
                 rc = self._exec(c, f)
-            if rc != 0:  # it wrote last: the log's tail is its output
-                self._fail("command failed", rc, text, log.read_text(encoding="utf-8", errors="replace"), log)
+            if rc != 0:
+                self._fail("command failed", rc, text, log.read_bytes()[start:].decode("utf-8", "replace"), log)
 
     def run_many(self, cmds: list[tuple[list[str], Path | None]], jobs: int) -> None:
         """Independent commands (each with its `check_file`), up to `jobs` at once: single-threaded work such

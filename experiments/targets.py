@@ -120,7 +120,7 @@ def dev_curve(run_dir: Path, method: str, task: str, key: str) -> list[tuple[int
     run of that task), read from the runs' logs."""
     logs = sorted((run_dir / method).glob("seed*/log.jsonl")) + sorted((run_dir / method).glob(f"seed*/{task}/log.jsonl"))
     curves = [c for c in (logged(f, f"{task}/{key}", split="eval") for f in logs) if c]
-    return mean_curve([[[s, v] for s, v in c] for c in curves]) if curves else []
+    return mean_curve([[list(p) for p in c] for c in curves]) if curves else []
 
 
 def _distinct_need(run_dir: Path, method: str, task: str) -> str:
@@ -132,7 +132,7 @@ def _distinct_need(run_dir: Path, method: str, task: str) -> str:
     chosen = [r.get("best_step") for r in task_results(run_dir, method, task)]
     if any(isinstance(b, int) and b < curve[-1][0] for b in chosen):
         # the test outputs are the dev-selected checkpoint's, which may be an earlier, less diverse one
-        text += f" (test: the checkpoints chosen on dev, steps {', '.join(str(b) for b in chosen)})"
+        text += f" (test: the checkpoints chosen on dev, steps {', '.join('final' if b is None else str(b) for b in chosen)})"
     if curve[-1][1] >= DISTINCT_FLOOR:
         return text
     steps, _ = steps_to_reach(curve, DISTINCT_FLOOR)

@@ -301,6 +301,15 @@ def test_text2text_pipeline_never_emits_unk(gen_run, plain):
     assert gen["suppress_tokens"] == [AutoTokenizer.from_pretrained(gen_run / "export").unk_token_id]
 
 
+def test_the_unk_id_is_read_as_the_tokenizer_reads_the_vocab(tmp_path):
+    """The vocab holds tokens (\\u2028, \\x1c) that splitlines() breaks on: they must not shift the id."""
+    from skillnet.model.card import _unk_id
+
+    (tmp_path / "vocab.txt").write_text("[PAD]\n\u2028\n\x1c\n[UNK]\n[CLS]\n", encoding="utf-8")
+    assert _unk_id(tmp_path) == 3
+    assert _unk_id(tmp_path / "missing") is None
+
+
 def test_export_task_picks_the_default_and_no_default_keeps_the_error(ft_run, tmp_path):
     from skillnet.model import SkillNetBertConfig, SkillNetBertModel
     from skillnet.pretrain.export import main

@@ -212,7 +212,7 @@ def test_run_many_runs_at_once_logs_in_order_and_reports_a_failure(tmp_path):
     with pytest.raises(RuntimeError, match=r"1 command\(s\) failed, first \(exit 3\)") as e:
         r.run_many([([sys.executable, "-c", "import sys; print('boom'); sys.exit(3)"], None),
                     ([sys.executable, "-c", "print('\\n'.join(['ok'] * 30))"], None)], jobs=2)
-    assert "boom" in str(e.value) and "ok" not in str(e.value)
+    assert "boom" in str(e.value) and "\n  ok" not in str(e.value)
     assert "boom" in (tmp_path / "logs" / "demo.log").read_text()
 
 
@@ -228,6 +228,12 @@ def test_run_streams_to_the_stage_log_skips_done_commands_and_reports_a_failure(
     with pytest.raises(RuntimeError, match=r"stage demo: command failed \(exit 3\)") as e:
         r.run([sys.executable, "-c", "import sys; print('boom'); sys.exit(3)"])
     assert "boom" in str(e.value) and "demo.log" in str(e.value)
+    assert "\n  ran" not in str(e.value)  # only the failed command's own output
+    with pytest.raises(RuntimeError, match=r"exit 127\).*\n  cannot run /no/such/program"):
+        r.run(["/no/such/program"])
+    with pytest.raises(RuntimeError, match=r"1 command\(s\) failed, first \(exit 127\)"):
+        r.run_many([(["/no/such/program"], None), ([sys.executable, "-c", "print('kept')"], None)], jobs=2)
+    assert "kept" in (tmp_path / "logs" / "demo.log").read_text()
 
 
 def test_a_stage_spread_over_two_sittings_is_timed_over_both(tmp_path, monkeypatch):
