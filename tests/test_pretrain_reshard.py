@@ -1,4 +1,4 @@
-"""Resume on another number of ranks (a requeue onto more or fewer nodes), ZeRO-2 and ZeRO-3.
+"""Resume on another number of ranks (a requeue onto more or fewer nodes), ZeRO-1, ZeRO-2 and ZeRO-3.
 
 One run is saved on 2 ranks, continued on 1 rank, saved again and continued on 3 ranks
 (tests/fixtures/pretrain/reshard_state.py). The global batch (12 samples) is kept, so every step reads the
@@ -30,7 +30,7 @@ STEPS, MORE = 3, 3
 def runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("reshard")
     configs = []
-    for stage in (2, 3):
+    for stage in (1, 2, 3):
         ds = json.loads((REPO / "ds_configs" / f"zero{stage}.json").read_text())
         # 2 micro x 3 accumulation x 2 ranks = 12: on 1 rank 2 x 6, on 3 ranks 2 x 2.
         ds.update(train_micro_batch_size_per_gpu=2, gradient_accumulation_steps=3)
@@ -65,7 +65,7 @@ def _assert_same_state(got: dict[str, Any], want: dict[str, Any]) -> None:
             assert torch.equal(got["params"][name][key], t), f"{name} {key} differs after the load"
 
 
-@pytest.mark.parametrize("stage", [2, 3])
+@pytest.mark.parametrize("stage", [1, 2, 3])
 def test_resume_on_another_world_size_keeps_state_samples_and_losses(runs: Path, stage: int) -> None:
     run = runs / f"zero{stage}"
     a, straight = _steps(run, "a")
