@@ -95,10 +95,15 @@ def trivial(cmp_dir: Path, cmp: dict[str, Any]) -> dict[str, float]:
     return out if len(out) == len(cmp["tasks"]) else {}
 
 
+def run_files(run_dir: Path, method: str, task: str, name: str) -> list[Path]:
+    """File `name` of every seed's run of one row that trained `task`, in seed order: a joint run's own, or
+    a task-specific row's run of that task (its seed folder keeps one run per task)."""
+    return sorted((run_dir / method).glob(f"seed*/{name}")) + sorted((run_dir / method).glob(f"seed*/{task}/{name}"))
+
+
 def task_results(run_dir: Path, method: str, task: str) -> list[dict[str, Any]]:
     """The task's entry of every seed's results.json of one row, in seed order."""
-    files = sorted((run_dir / method).glob("seed*/results.json")) + sorted(
-        (run_dir / method).glob(f"seed*/{task}/results.json"))
+    files = run_files(run_dir, method, task, "results.json")
     return [r for r in ((load(f) or {}).get("tasks", {}).get(task) for f in files) if r]
 
 

@@ -48,16 +48,21 @@ def baseline_scores(cmp_dir: Path, cmp: dict[str, Any], key: str, metric: str | 
     return {t: v for t, v in out.items() if v is not None}
 
 
+def scored(x: Any) -> bool:
+    """A number that was measured (an unscored mean is None or NaN)."""
+    return isinstance(x, (int, float)) and not math.isnan(x)
+
+
 def at_or_below(cmp: dict[str, Any], floor: dict[str, float]) -> list[tuple[str, str]]:
     """(row, task) pairs of a comparison whose mean test score is at or below ``floor[task]`` (a trivial
     baseline) or was not scored; tasks without a floor are skipped."""
     return [(m, t) for m, r in cmp["methods"].items() for t in cmp["tasks"] if t in floor
-            and not (isinstance(v := r["tasks"][t]["mean"], (int, float)) and not math.isnan(v) and v > floor[t])]
+            and not (scored(v := r["tasks"][t]["mean"]) and v > floor[t])]
 
 
 def ms(d: dict[str, Any]) -> str:
     m, s = d.get("mean"), d.get("std")
-    if m is None or (isinstance(m, float) and math.isnan(m)):
+    if not scored(m):
         return "-"
     return f"{m:.1f} ± {s:.1f}" if s is not None and len(d.get("values", [])) > 1 else f"{m:.1f}"
 

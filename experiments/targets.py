@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import statistics
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -19,10 +20,11 @@ from skillnet.experiments.report_nlg import (
     diagnostics,
     distinct_means,
     low_distinct,
+    run_files,
     task_results,
 )
 from skillnet.experiments.runner import logged
-from skillnet.experiments.tables import at_or_below, baseline_scores
+from skillnet.experiments.tables import at_or_below, baseline_scores, scored
 from skillnet.finetune.document import Document
 
 # NLU: SkillNet-NLU's test score (mean over seeds) on these tasks, at least this high.
@@ -32,7 +34,7 @@ CSC_CHAR_ACC_MARGIN = 2.0  # a corrector keeps at least the copy baseline's char
 NLG_BEAT_COPY = ("insuranceqa_question", "poetry_title")  # the best row beats copy-the-source here
 
 
-def mean_curve(curves: list[list[list[float]]]) -> list[tuple[int, float]]:
+def mean_curve(curves: Sequence[Sequence[Sequence[float]]]) -> list[tuple[int, float]]:
     """Mean over seeds at every step that each seed evaluated."""
     by_step: dict[int, list[float]] = {}
     for curve in curves:
@@ -69,13 +71,14 @@ def _need(curve: list[tuple[int, float]], target: float, short: float) -> str:
     steps, rate = steps_to_reach(curve, target)
     if steps is None:
         return f"{gap}; the dev curve's last segment ({span}) does not rise: no extrapolation"
-    at = "more than 100x this run's steps" if steps > 100 * last else f"~{steps:,.0f} steps"
     return (f"{gap}; the dev curve's last segment ({span}) gains {rate:.1f} points per doubling of steps: at that "
-            f"rate dev reaches {target:g} at {at} (this run: {last:,}; an extrapolation, not a measurement)")
+            f"rate dev reaches {target:g} at {_at(steps, last)} (this run: {last:,}; an extrapolation, not a "
+            "measurement)")
 
 
-def _ok(x: Any) -> bool:
-    return isinstance(x, (int, float)) and not math.isnan(x)
+def _at(steps: float, last: int) -> str:
+    """An extrapolated step count in words (beyond 100x the run's own steps it says no more than that)."""
+    return "more than 100x this run's steps" if steps > 100 * last else f"~{steps:,.0f} steps"
 
 
 def _verdict(ok: bool | None) -> str:
@@ -90,7 +93,7 @@ def nlu_rows(nlu: dict[str, Any], run_dir: Path, row: str = "skillnet") -> list[
     for task, target in NLU_SCORE_TARGETS.items():
         name = f"{task} >= {target:g} (`{row}`, test)"
         v = None if main is None else main["tasks"].get(task, {}).get("mean")
-        if not _ok(v):
+        if not scored(v):
             out.append([name, "-", _verdict(None), "-"])
             continue
         ok = v >= target
@@ -98,7 +101,7 @@ def nlu_rows(nlu: dict[str, Any], run_dir: Path, row: str = "skillnet") -> list[
         out.append([name, f"{v:.1f}", _verdict(ok), need])
     out.append(above_trivial(nlu, run_dir, "every task above its trivial baseline, every row"))
     stds = {m: r["average"]["std"] for m, r in methods.items()
-            if len(r["average"].get("values", [])) > 1 and _ok(r["average"]["std"])}
+            if len(r["average"].get("values", [])) > 1 and scored(r["average"]["std"])}
     bad = {m: s for m, s in stds.items() if s > STD_CEILING}
     out.append([f"std over seeds of each row's average <= {STD_CEILING:g}",
                 f"largest {max(stds.values()):.1f}" if stds else "-", _verdict(None if not stds else not bad),
@@ -118,9 +121,9 @@ def above_trivial(cmp: dict[str, Any], run_dir: Path, name: str) -> list[str]:
 def dev_curve(run_dir: Path, method: str, task: str, key: str) -> list[tuple[int, float]]:
     """Mean over seeds of ``<task>/<key>`` at each dev evaluation of one row (a task-specific row: the
     run of that task), read from the runs' logs."""
-    logs = sorted((run_dir / method).glob("seed*/log.jsonl")) + sorted((run_dir / method).glob(f"seed*/{task}/log.jsonl"))
-    curves = [c for c in (logged(f, f"{task}/{key}", split="eval") for f in logs) if c]
-    return mean_curve([[list(p) for p in c] for c in curves]) if curves else []
+    curves = [c for c in (logged(f, f"{task}/{key}", split="eval") for f in run_files(run_dir, method, task, "log.jsonl"))
+              if c]
+    return mean_curve(curves) if curves else []
 
 
 def _distinct_need(run_dir: Path, method: str, task: str) -> str:
@@ -138,8 +141,7 @@ def _distinct_need(run_dir: Path, method: str, task: str) -> str:
     steps, _ = steps_to_reach(curve, DISTINCT_FLOOR)
     if steps is None:
         return text + ", the last segment does not rise"
-    at = "more than 100x this run's steps" if steps > 100 * curve[-1][0] else f"~{steps:,.0f} steps"
-    return text + f", {DISTINCT_FLOOR:.0f}% at {at} at the last segment's rate (an extrapolation)"
+    return text + f", {DISTINCT_FLOOR:.0f}% at {_at(steps, curve[-1][0])} at the last segment's rate (an extrapolation)"
 
 
 def distinct_outputs(cmp: dict[str, Any], run_dir: Path, name: str) -> list[str]:
@@ -173,12 +175,12 @@ def nlg_rows(nlg: dict[str, Any], run_dir: Path, row: str = "skillnet") -> list[
                         _verdict(None), "the runs did not score character accuracy"])
     copy = baseline_scores(run_dir, nlg, "trivial_test")
     for t in (t for t in NLG_BEAT_COPY if t in nlg["tasks"]):
-        scored = {m: r["tasks"][t]["mean"] for m, r in nlg["methods"].items() if _ok(r["tasks"][t]["mean"])}
-        if not scored:
+        means = {m: r["tasks"][t]["mean"] for m, r in nlg["methods"].items() if scored(r["tasks"][t]["mean"])}
+        if not means:
             out.append([f"{t}: the best row beats copy-the-source", "-", _verdict(None), "-"])
             continue
-        best = max(scored, key=scored.__getitem__)
-        top = scored[best]
+        best = max(means, key=means.__getitem__)
+        top = means[best]
         ok = None if t not in copy else top > copy[t]
         out.append([f"{t}: the best row beats copy-the-source", f"`{best}` {top:.1f}"
                     + (f" (copy: {copy[t]:.1f})" if t in copy else ""), _verdict(ok),

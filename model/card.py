@@ -58,15 +58,13 @@ def _run_dir(final: Path) -> Path | None:
 
 
 def _unk_id(folder: Path) -> int | None:
-    """The id of the export's unknown token (its saved tokenizer's), or None without a vocab.txt."""
-    vocab = folder / "vocab.txt"
-    if not vocab.exists():
-        return None
-    unk = (_read(folder / "tokenizer_config.json") or {}).get("unk_token") or "[UNK]"
-    unk = unk.get("content", "[UNK]") if isinstance(unk, dict) else unk  # an AddedToken, serialised
-    # split("\n"), not splitlines(): the vocab holds tokens such as \x1c and \u2028 that splitlines() breaks on
-    lines = [t.rstrip("\r") for t in vocab.read_text(encoding="utf-8").split("\n")]
-    return lines.index(unk) if unk in lines else None
+    """The unknown token's id as the export's own tokenizer reads it (the one the pipelines decode with),
+    or None when the folder has no tokenizer."""
+    from transformers import AutoTokenizer
+
+    from .hub import has_tokenizer
+
+    return AutoTokenizer.from_pretrained(str(folder)).unk_token_id if has_tokenizer(folder) else None
 
 
 def pick_default_task(config: dict[str, Any], final: Path, requested: str | None,

@@ -304,9 +304,14 @@ def test_text2text_pipeline_never_emits_unk(gen_run, plain):
 def test_the_unk_id_is_read_as_the_tokenizer_reads_the_vocab(tmp_path):
     """The vocab holds tokens (\\u2028, \\x1c) that splitlines() breaks on: they must not shift the id."""
     from skillnet.model.card import _unk_id
+    from skillnet.model.hub import save_tokenizer
 
-    (tmp_path / "vocab.txt").write_text("[PAD]\n\u2028\n\x1c\n[UNK]\n[CLS]\n", encoding="utf-8")
-    assert _unk_id(tmp_path) == 3
+    vocab = tmp_path / "src" / "vocab.txt"
+    vocab.parent.mkdir()
+    vocab.write_text("[PAD]\n\u2028\n\x1c\n[UNK]\n[CLS]\n[SEP]\n[MASK]\n", encoding="utf-8")
+    (tmp_path / "export").mkdir()
+    save_tokenizer(tmp_path / "export", vocab)
+    assert _unk_id(tmp_path / "export") == 3
     assert _unk_id(tmp_path / "missing") is None
 
 
