@@ -154,9 +154,11 @@ def paired_test(a: Sequence[float], b: Sequence[float]) -> float | None:
     if len(a) != len(b) or len(a) < 2:
         return None
     d = [x - y for x, y in zip(a, b)]
-    sd = statistics.stdev(d)
-    if sd == 0:
-        return 1.0 if statistics.fmean(d) == 0 else None
+    # Differences equal up to float rounding (0.3 against 1.3 - 1.0) are the same gap: scipy would see a
+    # spread of 1e-17 and call any such gap certain.
+    tol = 1e-9 * max(1.0, *map(abs, [*a, *b]))
+    if statistics.stdev(d) <= tol:
+        return 1.0 if abs(statistics.fmean(d)) <= tol else None
     from scipy import stats
 
     return float(stats.ttest_rel(a, b).pvalue)

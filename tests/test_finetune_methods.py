@@ -341,6 +341,19 @@ def test_paired_test_is_scipys_and_undefined_without_spread():
     assert compare_cli.paired_test([1.0], [2.0]) is None
 
 
+def test_a_gap_that_differs_only_by_rounding_has_no_spread():
+    """0.3 and 1.3 - 1.0 differ in the last bit: that is the same gap twice, not a gap with a spread of
+    1e-17 (scipy then gives p ~ 1e-16, "beyond the noise", with a precision-loss warning)."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert compare_cli.paired_test([0.3, 1.3], [0.0, 1.0]) is None
+        assert compare_cli.paired_test([66.7, 66.7 + 1e-13], [66.7, 66.7]) == 1.0
+        a, b = [70.1, 72.3, 69.8], [68.0, 71.9, 66.5]
+        assert compare_cli.paired_test(a, b) < 0.2  # a real spread is still tested
+
+
 def test_a_dense_joint_model_folder_is_a_valid_init(tmp_path):
     """A dense_joint model (router 'dense' since the router seam) starts a run as it did when it was saved
     as a one-skill 'task' router: the check accepts any router that keeps one FFN set per task."""
