@@ -51,6 +51,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--selection", choices=SELECTIONS,
                    help="mean: one checkpoint for all tasks, best mean dev score (default); per_task: each task "
                         "from its own best-on-dev checkpoint")
+    p.add_argument("--select-min-distinct", type=float, metavar="PCT",
+                   help="generation: select a checkpoint whose dev outputs are less than PCT%% distinct on some "
+                        "task only while no checkpoint reaches PCT (0 = off, the default)")
     p.add_argument("--max-steps", type=int, help="optimizer steps")
     p.add_argument("--batch-size", type=int, help="global batch size (summed over ranks)")
     p.add_argument("--lr", type=float, help="peak learning rate (§4.1: 2e-5 for BERT-base)")
@@ -102,6 +105,8 @@ def apply_overrides(cfg: FinetuneConfig, a: argparse.Namespace) -> FinetuneConfi
         d["method"] = a.method
     if a.selection:
         d["train"]["selection"] = a.selection
+    if a.select_min_distinct is not None:
+        d["train"]["select_min_distinct"] = a.select_min_distinct
     if a.init:
         d["model"]["init"] = str(Path(a.init).resolve())  # CLI paths are relative to the working directory
     for key, val in (("max_steps", a.max_steps), ("batch_size", a.batch_size), ("lr", a.lr), ("seed", a.seed),

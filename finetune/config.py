@@ -292,6 +292,9 @@ class TrainConfig:
     # "mean": one checkpoint for all tasks, the one with the best mean dev score (the paper's claim is
     # one model for every task); "per_task": each task scored from its own best-on-dev checkpoint.
     selection: str = "mean"
+    # Generation: a checkpoint whose dev outputs on a generation task are less than this percent distinct
+    # (one text for many inputs) is selected only while no checkpoint of the run reaches it; 0 = off.
+    select_min_distinct: float = 0.0
     skill_map_lr: float = 1e-2  # method "learnable": the task/skill embeddings' own learning rate
     # method "task_specific": "share" = each task gets the steps it would get in the joint run (the
     # sampler's share of max_steps, so the total equals one joint run); "full" = max_steps each.
@@ -319,6 +322,8 @@ class TrainConfig:
                 raise ValueError(f"{key} must be a number >= 0, got {v!r}")
         if not _num(self.label_smoothing) or not 0 <= self.label_smoothing < 1:
             raise ValueError(f"label_smoothing must be in [0, 1), got {self.label_smoothing!r}")
+        if not _num(self.select_min_distinct) or not 0 <= self.select_min_distinct <= 100:
+            raise ValueError(f"select_min_distinct must be a percent in [0, 100], got {self.select_min_distinct!r}")
         if not _num(self.warmup_ratio) or not 0 <= self.warmup_ratio <= 1:
             raise ValueError(f"warmup_ratio must be in [0, 1], got {self.warmup_ratio!r}")
         if (not isinstance(self.betas, list) or len(self.betas) != 2

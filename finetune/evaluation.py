@@ -41,6 +41,10 @@ class DevEvaluator:
         self.best_step: dict[str, int] = {}
         self.best_mean = -math.inf
         self.best_mean_step: int | None = None
+        # whether the best checkpoint so far (per task; of the mean) passes select_min_distinct: one that
+        # passes is preferred to any that does not, whatever the scores
+        self.best_ok: dict[str, bool] = {}
+        self.best_mean_ok = False
         self.bad_evals = 0
         self.trainer: Any = None
         self.per_task = cfg.train.selection == "per_task"
@@ -49,17 +53,30 @@ class DevEvaluator:
 
     def state_dict(self) -> dict[str, Any]:
         return {"best": self.best, "best_step": self.best_step, "best_mean": self.best_mean,
-                "best_mean_step": self.best_mean_step, "bad_evals": self.bad_evals, "history": self.history}
+                "best_mean_step": self.best_mean_step, "bad_evals": self.bad_evals, "history": self.history,
+                "best_ok": self.best_ok, "best_mean_ok": self.best_mean_ok}
 
     def load_state_dict(self, s: dict[str, Any]) -> None:
         self.best, self.best_step = dict(s["best"]), {k: int(v) for k, v in s["best_step"].items()}
         self.best_mean, self.bad_evals = float(s["best_mean"]), int(s["bad_evals"])
         self.best_mean_step = s.get("best_mean_step")
         self.history = list(s.get("history", []))
+        # a state saved before the distinct floor existed was selected without one: every best passed
+        self.best_ok = {k: bool(s.get("best_ok", {}).get(k, True)) for k in self.best}
+        self.best_mean_ok = bool(s.get("best_mean_ok", self.best_mean_step is not None))
+
+    def _passes(self, name: str, scores: dict[str, float], step: int) -> bool:
+        floor = self.cfg.train.select_min_distinct
+        d = scores.get("distinct")
+        if not floor or d is None or d >= floor:
+            return True
+        log.info("step %d: %s dev outputs are %.0f%% distinct, below the selection floor %.0f%%", step, name, d, floor)
+        return False
 
     def __call__(self, model: torch.nn.Module, step: int) -> dict[str, float]:
         res: dict[str, float] = {}
         sel = []
+        all_ok = True
         bs = self.cfg.train.eval_batch_size
         for name, d in self.data.items():
             if "dev" not in d.records:
@@ -69,8 +86,10 @@ class DevEvaluator:
                 res[f"{name}/{k}"] = v
             s = scores[d.cfg.metric]
             sel.append(s)
-            if s > self.best.get(name, -math.inf):
-                self.best[name] = s
+            ok = self._passes(name, scores, step)
+            all_ok = all_ok and ok
+            if _beats(ok, s, self.best_ok.get(name, False), self.best.get(name, -math.inf)):
+                self.best[name], self.best_ok[name] = s, ok
                 self.best_step[name] = step
                 if self.is_main and self.per_task:
                     save_model_dir(model, self.out / "best_per_task" / name, self.data, self.vocab,
@@ -78,8 +97,8 @@ class DevEvaluator:
         if sel:
             mean = sum(sel) / len(sel)
             res["mean_dev"] = mean
-            if mean > self.best_mean:
-                self.best_mean, self.best_mean_step, self.bad_evals = mean, step, 0
+            if _beats(all_ok, mean, self.best_mean_ok, self.best_mean):
+                self.best_mean, self.best_mean_ok, self.best_mean_step, self.bad_evals = mean, all_ok, step, 0
                 if self.is_main and not self.per_task:
                     save_model_dir(model, self.out / "best", self.data, self.vocab, self.inherited)
             else:
@@ -99,6 +118,12 @@ class DevEvaluator:
             self.early_stopped = True
             request_stop(self.trainer)
         return res
+
+
+def _beats(ok: bool, score: float, best_ok: bool, best: float) -> bool:
+    """A checkpoint that passes the distinct floor beats one that does not; else the higher score wins.
+    A NaN score never wins."""
+    return not math.isnan(score) and (ok, score) > (best_ok, best)
 
 
 def request_stop(trainer: Any) -> None:
