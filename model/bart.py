@@ -378,7 +378,7 @@ class SkillNetBartPreTrainedModel(SkillRoutingMixin, BartPreTrainedModel):
 class SkillNetSeq2SeqLMOutput(Seq2SeqLMOutput):
     """HF's seq2seq LM output plus the method's auxiliary losses (as SkillNet-BERT's encoder output):
     `aux_losses` raw by name, `aux_loss` their weighted sum (already in `loss`), and `metrics` the raw
-    values as floats for the trainer's log (``aux_<name>``; only when `labels` are given)."""
+    values, detached tensors, for the trainer's log (``aux_<name>``; only when `labels` are given)."""
 
     aux_losses: dict[str, torch.Tensor] | None = None
     aux_loss: torch.Tensor | None = None
@@ -504,7 +504,7 @@ class SkillNetBartForConditionalGeneration(SkillNetBartPreTrainedModel, BartForC
         loss = out.loss if weighted is None or out.loss is None else out.loss + weighted
         metrics = None
         if aux and labels is not None:
-            metrics = {f"aux_{k}": float(v.detach()) for k, v in aux.items()}
+            metrics = {f"aux_{k}": v.detach() for k, v in aux.items()}
         return SkillNetSeq2SeqLMOutput(
             **{**out, "loss": loss}, aux_losses=aux or None, aux_loss=weighted, metrics=metrics
         )

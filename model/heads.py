@@ -30,8 +30,9 @@ from .extras import TaskExtras
 class TaskOutput(ModelOutput):
     loss: torch.Tensor | None = None
     logits: torch.Tensor | None = None
-    # Cheap no-grad figures for logging (e.g. accuracy counts); never part of the loss.
-    metrics: dict[str, float] | None = None
+    # Cheap no-grad figures for logging (e.g. accuracy counts); never part of the loss. Tensors stay on the
+    # device: the trainer reads them back once per logging step, not once per forward.
+    metrics: dict[str, float | torch.Tensor] | None = None
 
 
 def _with_aux(out: TaskOutput, enc: Any) -> TaskOutput:
@@ -40,7 +41,7 @@ def _with_aux(out: TaskOutput, enc: Any) -> TaskOutput:
         return out
     if out.loss is not None:
         out.loss = out.loss + enc.aux_loss
-    out.metrics = {**(out.metrics or {}), **{f"aux_{k}": float(v.detach()) for k, v in enc.aux_losses.items()}}
+    out.metrics = {**(out.metrics or {}), **{f"aux_{k}": v.detach() for k, v in enc.aux_losses.items()}}
     return out
 
 
@@ -116,7 +117,7 @@ class SkillNetBertForPreTraining(SkillNetBertPreTrainedModel):
             target = labels[sel]
             loss = F.cross_entropy(logits, target) if target.numel() else logits.sum() * 0.0
             with torch.no_grad():
-                correct = (logits.argmax(-1) == target).sum().item()
+                correct = (logits.argmax(-1) == target).sum()
             return TaskOutput(
                 loss=loss, logits=logits, metrics={"mlm_correct": correct, "mlm_count": target.numel()}
             )
@@ -125,7 +126,7 @@ class SkillNetBertForPreTraining(SkillNetBertPreTrainedModel):
             return TaskOutput(logits=logits)
         loss = F.cross_entropy(logits, next_sentence_label.view(-1))
         with torch.no_grad():
-            correct = (logits.argmax(-1) == next_sentence_label.view(-1)).sum().item()
+            correct = (logits.argmax(-1) == next_sentence_label.view(-1)).sum()
         return TaskOutput(
             loss=loss,
             logits=logits,

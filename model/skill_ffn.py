@@ -183,6 +183,70 @@ class _FusedSkillMLP(torch.autograd.Function):
         return (dx, None, None, *dw1, *db1, *dw2, *db2)
 
 
+class _FusedSkillMLPCast(torch.autograd.Function):
+    """The fused FFN under autocast: what `_FusedSkillMLP` computes, in the autocast dtype.
+
+    Autocast would cast each skill's weights separately inside the concatenating path and record every
+    cast, concatenation and scale in the graph: at BERT-base on a GPU the host then spends longer issuing
+    those small kernels than the GPU spends on the GEMMs. Here each weight kind is concatenated straight
+    into one low-precision buffer (one kernel), the two wide GEMMs carry the biases and the 1/k, and the
+    backward hands every skill its fp32 gradient, as autocast's casts would.
+    """
+
+    @staticmethod
+    def forward(ctx, x_ND: torch.Tensor, dtype: torch.dtype, approximate: str, p_drop: float,  # type: ignore[override]
+                *params: torch.Tensor) -> torch.Tensor:
+        k = len(params) // 4
+        w1, b1, w2, b2 = (params[i * k : (i + 1) * k] for i in range(4))
+        f, d = w1[0].shape
+        dev = x_ND.device
+        W1 = torch.cat(w1, 0, out=torch.empty(k * f, d, dtype=dtype, device=dev))
+        B1 = torch.cat(b1, 0, out=torch.empty(k * f, dtype=dtype, device=dev))
+        W2 = torch.cat(w2, 1, out=torch.empty(d, k * f, dtype=dtype, device=dev))
+        B2 = (b2[0] if k == 1 else torch.stack(b2, 0).mean(0)).to(dtype)
+        xc = x_ND.to(dtype)
+        pre_NKF = torch.addmm(B1, xc, W1.t())
+        h_NKF = F.gelu(pre_NKF, approximate=approximate)
+        keep_NKF = None
+        if p_drop > 0:
+            keep_NKF = torch.empty_like(h_NKF, dtype=torch.bool).bernoulli_(1.0 - p_drop)
+            h_NKF.mul_(keep_NKF).mul_(1.0 / (1.0 - p_drop))
+        y_ND = torch.addmm(B2, h_NKF, W2.t(), alpha=1.0 / k)
+        ctx.save_for_backward(xc, pre_NKF, h_NKF, keep_NKF, W1, W2)
+        ctx.k, ctx.f, ctx.approximate, ctx.p_drop, ctx.x_dtype = k, f, approximate, p_drop, x_ND.dtype
+        ctx.p_dtypes = [p.dtype for p in params]
+        return y_ND
+
+    @staticmethod
+    def backward(ctx, dy_ND: torch.Tensor) -> tuple[torch.Tensor | None, ...]:  # type: ignore[override]
+        k, f = ctx.k, ctx.f
+        xc, pre_NKF, h_NKF, keep_NKF, W1, W2 = ctx.saved_tensors
+        need = ctx.needs_input_grad  # (x, dtype, approximate, p_drop, w1.., b1.., w2.., b2..)
+        o = 4
+        dy_ND = dy_ND.to(W1.dtype).mul(1.0 / k)
+        n, dts = dy_ND.shape[0], ctx.p_dtypes
+        dw2 = db2 = dw1 = db1 = None
+        if any(need[o + 2 * k : o + 3 * k]):
+            # One batched GEMM writes [k, D, F]: each skill's gradient is a contiguous block, which becomes
+            # its .grad without a copy (a [D, kF] product would give strided views that autograd copies).
+            h_KNF = h_NKF.view(n, k, f).transpose(0, 1)
+            dw2 = torch.bmm(dy_ND.t().unsqueeze(0).expand(k, -1, -1), h_KNF).to(dts[2 * k]).unbind(0)
+        if any(need[o + 3 * k :]):  # one row each (grads may be accumulated in place), in one kernel
+            db2 = dy_ND.sum(0, dtype=torch.float32).to(dts[3 * k]).repeat(k, 1).unbind(0)
+        dh_NKF = dy_ND.mm(W2)
+        if keep_NKF is not None:
+            dh_NKF.mul_(keep_NKF).mul_(1.0 / (1.0 - ctx.p_drop))
+        dpre_NKF = torch.ops.aten.gelu_backward(dh_NKF, pre_NKF, approximate=ctx.approximate)
+        del dh_NKF
+        if any(need[o : o + k]):
+            dw1 = dpre_NKF.t().mm(xc).to(dts[0]).split(f, 0)  # per skill [F, D], contiguous
+        if any(need[o + k : o + 2 * k]):
+            db1 = dpre_NKF.sum(0, dtype=torch.float32).to(dts[k]).split(f, 0)
+        dx = dpre_NKF.mm(W1).to(ctx.x_dtype) if need[0] else None
+        none = [None] * k
+        return (dx, None, None, None, *(dw1 or none), *(db1 or none), *(dw2 or none), *(db2 or none))
+
+
 class _Dense(nn.Module):
     """Holder that reproduces HF's ``<name>.dense`` (and optional ``LayerNorm``) parameter names."""
 
@@ -300,12 +364,17 @@ class SkillFFN(nn.Module):
             *(s.output.dense.weight for s in sk), *(s.output.dense.bias for s in sk),
         ]
         p_drop = self.activation_dropout if self.training else 0.0
-        if self.gelu_approximate is not None and not torch.is_autocast_enabled(x.device.type):
+        autocast = torch.is_autocast_enabled(x.device.type)
+        if self.gelu_approximate is not None and autocast:
+            dtype = torch.get_autocast_dtype(x.device.type)
+            with torch.autocast(x.device.type, enabled=False):
+                y_ND = _FusedSkillMLPCast.apply(x_ND, dtype, self.gelu_approximate, p_drop, *params)
+        elif self.gelu_approximate is not None:
             if torch.is_grad_enabled():
                 y_ND = _FusedSkillMLP.apply(x_ND, self.gelu_approximate, p_drop, *params)
             else:  # evaluation and decoding: the same arithmetic without the autograd Function's overhead
                 y_ND = _fused_forward(x_ND, self.gelu_approximate, p_drop, params)[0]
-        else:  # other activations, or autocast (which custom Functions would bypass): autograd on concat
+        else:  # other activations: autograd on the concatenated weights
             y_ND = _concat_skill_mlp(x_ND, self.act, len(ids), params, p_drop)
         return y_ND.view(x.shape)
 

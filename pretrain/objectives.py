@@ -9,12 +9,14 @@ same step (ZeRO-2 aborts when ranks activate different skills), so the draw is a
 from __future__ import annotations
 
 import hashlib
+import itertools
 import struct
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any, Protocol
 
 import numpy as np
+import torch
 from skillnet.training.batch import Batch
 
 __all__ = ["ObjectiveSampler", "PretrainBatchSource", "PretrainingDatasetLike"]
@@ -92,6 +94,11 @@ class PretrainBatchSource:
     of rank r reads ``k*world*micro + r*micro + [0, micro)``. An epoch is ``num_samples // G`` steps
     (the remainder is dropped, so a batch never straddles two epochs); each epoch uses a fresh
     permutation seeded by (seed, epoch). State = the number of micro-batches consumed.
+
+    ``workers`` > 0 builds the batches ahead in that many processes (a torch DataLoader over micro-batch
+    numbers, ``prefetch`` batches queued per worker, in pinned memory with ``pin_memory``), so the GPU
+    never waits for the host. A batch is a pure function of its number, so the batches, their order and
+    the resumable state are those of ``workers=0``; a prefetched batch the run never took is not counted.
     """
 
     def __init__(
@@ -103,7 +110,12 @@ class PretrainBatchSource:
         rank: int = 0,
         world_size: int = 1,
         seed: int = 0,
+        workers: int = 0,
+        prefetch: int = 4,
+        pin_memory: bool = False,
     ) -> None:
+        if workers < 0 or prefetch < 1:
+            raise ValueError(f"workers must be >= 0 and prefetch >= 1, got {workers} and {prefetch}")
         self.dataset = dataset
         self.sampler = sampler
         self.micro_batch_size = micro_batch_size
@@ -134,9 +146,34 @@ class PretrainBatchSource:
         self.on_batch: Callable[[int, int, int, list[int]], None] | None = None
         self._perm_epoch = -1
         self._perm: np.ndarray | None = None
+        self.workers, self.prefetch, self.pin_memory = workers, prefetch, pin_memory
+        self._ahead: Iterator[tuple[str, dict[str, Any]]] | None = None  # the workers' batches from self.micro
 
     def __iter__(self) -> Iterator[Batch]:
         return self
+
+    def build(self, micro: int) -> tuple[str, dict[str, Any]]:
+        """(objective, tensors) of this rank's micro-batch number ``micro``: a pure function of it."""
+        step, k, epoch, indices = self.position(micro)
+        objective = self.sampler.choice(step, k)
+        return objective, self.dataset.batch(indices, epoch, objective)
+
+    def _prefetched(self) -> Iterator[tuple[str, dict[str, Any]]]:
+        if self._ahead is None:
+            loader = torch.utils.data.DataLoader(
+                _MicroBatches(self), batch_size=None, sampler=itertools.count(self.micro),
+                num_workers=self.workers, prefetch_factor=self.prefetch, pin_memory=self.pin_memory,
+                persistent_workers=False,
+            )
+            self._ahead = iter(loader)
+        return self._ahead
+
+    def close(self) -> None:
+        """Stop the prefetching workers (they restart where the run is on the next batch)."""
+        ahead, self._ahead = self._ahead, None
+        shutdown = getattr(ahead, "_shutdown_workers", None)
+        if shutdown is not None:
+            shutdown()
 
     def _permutation(self, epoch: int) -> np.ndarray:
         if epoch != self._perm_epoch:
@@ -154,11 +191,12 @@ class PretrainBatchSource:
         return step, k, epoch, [int(i) for i in perm[start : start + self.micro_batch_size]]
 
     def __next__(self) -> Batch:
-        step, k, epoch, indices = self.position(self.micro)
-        objective = self.sampler.choice(step, k)
         if self.on_batch is not None:
-            self.on_batch(step, k, epoch, indices)
-        tensors = self.dataset.batch(indices, epoch, objective)
+            self.on_batch(*self.position(self.micro))
+        if self.workers:
+            objective, tensors = next(self._prefetched())
+        else:
+            objective, tensors = self.build(self.micro)
         self.micro += 1
         return Batch(objective, dict(tensors))
 
@@ -190,3 +228,14 @@ class PretrainBatchSource:
                 )
             self.micro = int(state["micro"]) // old_accum * self.grad_accum
         self.sampler.load_state_dict(state["sampler"])
+        self.close()  # batches prefetched from the old position are not this run's next ones
+
+
+class _MicroBatches(torch.utils.data.Dataset):
+    """Micro-batch number -> (objective, tensors), for the DataLoader workers of ``PretrainBatchSource``."""
+
+    def __init__(self, source: PretrainBatchSource) -> None:
+        self.source = source
+
+    def __getitem__(self, micro: int) -> tuple[str, dict[str, Any]]:
+        return self.source.build(micro)

@@ -152,3 +152,64 @@ def test_skill_sparse_bart_beam_search_under_autocast(dtype, skill_layernorm):
             p.normal_(0, 1.0)
     changed = run(task=_BART_TASK)
     assert not all(torch.equal(a, b) for a, b in zip(changed.scores, ref.scores))
+
+
+# ---- the sync-free sparse optimizer ------------------------------------------------------------------
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_masked_adamw_device_kernel_matches_the_count_path(dtype):
+    """The CUDA path (a Triton kernel when Triton is there) on a ZeRO-like flat tensor with zero slices:
+    untouched elements bit-identical, updated ones as the count path (torch's fused kernel) updates them,
+    and found_inf=1 changes nothing."""
+    from skillnet.training.optim import MaskedAdamW
+
+    torch.manual_seed(0)
+    n = 3_000_000
+    g = torch.randn(n, device="cuda", dtype=dtype)
+    g[100_000:1_700_000] = 0
+    g[2_000_000:2_000_013] = 0
+    ps = [torch.nn.Parameter(torch.randn(n, device="cuda", dtype=dtype)) for _ in range(2)]
+    ps[1].data.copy_(ps[0].data)
+    opts = [MaskedAdamW([{"params": [p], "check_zeros": True}], lr=1e-3, weight_decay=0.01, impl=impl)
+            for p, impl in zip(ps, ("count", "device"))]
+    zero = g == 0
+    for _ in range(3):
+        before = ps[1].detach().clone()
+        for p, o in zip(ps, opts):
+            p.grad = g.clone()
+            o.step()
+        assert torch.equal(ps[1].detach()[zero], before[zero])
+        tol = {"rtol": 1e-5, "atol": 1e-6} if dtype is torch.float32 else {"rtol": 1e-2, "atol": 1e-2}
+        torch.testing.assert_close(ps[1].detach(), ps[0].detach(), **tol)
+        for key in ("exp_avg", "exp_avg_sq"):
+            torch.testing.assert_close(opts[1].state[ps[1]][key], opts[0].state[ps[0]][key], **tol)
+    snap = [ps[1].detach().clone(), opts[1].state[ps[1]]["exp_avg"].clone()]
+    ps[1].grad = g.clone()
+    opts[1].step(found_inf=torch.ones((), device="cuda"))
+    assert torch.equal(ps[1].detach(), snap[0]) and torch.equal(opts[1].state[ps[1]]["exp_avg"], snap[1])
+
+
+def test_plain_training_step_on_cuda_waits_for_nothing(tmp_path):
+    """The trainer on a GPU, plain PyTorch: a step without logging issues its work and returns before the
+    GPU has finished it (nothing synchronises), and the logged figures match the CPU run's arithmetic."""
+    from skillnet.model import SkillNetBertConfig, SkillNetBertForPreTraining, skill_parameters
+    from skillnet.pretrain.objectives import ObjectiveSampler, PretrainBatchSource
+    from skillnet.pretrain.synthetic import SyntheticPretrainingDataset
+    from skillnet.training import SkillStatistics, TrainConfig, Trainer
+
+    torch.manual_seed(0)
+    ds = SyntheticPretrainingDataset(4096, max_seq_len=512)
+    model = SkillNetBertForPreTraining(SkillNetBertConfig.preset("base"))  # the GPU outlasts the host's launches
+    source = PretrainBatchSource(ds, ObjectiveSampler(seed=0), 32, 1, workers=2, pin_memory=True)
+    cfg = TrainConfig(output_dir=str(tmp_path), max_steps=12, log_every=6, micro_batch_size=32, grad_accum=1,
+                      progress=False, tensorboard=False)
+    tr = Trainer(model, source, cfg, callbacks=[SkillStatistics(skill_parameters(model))])
+    for _ in range(3):  # warm-up (allocator, kernels)
+        tr.train_step(reduce=False)
+    torch.cuda.synchronize()
+    ev = torch.cuda.Event()
+    tr.train_step(reduce=False)
+    ev.record()
+    assert not ev.query(), "a step returned only after the GPU had finished it: something synchronised"
+    tr.train()
+    log = [json.loads(x) for x in (tmp_path / "log.jsonl").read_text().splitlines() if '"train"' in x]
+    assert log and all(r["loss"] == r["loss"] and r["tokens_per_s"] > 0 for r in log), log

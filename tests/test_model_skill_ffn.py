@@ -223,3 +223,29 @@ def test_fused_path_without_grad_is_bit_identical_to_the_autograd_one():
     with torch.no_grad():
         y_nograd = m(x, route)
     assert torch.equal(y_grad.detach(), y_nograd)
+
+
+@pytest.mark.parametrize("k", [2, 3])
+def test_fused_path_under_autocast_matches_the_loop(k: int) -> None:
+    """Under autocast the fused path concatenates each weight kind straight into the autocast dtype; its
+    output and every gradient match the loop's (which autocast casts per skill), the gradients come back
+    fp32 and contiguous in each parameter's own layout, and inactive skills get none."""
+    torch.manual_seed(0)
+    fused, loop = SkillFFN(32, 64, 7, impl="fused"), SkillFFN(32, 64, 7, impl="loop")
+    loop.load_state_dict(fused.state_dict())
+    route = SkillRouting.uniform(list(range(7 - k, 7)))
+    x = torch.randn(2, 8, 32)
+    res = []
+    for m in (fused, loop):
+        xi = x.clone().requires_grad_(True)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            y = m(xi, route)
+        assert y.dtype == torch.bfloat16
+        y.float().square().mean().backward()
+        res.append((y.float(), xi.grad, [(n, p.grad) for n, p in m.named_parameters() if p.grad is not None]))
+    torch.testing.assert_close(res[0][0], res[1][0], atol=1e-2, rtol=1e-2)
+    torch.testing.assert_close(res[0][1], res[1][1], atol=1e-4, rtol=1e-2)
+    assert [n for n, _ in res[0][2]] == [n for n, _ in res[1][2]] and len(res[0][2]) == 4 * k
+    for (_, a), (_, b) in zip(res[0][2], res[1][2]):
+        assert a.dtype == torch.float32 and a.is_contiguous()
+        torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-2)

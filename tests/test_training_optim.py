@@ -407,3 +407,44 @@ def test_plain_groups_check_zeros_only_in_embedding_tables_and_own_lr_groups() -
     before = emb.detach().clone()
     _step(model, opt, ids, [0, 1], zero_fill=False)
     assert torch.equal(before[8:], emb.detach()[8:]) and not torch.equal(before[:8], emb.detach()[:8])
+
+
+@pytest.mark.parametrize("zero_fill", [False, True])
+def test_the_sync_free_path_keeps_the_semantics(zero_fill: bool) -> None:
+    """impl="device" (the GPU path, here its torch reference) skips the same elements bit for bit and
+    updates the others as the count path does; found_inf leaves every weight and moment as it was."""
+    torch.manual_seed(0)
+    models = [ToySkills(), None]
+    models[1] = copy.deepcopy(models[0])
+    opts = [MaskedAdamW(build_param_groups(m, 0.1), lr=1e-2, impl=impl) for m, impl in zip(models, ("count", "device"))]
+    for o in opts:
+        if zero_fill:
+            o.check_zeros_everywhere()
+    ids = torch.tensor([[1, 2, 3]])
+    for skills in ([0, 1], [2], [0, 3]):
+        before = _snapshot(models[1], opts[1])
+        for m, o in zip(models, opts):
+            _step(m, o, ids, skills, zero_fill)
+        after = _snapshot(models[1], opts[1])
+        for name in before:
+            if name.startswith("skills.") and int(name.split(".")[1]) not in skills:
+                assert torch.equal(before[name], after[name]), name
+            if name.startswith("emb.weight") and name in before:
+                rows = [i for i in range(16) if i not in (1, 2, 3)]
+                assert torch.equal(before[name][rows], after[name][rows]), name  # lazy rows
+        for pa, pb in zip(models[0].parameters(), models[1].parameters()):
+            torch.testing.assert_close(pa, pb, rtol=1e-5, atol=1e-6)
+    snap = _snapshot(models[1], opts[1])
+    models[1](ids, [0, 1]).backward()
+    opts[1].step(found_inf=torch.ones(()))
+    assert all(torch.equal(v, _snapshot(models[1], opts[1])[k]) for k, v in snap.items())
+
+
+def test_found_inf_needs_the_sync_free_path() -> None:
+    p = nn.Parameter(torch.ones(4))
+    p.grad = torch.ones(4)
+    opt = MaskedAdamW([{"params": [p], "check_zeros": True}], impl="count")
+    with pytest.raises(ValueError, match="found_inf needs the sync-free path"):
+        opt.step(found_inf=torch.zeros(()))
+    with pytest.raises(ValueError, match="impl must be one of"):
+        MaskedAdamW([p], impl="fast")

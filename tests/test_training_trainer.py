@@ -453,3 +453,34 @@ def test_a_source_that_cannot_follow_another_world_size_refuses_the_resume(tmp_p
     tr = Trainer(ToyModel(), ToySource(8, 1), _cfg(tmp_path, max_steps=1))
     with pytest.raises(RuntimeError, match="ToySource.*relaunch with 2 rank"):
         tr.maybe_resume("auto")
+
+
+def test_bf16_deepspeed_overflow_check_moves_to_the_device(monkeypatch: pytest.MonkeyPatch) -> None:
+    """On a GPU, DeepSpeed's per-tensor bf16 overflow check (a host read-back per step) is replaced by the
+    optimizer's device-side skip of a non-finite step; an explicit JSON setting and CPU runs keep it."""
+    from types import SimpleNamespace
+
+    from skillnet.training.optim import MaskedAdamW
+    from skillnet.training.trainer import _device_overflow_guard, _nonfinite_norm
+
+    opt = MaskedAdamW([nn.Parameter(torch.ones(2))])
+    ds = {"bf16": {"enabled": True}}
+    assert not _device_overflow_guard(ds, opt) and "check_grad_overflow" not in ds["bf16"]  # no CUDA here
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert _device_overflow_guard(ds, opt) and ds["bf16"]["check_grad_overflow"] is False
+    explicit = {"bf16": {"enabled": True, "check_grad_overflow": True}}
+    assert not _device_overflow_guard(explicit, opt) and explicit["bf16"]["check_grad_overflow"] is True
+    assert not _device_overflow_guard({"fp16": {"enabled": True}}, opt)
+    assert not _device_overflow_guard({"bf16": {"enabled": True}}, MaskedAdamW([nn.Parameter(torch.ones(2))],
+                                                                                impl="count"))
+    # DeepSpeed reports an inf/NaN norm as -1
+    for norm, flag in ((torch.tensor(3.0), 0.0), (torch.tensor(-1.0), 1.0), (torch.tensor(float("nan")), 1.0)):
+        assert float(_nonfinite_norm(SimpleNamespace(_global_grad_norm=norm))) == flag
+    assert _nonfinite_norm(SimpleNamespace()) is None
+    # the optimizer applies the guard and counts the skip, with nothing read back
+    p = nn.Parameter(torch.ones(3))
+    guarded = MaskedAdamW([{"params": [p], "check_zeros": True}], impl="device")
+    guarded.found_inf_fn = lambda: torch.ones(())
+    p.grad = torch.ones(3)
+    guarded.step()
+    assert torch.equal(p.detach(), torch.ones(3)) and float(guarded.skipped) == 1.0

@@ -27,9 +27,12 @@ class Batch:
         return Batch(self.task, {k: v.to(device, non_blocking=True) for k, v in self.tensors.items()})
 
     def num_tokens(self) -> int:
-        """Non-padding tokens, for tokens/s (falls back to the size of ``input_ids``)."""
+        """Non-padding tokens, for tokens/s (falls back to the size of ``input_ids``). Counted on the host
+        copy a source builds, so that the count never waits for the device."""
         mask = self.tensors.get("attention_mask")
         if mask is not None:
+            if mask.device.type == "cpu":
+                return int(mask.numpy().sum())
             return int(mask.sum().item())
         ids = self.tensors.get("input_ids")
         return int(ids.numel()) if ids is not None else 0

@@ -36,6 +36,9 @@ class TrainConfig:
     schedule: str = "linear"  # "linear" (warmup then linear decay) | "constant" (warmup then flat)
     max_grad_norm: float = 1.0
     sparse_updates: bool = True  # MaskedAdamW; False = dense AdamW semantics (for comparison)
+    # How MaskedAdamW finds the zero gradients: "auto" (sync-free on CUDA, host counts on a CPU), "count",
+    # or "device" (no host read-back anywhere; see training/optim.py)
+    optim_impl: str = "auto"
     # Batch geometry; None = take it from the DeepSpeed JSON (or 8 / 1 without one).
     micro_batch_size: int | None = None
     grad_accum: int | None = None

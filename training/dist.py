@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import glob
 import os
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -16,6 +17,7 @@ __all__ = [
     "is_main",
     "barrier",
     "all_reduce_sum",
+    "all_reduce_host_sum",
     "launched_world_size",
     "release_shared_memory",
 ]
@@ -82,11 +84,31 @@ def release_shared_memory() -> None:
 
 
 def all_reduce_sum(x: torch.Tensor) -> torch.Tensor:
-    """In-place sum over ranks (no-op in a single process). gloo needs CPU tensors."""
+    """In-place sum over ranks (no-op in a single process). gloo needs CPU tensors, NCCL device ones."""
     if _active() and dist.get_world_size() > 1:
         dev = x.device
-        y = x.cpu() if dist.get_backend() == "gloo" else x
+        if dist.get_backend() == "gloo":
+            y = x.cpu()
+        elif dev.type == "cpu" and torch.cuda.is_available():
+            y = x.to(torch.device("cuda", torch.cuda.current_device()))
+        else:
+            y = x
         dist.all_reduce(y, op=dist.ReduceOp.SUM)
         if y is not x:
             x.copy_(y.to(dev))
     return x
+
+
+_HOST_GROUP: list[Any] = []
+
+
+def all_reduce_host_sum(values: list[float]) -> list[float]:
+    """Sum Python numbers over ranks through a gloo group: the host-side flags of every step (a stop
+    request) agree on every rank without a GPU collective, so nothing waits for the device."""
+    if not (_active() and dist.get_world_size() > 1):
+        return list(values)
+    if not _HOST_GROUP:  # created on first use, which every rank reaches at the same step
+        _HOST_GROUP.append(None if dist.get_backend() == "gloo" else dist.new_group(backend="gloo"))
+    x = torch.tensor(values, dtype=torch.float64)
+    dist.all_reduce(x, op=dist.ReduceOp.SUM, group=_HOST_GROUP[0])
+    return x.tolist()

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import torch
 from tqdm import tqdm
 
 from .checkpoint import atomic_write_text
@@ -156,14 +157,14 @@ def accuracy_metrics(batch: Any, output: Any) -> dict[str, tuple[float, float]]:
     aux: dict[str, tuple[float, float]] = {}
     if isinstance(reported, dict):
         # Auxiliary losses (MoE balance, orthogonality) are averaged over micro-batches like the loss.
-        aux = {k: (float(v), 1.0) for k, v in reported.items() if k.startswith("aux_")}
+        aux = {k: (_detached(v), 1.0) for k, v in reported.items() if k.startswith("aux_")}
         # The model may report counts itself (SkillNet-BERT: {"mlm_correct": c, "mlm_count": n}).
         pairs = {k[: -len("_correct")]: k for k in reported if k.endswith("_correct")}
         out = {}
         for stem, kc in pairs.items():
             kn = stem + "_count"
             if kn in reported:
-                out["acc"] = (float(reported[kc]), float(reported[kn]))
+                out["acc"] = (_detached(reported[kc]), _detached(reported[kn]))
         if out:
             return {**out, **aux}
     return {**_accuracy_from_logits(batch, output), **aux}
@@ -180,12 +181,15 @@ def _accuracy_from_logits(batch: Any, output: Any) -> dict[str, tuple[float, flo
     if logits.dim() == labels.dim() + 1 and logits.shape[:-1] == labels.shape:
         pred = logits.detach().argmax(-1)
         valid = labels.ne(-100)
-        correct = (pred.eq(labels) & valid).sum().item()
-        return {"acc": (float(correct), float(valid.sum().item()))}
+        return {"acc": ((pred.eq(labels) & valid).sum(), valid.sum())}
     if logits.dim() == 2 and labels.dim() >= 2:
         # MLM logits gathered at predicted positions only: [M, V] against labels[labels != -100].
         target = labels[labels.ne(-100)]
         if target.numel() == logits.shape[0]:
-            correct = logits.detach().argmax(-1).eq(target).sum().item()
-            return {"acc": (float(correct), float(target.numel()))}
+            return {"acc": (logits.detach().argmax(-1).eq(target).sum(), float(target.numel()))}
     return {}
+
+
+def _detached(v: Any) -> Any:
+    """A reported value as the trainer sums it: a tensor stays on its device (read back at logging steps)."""
+    return v.detach() if isinstance(v, torch.Tensor) else float(v)

@@ -30,6 +30,15 @@ elements of a chunk with both are gathered, stepped by the same fused kernel and
 updated element of a contiguous tensor therefore goes through the same AdamW kernel, whatever the
 layout. The check is the cost on CPU: ``count_nonzero`` reads each gradient once, which takes ~45% of
 the time of the fused step itself.
+
+On a GPU that count is a host read-back, which waits for every kernel queued before it (on an H100 the
+bisection of an NSP step's embedding gradient cost 35x a fused AdamW). So ``impl`` picks how the zeros are
+found: ``"count"`` is the path above (a host read costs nothing on a CPU); ``"device"`` never reads back:
+each checked tensor is updated in one masked pass on its device, a Triton kernel on CUDA (it reads the
+parameter and moments only where the gradient is nonzero and writes only there) or, without Triton, the
+element-wise torch reference. ``"auto"`` (default) takes ``"device"`` for CUDA tensors and ``"count"``
+otherwise. ``step(found_inf=t)`` (device impl) skips the whole update where ``t`` is nonzero without a
+read-back: weights and moments stay bit-identical, the step counts go on (as under torch's GradScaler).
 """
 
 from __future__ import annotations
@@ -41,7 +50,15 @@ from typing import Any
 
 import torch
 
-__all__ = ["MaskedAdamW", "build_param_groups"]
+try:  # the GPU kernel of the sync-free path; CPU-only installs have no Triton and use the torch reference
+    import triton
+    import triton.language as tl
+except ImportError:  # pragma: no cover - depends on the install
+    triton = None
+
+__all__ = ["MaskedAdamW", "build_param_groups", "IMPLS"]
+
+IMPLS = ("auto", "count", "device")
 
 _Pending = tuple[int, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]
 
@@ -55,7 +72,8 @@ class MaskedAdamW(torch.optim.Optimizer):
 
     Arguments follow ``torch.optim.AdamW``. ``masked=False`` gives a standard dense AdamW with the
     same global-step bias correction (useful as a control in tests and benchmarks). ``chunk_size``:
-    granularity (elements) at which a tensor with both zero and nonzero gradients is split.
+    granularity (elements) at which a tensor with both zero and nonzero gradients is split (``"count"``).
+    ``impl``: ``"auto"``, ``"count"`` or ``"device"`` (module docstring).
     """
 
     def __init__(
@@ -67,6 +85,7 @@ class MaskedAdamW(torch.optim.Optimizer):
         weight_decay: float = 0.0,
         masked: bool = True,
         chunk_size: int = 1 << 14,
+        impl: str = "auto",
     ) -> None:
         if lr < 0.0:
             raise ValueError(f"MaskedAdamW: invalid learning rate {lr}")
@@ -76,10 +95,21 @@ class MaskedAdamW(torch.optim.Optimizer):
             raise ValueError(f"MaskedAdamW: invalid eps {eps}")
         if chunk_size < 1:
             raise ValueError(f"MaskedAdamW: chunk_size must be >= 1, got {chunk_size}")
+        if impl not in IMPLS:
+            raise ValueError(f"MaskedAdamW: impl must be one of {IMPLS}, got {impl!r}")
         defaults = dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay, masked=masked, step=0,
                         check_zeros=True)
         super().__init__(params, defaults)
         self.chunk_size = chunk_size
+        self.impl = impl
+        # A device-side guard for callers that cannot pass found_inf to step() (DeepSpeed calls it): returns a
+        # float tensor, nonzero to skip the step (sync-free path only); the skips are summed in `skipped`.
+        self.found_inf_fn: Callable[[], torch.Tensor | None] | None = None
+        self.skipped: torch.Tensor | None = None
+
+    def sync_free(self, device: torch.device) -> bool:
+        """Whether steps on ``device`` take the read-back-free path (and so accept ``found_inf``)."""
+        return self.impl == "device" or (self.impl == "auto" and device.type == "cuda")
 
     def check_zeros_everywhere(self) -> None:
         """Check every group for exact-zero gradients: what ZeRO's flat partitions need, since they
@@ -88,22 +118,30 @@ class MaskedAdamW(torch.optim.Optimizer):
             g["check_zeros"] = True
 
     @torch.no_grad()
-    def step(self, closure: Callable[[], torch.Tensor] | None = None) -> torch.Tensor | None:  # type: ignore[override]
+    def step(  # type: ignore[override]
+        self, closure: Callable[[], torch.Tensor] | None = None, found_inf: torch.Tensor | None = None
+    ) -> torch.Tensor | None:
+        """One AdamW step. ``found_inf``: a float tensor on the parameters' device, nonzero to leave every
+        weight and moment as it is (sync-free path only; the count path would have to read it back)."""
         loss = None
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
+        if found_inf is None and self.found_inf_fn is not None:
+            found_inf = self.found_inf_fn()
+            if found_inf is not None:
+                self.skipped = found_inf if self.skipped is None else self.skipped + found_inf
         for group in self.param_groups:
             if group["params"]:  # ZeRO-3 empties every group but the one whose sub-group it steps
-                self._step_group(group)
+                self._step_group(group, found_inf)
         return loss
 
-    def _step_group(self, group: dict[str, Any]) -> None:
+    def _step_group(self, group: dict[str, Any], found_inf: torch.Tensor | None = None) -> None:
         beta1, beta2 = group["betas"]
         lr, eps, wd = group["lr"], group["eps"], group["weight_decay"]
         masked = group["masked"]
         slab = self.chunk_size * SLAB_CHUNKS
-        work = _Work()
+        work = _Work(found_inf=found_inf)
         pending: list[_Pending] = []  # (step, param, grad, exp_avg, exp_avg_sq) awaiting their counts
         counts: list[torch.Tensor] = []  # count_nonzero of each slab of each pending tensor, in order
         group_t = 0
@@ -125,7 +163,7 @@ class MaskedAdamW(torch.optim.Optimizer):
                 # Rare (a transposed parameter): the element-wise reference, masked or not.
                 step_size, bc2_sqrt = lr / (1.0 - beta1**t), _bc2_sqrt(beta2, t)
                 mask = None if masked else torch.ones_like(p)
-                _masked_update(p, grad, m, v, beta1, beta2, step_size, bc2_sqrt, eps, lr * wd, mask)
+                _masked_update(p, grad, m, v, beta1, beta2, step_size, bc2_sqrt, eps, lr * wd, mask, found_inf)
                 continue
             grad = grad.contiguous()
             if not masked or not group.get("check_zeros", True):
@@ -134,6 +172,11 @@ class MaskedAdamW(torch.optim.Optimizer):
             n = grad.numel()
             if n == 0:
                 continue
+            if self.sync_free(p.device):
+                _masked_step_device(p, grad, m, v, t, lr, beta1, beta2, eps, wd, found_inf)
+                continue
+            if found_inf is not None:
+                raise ValueError("MaskedAdamW: found_inf needs the sync-free path (impl='device', or a CUDA tensor)")
             if n <= slab:
                 counts.append(torch.count_nonzero(grad))
             else:
@@ -246,6 +289,7 @@ def _bc2_sqrt(beta2: float, t: int) -> float:
 class _Work:
     """One group's AdamW operands, bucketed by (device, dtype, step) for one fused-kernel call each."""
 
+    found_inf: torch.Tensor | None = None
     buckets: dict[tuple[torch.device, torch.dtype, int], tuple[list[torch.Tensor], ...]] = field(
         default_factory=dict
     )
@@ -272,7 +316,7 @@ class _Work:
 
     def run(self, lr: float, beta1: float, beta2: float, wd: float, eps: float) -> None:
         for (device, _, t), lists in self.buckets.items():
-            _fused_or_reference(lists, t, device, lr, beta1, beta2, wd, eps)
+            _fused_or_reference(lists, t, device, lr, beta1, beta2, wd, eps, self.found_inf)
         for p1, m1, v1, idx, ps, ms, vs in self.scatter:
             p1.index_copy_(0, idx, ps)
             m1.index_copy_(0, idx, ms)
@@ -291,15 +335,18 @@ def _fused_or_reference(
     beta2: float,
     wd: float,
     eps: float,
+    found_inf: torch.Tensor | None = None,
 ) -> None:
     """Standard AdamW on every element of the tensors (torch's fused kernel when available).
 
-    All tensors share device, dtype and step count ``t``.
+    All tensors share device, dtype and step count ``t``; a nonzero ``found_inf`` leaves them all as they are.
     """
     ps, gs, ms, vs = lists
     if _HAS_FUSED:
         try:
-            step_t = torch.tensor(float(t), device=device)  # one per call, shared by every tensor
+            # One per call, shared by every tensor. torch.full launches a fill: torch.tensor(t, device=...)
+            # would copy from pageable host memory, which waits for the stream (a hidden sync per step).
+            step_t = torch.full((), float(t), device=device)
             torch._fused_adamw_(
                 ps,
                 gs,
@@ -314,12 +361,17 @@ def _fused_or_reference(
                 eps=eps,
                 amsgrad=False,
                 maximize=False,
+                found_inf=found_inf,
             )
             return
         except (RuntimeError, NotImplementedError):
             pass  # dtype/device the fused kernel does not cover: element-wise below
     bc2_sqrt = _bc2_sqrt(beta2, t)
     step_size = lr / (1.0 - beta1**t)
+    if found_inf is not None:
+        for p, g, m, v in zip(ps, gs, ms, vs):
+            _masked_update(p, g, m, v, beta1, beta2, step_size, bc2_sqrt, eps, lr * wd, torch.ones_like(p), found_inf)
+        return
     for p, g, m, v in zip(ps, gs, ms, vs):
         m.lerp_(g, 1.0 - beta1)
         v.mul_(beta2).addcmul_(g, g, value=1.0 - beta2)
@@ -340,18 +392,81 @@ def _masked_update(
     eps: float,
     lr_wd: float,
     mask: torch.Tensor | None = None,
+    found_inf: torch.Tensor | None = None,
 ) -> None:
-    """Element-wise AdamW for tensors of any layout; ``mask`` (1.0 = update) defaults to ``grad != 0``."""
+    """Element-wise AdamW for tensors of any layout; ``mask`` (1.0 = update) defaults to ``grad != 0``;
+    a nonzero ``found_inf`` zeroes it (no read-back)."""
     # lerp/addcmul with a weight of exactly 0.0 return their input unchanged, so untouched elements
     # stay bit-identical.
     if mask is None:
         mask = grad.ne(0).to(p.dtype)
+    if found_inf is not None:
+        mask = mask * found_inf.eq(0).to(p.dtype)
+        grad = torch.where(mask.bool(), grad, 0.0)  # a weight of 0 times an inf/NaN gradient is still NaN
     m.lerp_(grad, mask * (1.0 - beta1))
     v.lerp_(grad * grad, mask * (1.0 - beta2))
     if lr_wd != 0.0:
         p.addcmul_(p, mask, value=-lr_wd)
     denom = (v.sqrt() / bc2_sqrt).add_(eps)
     p.addcdiv_(m * mask, denom, value=-step_size)
+
+
+def _masked_step_device(
+    p: torch.Tensor,
+    grad: torch.Tensor,
+    m: torch.Tensor,
+    v: torch.Tensor,
+    t: int,
+    lr: float,
+    beta1: float,
+    beta2: float,
+    eps: float,
+    wd: float,
+    found_inf: torch.Tensor | None,
+) -> None:
+    """One masked AdamW pass over a contiguous tensor, without reading anything back to the host."""
+    step_size, bc2_sqrt = lr / (1.0 - beta1**t), _bc2_sqrt(beta2, t)
+    if p.is_cuda and triton is not None:
+        n = p.numel()
+        grid = (triton.cdiv(n, _BLOCK),)
+        flag = found_inf if found_inf is not None else grad  # unread when HAS_INF is False
+        _masked_adamw_kernel[grid](
+            p, grad, m, v, flag, n, beta1, beta2, step_size, bc2_sqrt, eps, lr * wd,
+            HAS_INF=found_inf is not None, BLOCK=_BLOCK,
+        )
+        return
+    _masked_update(p, grad, m, v, beta1, beta2, step_size, bc2_sqrt, eps, lr * wd, None, found_inf)
+
+
+_BLOCK = 2048
+
+if triton is not None:
+
+    @triton.jit
+    def _masked_adamw_kernel(
+        p_ptr, g_ptr, m_ptr, v_ptr, inf_ptr, n, beta1, beta2, step_size, bc2_sqrt, eps, lr_wd,
+        HAS_INF: tl.constexpr, BLOCK: tl.constexpr,
+    ):
+        # The arithmetic and its order are those of torch's fused AdamW (decay, moments, then the step); an
+        # element whose gradient is exactly 0 is neither read nor written beyond the gradient itself.
+        offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+        live = offs < n
+        if HAS_INF:  # a skipped step: no element is live (a mask, not an early return, for every Triton)
+            live = tl.where(tl.load(inf_ptr) == 0.0, live, False)
+        g = tl.load(g_ptr + offs, mask=live, other=0.0).to(tl.float32)
+        upd = live & (g != 0.0)
+        p_raw = tl.load(p_ptr + offs, mask=upd, other=0.0)
+        p = p_raw.to(tl.float32)
+        m = tl.load(m_ptr + offs, mask=upd, other=0.0).to(tl.float32)
+        v = tl.load(v_ptr + offs, mask=upd, other=0.0).to(tl.float32)
+        p = p - lr_wd * p
+        m = beta1 * m + (1.0 - beta1) * g
+        v = beta2 * v + (1.0 - beta2) * g * g
+        denom = tl.div_rn(tl.sqrt_rn(v), bc2_sqrt) + eps
+        p = p - tl.div_rn(step_size * m, denom)
+        tl.store(p_ptr + offs, p.to(p_raw.dtype), mask=upd)
+        tl.store(m_ptr + offs, m.to(m_ptr.dtype.element_ty), mask=upd)
+        tl.store(v_ptr + offs, v.to(v_ptr.dtype.element_ty), mask=upd)
 
 
 def build_param_groups(

@@ -1,9 +1,10 @@
 """Per-skill telemetry of a skill-sparse model, as a trainer callback.
 
 - ``skill_grad_norm/<skill>``: the gradient norm of each skill's parameters, every step, for the skills
-  the step used (an unused skill has no gradient at all, or exact zeros under ZeRO). Exact under ZeRO-1/2,
-  where each rank holds a fragment of the gradient: the squared fragments are summed over ranks. Not
-  under ZeRO-3.
+  the step used (an unused skill has no gradient at all, or exact zeros under ZeRO), averaged over the
+  logging window. Exact under ZeRO-1/2, where each rank holds a fragment of the gradient: the squared
+  fragments are summed over ranks. Not under ZeRO-3. The norms stay on the device until the logging step,
+  which reads the window's back at once: a read per step would make every step wait for the GPU.
 - ``skill_drift/<skill>``: ``||W - W0|| / ||W0||`` over the skill's tensors, from the run's initial
   weights. W0 is kept on the CPU (rank 0) and in ``<output_dir>/skill_init.safetensors``, so a resumed run
   measures from the same start. Off with ``TrainConfig.skill_drift=False``; not under ZeRO-3, where no
@@ -12,10 +13,9 @@
 
 from __future__ import annotations
 
-import math
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -38,6 +38,9 @@ class SkillStatistics(TrainerCallback):
         self.skill_params = skill_params
         self._norm_warned = False
         self._init: dict[str, torch.Tensor] | None = None
+        self._init_dev: dict[str, torch.Tensor] | None = None
+        # (squared norms of full grads [skills], of ZeRO fragments [skills], loss scale) per step since the log
+        self._pending: list[tuple[torch.Tensor, torch.Tensor, float]] = []
 
     # ------------------------------------------------------------------ hooks
     def on_train_start(self, trainer: Trainer) -> None:
@@ -60,6 +63,7 @@ class SkillStatistics(TrainerCallback):
             os.replace(tmp, path)
 
     def on_gradients(self, trainer: Trainer) -> dict[str, float]:
+        """Queue this step's squared gradient norm per skill, on the device (nothing is read back here)."""
         if not self.skill_params:
             return {}
         if trainer.zero_stage == 3:
@@ -67,45 +71,89 @@ class SkillStatistics(TrainerCallback):
                 print("[trainer] per-skill grad norms are not computed under ZeRO-3", flush=True)
             self._norm_warned = True
             return {}
-        names = sorted(self.skill_params)
-        full = torch.zeros(len(names), dtype=torch.float64)
-        frag = torch.zeros(len(names), dtype=torch.float64)
-        for i, n in enumerate(names):
+        full, frag = [], []
+        dev = next(p.device for ps in self.skill_params.values() for p in ps)
+        for n in sorted(self.skill_params):
+            pieces: dict[bool, list[torch.Tensor]] = {False: [], True: []}
             for p in self.skill_params[n]:
                 g, reduce = _local_grad(p)
-                if g is None:
-                    continue
-                sq = float(g.detach().float().pow(2).sum().item())
-                if reduce:
-                    frag[i] += sq
-                else:
-                    full[i] += sq
-        # Every rank runs this (collective), fragments are disjoint partitions: sum then sqrt.
-        D.all_reduce_sum(frag)
+                if g is not None:
+                    pieces[reduce].append(g.detach())
+            full.append(_sq_norm(pieces[False], dev))
+            frag.append(_sq_norm(pieces[True], dev))
         scale = 1.0
         engine = trainer.engine
         if engine is not None and engine.fp16_enabled():
             scale = float(getattr(engine.optimizer, "loss_scale", 1.0) or 1.0)
-        # Only skills this step used: an unused skill has no gradient at all (plain) or exact zeros (ZeRO).
-        return {f"skill_grad_norm/{n}": math.sqrt(full[i] + frag[i]) / scale for i, n in enumerate(names)
-                if full[i] + frag[i] > 0}
+        self._pending.append((torch.stack(full), torch.stack(frag), scale))
+        return {}
 
-    def on_log(self, trainer: Trainer) -> dict[str, float]:
-        if self._init is None:
-            return {}
-        now = self._tensors()
-        out = {}
-        for s in sorted(self.skill_params):
-            keys = [k for k in now if k.split("/")[0] == s]
-            diff = math.sqrt(sum(float((now[k] - self._init[k]).pow(2).sum()) for k in keys))
-            base = math.sqrt(sum(float(self._init[k].pow(2).sum()) for k in keys))
-            out[f"skill_drift/{s}"] = diff / base if base > 0 else diff
+    def on_log(self, trainer: Trainer) -> dict[str, Any]:
+        out = self._grad_norms()
+        if self._init is not None:
+            out.update(self._drift())
         return out
 
     # ------------------------------------------------------------------ internals
+    def _grad_norms(self) -> dict[str, Any]:
+        """The window's per-skill gradient norms: the mean over the steps that used the skill (an unused
+        skill has no gradient at all, or exact zeros under ZeRO: NaN, which the log leaves out). One
+        collective; 0-dim device tensors, which the trainer reads back with the rest of the window."""
+        if not self._pending:
+            return {}
+        names = sorted(self.skill_params)
+        full = torch.stack([f for f, _, _ in self._pending]).double()  # [steps, skills]
+        frag = torch.stack([g for _, g, _ in self._pending]).double()
+        scale = torch.tensor([s for _, _, s in self._pending], dtype=torch.float64, device=full.device)
+        self._pending = []
+        # Every rank runs this (collective); ZeRO-1/2 fragments are disjoint partitions: sum, then sqrt.
+        D.all_reduce_sum(frag)
+        norm = (full + frag).sqrt() / scale[:, None]
+        used = norm > 0
+        mean = torch.where(used, norm, 0.0).sum(0) / used.sum(0)  # 0 / 0: NaN for a skill no step used
+        return {f"skill_grad_norm/{n}": mean[i] for i, n in enumerate(names)}
+
+    def _drift(self) -> dict[str, Any]:
+        """``||W - W0|| / ||W0||`` per skill, computed where the weights live (0-dim tensors)."""
+        init = self._init
+        assert init is not None
+        names = sorted(self.skill_params)
+        params = {f"{s}/{i}": p for s in names for i, p in enumerate(self.skill_params[s])}
+        dev = next(iter(params.values())).device
+        if self._init_dev is None:
+            self._init_dev = {k: _resident_copy(v, dev) for k, v in init.items()}
+        sums = []
+        for s in names:
+            keys = [k for k in params if k.split("/")[0] == s]
+            diff = [params[k].detach().float() - self._init_dev[k].to(dev, non_blocking=True).float() for k in keys]
+            base = [self._init_dev[k].to(dev, non_blocking=True).float() for k in keys]
+            sums.append(torch.stack([_sq_norm(diff, dev), _sq_norm(base, dev)]))
+        diff, base = torch.stack(sums).double().sqrt().t()
+        drift = torch.where(base > 0, diff / base, diff)
+        return {f"skill_drift/{s}": drift[i] for i, s in enumerate(names)}
+
     def _tensors(self) -> dict[str, torch.Tensor]:
         return {f"{s}/{i}": p.detach().float().cpu() for s in sorted(self.skill_params)
                 for i, p in enumerate(self.skill_params[s])}
+
+
+def _sq_norm(ts: list[torch.Tensor], device: torch.device) -> torch.Tensor:
+    """Sum of squares of a list of tensors as one 0-dim fp32 tensor on ``device``, in a few fused kernels.
+    (An empty list makes its zero there: a host zero copied over would wait for the device.)"""
+    if not ts:
+        return torch.zeros((), dtype=torch.float32, device=device)
+    # fp32 accumulation without an fp32 copy of each bf16/fp16 gradient
+    norms = torch._foreach_norm(ts, 2, dtype=torch.float32)
+    return torch.stack(norms).pow(2).sum().to(device)  # offloaded fragments: on the CPU
+
+
+def _resident_copy(w0: torch.Tensor, dev: torch.device) -> torch.Tensor:
+    """The start weights where the drift is computed: on the GPU while they take little of its free
+    memory (no copy per log), else in pinned host memory (one asynchronous copy per log)."""
+    if dev.type != "cuda":
+        return w0
+    free, _ = torch.cuda.mem_get_info(dev)
+    return w0.to(dev) if w0.numel() * w0.element_size() * 8 < free else w0.pin_memory()
 
 
 def _local_grad(p: nn.Parameter) -> tuple[torch.Tensor | None, bool]:
