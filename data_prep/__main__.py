@@ -98,6 +98,9 @@ def build_parser() -> Parser:
         help="input bytes per output shard (small files are packed, big uncompressed files split)",
     )
     b.add_argument("--strict", action="store_true", help="stop at the first bad input with its file and line")
+    b.add_argument("--overwrite", action="store_true",
+                   help="replace an --out that holds another build (its shards and manifest are removed first); "
+                        "without it such an --out is refused, and one of the same inputs and settings resumes")
     b.add_argument("--no-progress", action="store_true", help="no progress bar")
     b.add_argument(
         "--no-fast-cjk",
@@ -182,8 +185,13 @@ def build_parser() -> Parser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from skillnet.training.outputs import at_least, check_options, positive
+
     ap = build_parser()
     a = ap.parse_args(argv)
+    if a.cmd == "build":
+        check_options(ap, a, {"workers": at_least(1), "num_shards": at_least(1), "shard_index": at_least(0),
+                              "unit_bytes": positive(), "max_doc_bytes": positive()})
     from skillnet.data_prep.corpus import BadInputError
     from skillnet.data_prep.shards import ShardError
     from skillnet.data_prep.tokenizer import TokenizerError
@@ -193,6 +201,15 @@ def main(argv: list[str] | None = None) -> int:
     except (BadInputError, ShardError, TokenizerError, FileNotFoundError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+
+
+def _why_empty(bad: dict, a: argparse.Namespace) -> str:
+    """One clause on why a build kept nothing: the bad-input counts, or the input was empty."""
+    counts = {k: v for k, v in (bad.get("counts") or {}).items() if v}
+    if counts:
+        return "skipped: " + ", ".join(f"{k} {v:,}" for k, v in sorted(counts.items())) + (
+            f"; --max-doc-bytes is {a.max_doc_bytes:,}" if "too_long" in counts else "")
+    return "the input holds no text"
 
 
 def _run(a: argparse.Namespace) -> int:
@@ -234,9 +251,16 @@ def _run(a: argparse.Namespace) -> int:
             max_doc_bytes=a.max_doc_bytes,
             strict=a.strict,
             progress=not a.no_progress,
+            overwrite=a.overwrite,
         )
         m = build(cfg)
         tot = m["totals"]
+        if a.num_shards == 1 and tot["num_documents"] == 0:
+            bad = BadInputReport.from_json(m["bad_input"])
+            print(bad.table(), file=sys.stderr)
+            print(f"error: no document was kept from {tot['input_bytes']:,} bytes of input "
+                  f"({_why_empty(m['bad_input'], a)}); {a.out} holds no usable shards", file=sys.stderr)
+            return 1
         print(
             f"{len(m['shards'])} shards, {tot['num_documents']:,} documents, {tot['num_sentences']:,} sentences, "
             f"{tot['num_tokens']:,} tokens from {tot['input_bytes'] / 1e6:,.1f} MB -> {a.out}"

@@ -61,6 +61,7 @@ class BuildConfig:
     batch_bytes: int = 1 << 20
     strict: bool = False
     progress: bool = True
+    overwrite: bool = False  # replace an --out that holds another build (training/outputs.py)
 
     def read_config(self) -> ReadConfig:
         return ReadConfig(self.fmt, self.doc_separator, self.text_field, self.max_doc_bytes, self.batch_bytes)
@@ -231,19 +232,46 @@ def manifest_header(cfg: BuildConfig, tok: WordPieceTokenizer, units: list[Unit]
     }
 
 
+# What a build writes in --out (--overwrite removes these, and nothing else there).
+BUILD_FILES = ("manifest.json", "manifest.part-*.json", "vocab.txt", "shard-*.bin", "shard-*.idx", "shard-*.json",
+               "shard-*.ww", "*.tmp*")
+
+
+def _claim(out: Path, header: dict, overwrite: bool) -> None:
+    """``--out`` for this build (training/outputs.py): the same inputs and settings resume (finished shards are
+    kept, others redone); another build there is refused, or with ``overwrite`` its files go first, so that no
+    stale shard of it stays beside the new manifest."""
+    from skillnet.training.outputs import claim_output
+
+    def describe(p: Path) -> str:
+        return ("an earlier build of other inputs or settings (manifest.json)" if (p / "manifest.json").is_file()
+                else "files a build did not write")
+
+    claim = claim_output(out, option="--out", command="data_prep build", overwrite=overwrite,
+                         identity={"inputs": header["plan"], "tokenizer": header["tokenizer"]["fingerprint"],
+                                   "build": header["build"]}, describe=describe)
+    if claim.state == "overwrite":
+        for pattern in BUILD_FILES:
+            for f in out.glob(pattern):
+                f.unlink()
+        print(f"--overwrite: the earlier build's files in {out} were removed", file=sys.stderr)
+    elif claim.state == "own" and any(out.glob("shard-*.json")):
+        print(f"{out}: continuing the build of these inputs (finished shards are kept)", file=sys.stderr)
+
+
 def build(cfg: BuildConfig) -> dict:
     """Runs the build; returns the manifest (or this job's part manifest with --num-shards > 1)."""
     os.environ["TOKENIZERS_PARALLELISM"] = "false"
     if not 0 <= cfg.shard_index < cfg.num_shards:
         raise ValueError(f"--shard-index {cfg.shard_index} not in [0, --num-shards {cfg.num_shards})")
-    out = Path(cfg.out)
-    out.mkdir(parents=True, exist_ok=True)
+    out = Path(cfg.out)  # created by _claim below, once the inputs are known
     paths = expand_inputs(cfg.inputs)
     units = plan_units(paths, cfg.unit_bytes, _splittable(cfg))
     mine = [u for u in units if u.index % cfg.num_shards == cfg.shard_index]
     # Only for the header (fingerprint, vocab): no fast-path table needed in this process.
     tok = WordPieceTokenizer(TokenizerConfig(vocab_file=cfg.vocab, lowercase=cfg.lowercase), fast_cjk=False)
     header = manifest_header(cfg, tok, units)
+    _claim(out, header, cfg.overwrite)
     # A copy of the vocab travels with the shards so readers can decode and check the fingerprint anywhere.
     vocab_copy = out / "vocab.txt"
     if not vocab_copy.is_file() or vocab_copy.read_bytes() != tok.vocab_path.read_bytes():

@@ -88,8 +88,13 @@ def build_parser() -> argparse.ArgumentParser:
     g = p.add_argument_group("runtime")
     g.add_argument("--ds-config", dest="ds_config",
                    help="DeepSpeed JSON (ZeRO-1/2); without it: plain PyTorch, one process")
-    g.add_argument("--resume", help="'auto' (the newest complete checkpoint in the output dir, if any) or a "
-                   "checkpoint directory; default: start over")
+    g.add_argument("--resume", help="'auto' (the newest intact checkpoint in the output dir, if any) or a "
+                   "checkpoint directory; default: 'auto' when the output dir holds an unfinished run of the same "
+                   "configuration, else start")
+    g.add_argument("--overwrite", action="store_true",
+                   help="train into an output dir that holds another run (its results, checkpoints and exports are "
+                        "replaced); without it such a dir is refused, and a finished run of the same configuration "
+                        "is left as it is")
     g.add_argument("--no-tensorboard", action="store_true", help="no TensorBoard event files")
     g.add_argument("--no-progress", action="store_true", help="no tqdm bars (CI logs)")
     g.add_argument("--threads", type=int, help="torch CPU threads")
@@ -131,9 +136,58 @@ def apply_overrides(cfg: FinetuneConfig, a: argparse.Namespace) -> FinetuneConfi
     return FinetuneConfig.from_dict(d, where="config + command line", base_dir=cfg.base_dir)
 
 
+# What a fine-tuning run writes in its output dir (--overwrite replaces these, and nothing else there).
+RUN_FILES = ("checkpoints", "best", "export", "results.json", "results.md", "params.json", "log.jsonl", "tensorboard",
+             "train_config.json", "skill_init.safetensors", "predictions", "finetune_config.json")
+
+
+def claim_run_dir(cfg: FinetuneConfig, resume: str | None, overwrite: bool) -> str | None:
+    """The output dir for this run (training/outputs.py); returns the --resume to use, or "done".
+
+    Same configuration: a finished run (results.json) is left as it is ("done"), an unfinished one resumes
+    from its newest intact checkpoint. Another run there is refused, or with ``overwrite`` its files go."""
+    import shutil
+
+    from skillnet.training.outputs import claim_output
+
+    ident = cfg.to_dict()
+    ident.pop("output_dir", None)
+    out = Path(cfg.output_dir)
+    claim = claim_output(out, option="--output-dir", command="finetune.run", identity=ident, overwrite=overwrite,
+                         ignore=("run.log",))
+    if claim.state == "overwrite":
+        for name in RUN_FILES:
+            target = out / name
+            if target.is_dir():
+                shutil.rmtree(target)
+            elif target.exists():
+                target.unlink()
+        print(f"[finetune] --overwrite: the earlier run's files in {out} were removed", file=sys.stderr)
+        return resume if resume not in (None, "auto") else None
+    if claim.state == "own" and resume is None:
+        if (out / "results.json").is_file():
+            print(f"[finetune] {out} already holds this configuration's finished run (results.json); nothing to do. "
+                  f"Add --overwrite to train it again", file=sys.stderr)
+            return "done"
+        if (out / "checkpoints").is_dir():
+            print(f"[finetune] {out} holds this configuration's unfinished run: resuming it (--resume auto)",
+                  file=sys.stderr)
+            return "auto"
+    return resume
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    from skillnet.training.outputs import at_least, check_options, in_range, non_negative, positive
+
     logging.basicConfig(level=logging.INFO, format="%(message)s")
-    a = build_parser().parse_args(argv)
+    parser = build_parser()
+    a = parser.parse_args(argv)
+    check_options(parser, a, {
+        "max_steps": at_least(1), "batch_size": at_least(1), "lr": positive(), "eval_every": non_negative(),
+        "early_stopping": non_negative(), "alpha": non_negative(), "temperature": positive(),
+        "size_cap": at_least(1), "num_epochs": non_negative(), "threads": at_least(1),
+        "select_min_distinct": in_range(0, 100),
+    })
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     if a.threads:
@@ -141,14 +195,18 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         torch.set_num_threads(a.threads)
     from skillnet.data_prep.tokenizer import TokenizerError
+    from skillnet.training.outputs import OutputError
 
     from .run import run
 
     try:
         cfg = apply_overrides(FinetuneConfig.load(a.config), a)
-        run(cfg, ds_config=a.ds_config, resume=a.resume, tensorboard=not a.no_tensorboard,
+        resume = claim_run_dir(cfg, a.resume, a.overwrite)
+        if resume == "done":
+            return 0
+        run(cfg, ds_config=a.ds_config, resume=resume, tensorboard=not a.no_tensorboard,
             progress=not a.no_progress, where=a.config)
-    except (ConfigError, TaskDataError, TokenizerError, FileNotFoundError) as e:
+    except (ConfigError, TaskDataError, TokenizerError, FileNotFoundError, OutputError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     return 0

@@ -81,13 +81,25 @@ def locate_checkpoint(path: str | Path, tag: str | None = None) -> tuple[Path, s
         p = p / "checkpoints"
     if p.name.startswith("step_") and p.is_dir():
         return p.parent, tag or p.name
-    latest = p / "latest"
-    if not latest.is_file() and tag is None:
-        raise FileNotFoundError(f"{path}: no checkpoints/latest, latest or step_* directory found")
-    t = tag or latest.read_text().strip()
-    if not (p / t).is_dir():
-        raise FileNotFoundError(f"{p / t}: checkpoint tag not found")
-    return p, t
+    if tag is not None:
+        if not (p / tag).is_dir():
+            raise FileNotFoundError(f"{p / tag}: checkpoint tag not found")
+        return p, tag
+    from skillnet.training.checkpoint import checkpoint_problem, complete_tags, latest_complete
+
+    tags = complete_tags(p) or [t for t in [latest_complete(p)] if t is not None]
+    if not tags:
+        raise FileNotFoundError(f"{path}: no complete checkpoint (checkpoints/step_*/complete) found")
+    skipped = []
+    for t in reversed(tags):  # the newest intact one; a damaged newer one is named, not exported
+        problem = checkpoint_problem(p / t)
+        if problem is None:
+            if skipped:
+                print(f"warning: skipped damaged checkpoint(s) {'; '.join(skipped)}; exporting {p / t}",
+                      file=sys.stderr)
+            return p, t
+        skipped.append(f"{t} ({problem})")
+    raise FileNotFoundError(f"{path}: no intact checkpoint: {'; '.join(skipped)}")
 
 
 def load_checkpoint_state(root: Path, tag: str) -> dict[str, torch.Tensor]:
@@ -209,12 +221,17 @@ def export(
     init_unused: bool = True,
     dense: bool = False,
     task: str | None = None,
+    overwrite: bool = False,
 ) -> Path:
     """Write the HF folder of a checkpoint (see the module docstring); `dense=True` requires a dense one.
-    `task`: the default task of a SkillNet export (default: ``mlm``, the MLM head's skills)."""
+    `task`: the default task of a SkillNet export (default: ``mlm``, the MLM head's skills). `out` must be
+    new, empty or an earlier export of the same checkpoint and settings, unless `overwrite`
+    (training/outputs.py); it never overlaps the run being exported."""
     if (Path(checkpoint) / "config.json").is_file() and not (Path(checkpoint) / "checkpoints").is_dir():
-        return reexport(checkpoint, out, task)
+        return reexport(checkpoint, out, task, overwrite=overwrite)
     root, tag = locate_checkpoint(checkpoint, tag)
+    out = _claim_export(out, root.parent, root / tag,
+                        {"init_unused": init_unused, "dense": dense, "task": task}, overwrite)
     cfg_file = root / tag / "model_config.json"
     if not cfg_file.is_file():
         raise FileNotFoundError(f"{cfg_file} missing: was this checkpoint written by training.Trainer?")
@@ -231,7 +248,6 @@ def export(
     model = _trained_model(kind, cfg_file)
     _load_into(model, load_checkpoint_state(root, tag), str(root / tag))
     saved, facts = _for_export(kind, model, init_unused, str(root / tag))
-    out = Path(out)
     tmp = out.with_name(out.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     saved.save_pretrained(str(tmp), safe_serialization=True)
@@ -257,13 +273,39 @@ def export(
     training = {"stage": "pre-training", "step": step, "objectives": run_args.get("objectives"),
                 "data": Path(run_args["shards"]).name if run_args.get("shards") else "synthetic"}
     finish_export(saved, tmp, final=out, default_task=task, training=training)
-    if out.exists():
-        shutil.rmtree(out)
-    os.replace(tmp, out)
+    _finish(tmp, out)
     return out
 
 
-def reexport(folder: str | Path, out: str | Path, task: str | None) -> Path:
+def _claim_export(out: str | Path, run_dir: Path, source: Path, settings: dict[str, Any], overwrite: bool) -> Path:
+    """``out`` for an export of ``source`` (training/outputs.py), refusing any overlap with the run it reads."""
+    from skillnet.training.outputs import OutputError, claim_output
+
+    o, run = Path(out).resolve(), run_dir.resolve()
+    if o == run or run.is_relative_to(o) or o.is_relative_to(source.resolve().parent):
+        raise OutputError(f"--out {out}: is (or holds) the run being exported ({run_dir}); an export there would "
+                          f"replace its checkpoints. Give another folder, e.g. {run_dir}/hf")
+    claim = claim_output(o, option="--out", command="export", overwrite=overwrite,
+                         identity={"source": str(source.resolve()), **settings},
+                         describe=lambda p: "files an export did not write" + (
+                             " (an export written before exports were marked)" if (p / "export_info.json").is_file()
+                             else ""))
+    if claim.state == "own":
+        print(f"replacing the earlier export of {source} in {out}", file=sys.stderr)
+    elif claim.state == "overwrite":
+        print(f"--overwrite: replacing what {out} held", file=sys.stderr)
+    return Path(out)
+
+
+def _finish(tmp: Path, out: Path) -> None:
+    """Mark the finished folder as this export's and put it in place (the old one goes only after)."""
+    from skillnet.training.outputs import MARKER, replace_dir
+
+    shutil.copy2(out / MARKER, tmp / MARKER)
+    replace_dir(tmp, out)
+
+
+def reexport(folder: str | Path, out: str | Path, task: str | None, overwrite: bool = False) -> Path:
     """Copy a SkillNet export (e.g. a fine-tuning run's export/) with another default task: the pipelines,
     labels, generation settings and model card then follow that task."""
     import transformers
@@ -282,15 +324,19 @@ def reexport(folder: str | Path, out: str | Path, task: str | None) -> Path:
     if model_cls is None:
         raise ValueError(f"{folder}: unknown architecture {arch!r}")
     model = model_cls.from_pretrained(str(folder)).eval()
+    from skillnet.training.outputs import OutputError, claim_output
+
+    if folder.resolve() == out.resolve() or folder.resolve().is_relative_to(out.resolve()):
+        raise OutputError(f"--out {out}: is (or holds) the export being copied ({folder}); give another folder")
+    claim_output(out, option="--out", command="export", overwrite=overwrite,
+                 identity={"source": str(folder.resolve()), "task": task})
     tmp = out.with_name(out.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     shutil.copytree(folder, tmp)
     finish_export(model, tmp, final=out, default_task=task, run_dir=_run_dir(folder),
                   training=json.loads((folder / "model_card.json").read_text(encoding="utf-8")).get("training")
                   if (folder / "model_card.json").is_file() else None)
-    if out.exists():
-        shutil.rmtree(out)
-    os.replace(tmp, out)
+    _finish(tmp, out)
     return out
 
 
@@ -302,7 +348,10 @@ def build_parser() -> Parser:
         "fine-tuning run's export/), copied to --out with the default task --task",
     )
     p.add_argument("--tag", help="checkpoint tag (step_XXXXXXXX); default: latest")
-    p.add_argument("--out", required=True, help="output folder (written atomically)")
+    p.add_argument("--out", required=True, help="output folder, written atomically; it must be new, empty or an earlier "
+                   "export of the same checkpoint and settings (replaced), unless --overwrite")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace whatever --out holds (never the run being exported)")
     p.add_argument(
         "--no-init-unused",
         action="store_true",
@@ -327,7 +376,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     try:
         out = export(args.checkpoint, args.out, args.tag, init_unused=not args.no_init_unused, dense=args.dense,
-                     task=args.task)
+                     task=args.task, overwrite=args.overwrite)
     except (FileNotFoundError, ValueError, KeyError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

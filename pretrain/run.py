@@ -204,6 +204,12 @@ def build_parser() -> argparse.ArgumentParser:
         "A DeepSpeed checkpoint may be resumed on another number of ranks (same ZeRO stage): the global batch "
         "is kept and micro-batch x accumulation re-derived (docs/pretrain.md, 'Requeue on another size')",
     )
+    t.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="start over in an --output-dir that holds a run of another model or data (its checkpoints and logs "
+        "are removed); without it such a dir is refused, and a run of the same model and data resumes",
+    )
     t.add_argument("--no-tensorboard", action="store_true", help="no TensorBoard event files")
     t.add_argument("--no-progress", action="store_true", help="no tqdm bar (CI logs)")
     t.add_argument(
@@ -526,8 +532,54 @@ def _sample_logger(path: Path) -> Any:
     return log
 
 
+# What a pre-training run writes in its --output-dir (--overwrite removes these, and nothing else there).
+RUN_FILES = ("checkpoints", "log.jsonl", "tensorboard", "run_args.json", "train_config.json", "skill_init.safetensors")
+# The options that make two runs in one --output-dir the same run (a resume) rather than different ones.
+RUN_IDENTITY = ("arch", "dense", "preset", "model_config", "init_from_dense", "shards", "synthetic", "synthetic_vocab",
+                "max_seq_len")
+
+
+def claim_output_dir(args: argparse.Namespace, rank: int) -> None:
+    """--output-dir for this run (training/outputs.py): every rank decides alike, rank 0 then marks it (and
+    with --overwrite removes the earlier run's files) while the others wait."""
+    import shutil
+
+    from skillnet.training import dist as D
+    from skillnet.training.outputs import claim_output
+
+    ident = {k: getattr(args, k, None) for k in RUN_IDENTITY}
+    if ident["model_config"]:
+        ident["model_config"] = Path(ident["model_config"]).read_text(encoding="utf-8")
+    kw = dict(option="--output-dir", command="pretrain", identity=ident, overwrite=args.overwrite,
+              describe=lambda p: "a run without a marker (from before runs were marked, or another tool's files)")
+    claim = claim_output(args.output_dir, write=False, **kw)
+    D.barrier()
+    if rank == 0:
+        claim_output(args.output_dir, **kw)
+        if claim.state == "overwrite":
+            for name in RUN_FILES:
+                target = Path(args.output_dir) / name
+                if target.is_dir():
+                    shutil.rmtree(target)
+                elif target.exists():
+                    target.unlink()
+            print(f"--overwrite: the earlier run's files in {args.output_dir} were removed", flush=True)
+    D.barrier()
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    from skillnet.training.outputs import at_least, check_options, in_range, non_negative, positive
+
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    check_options(parser, args, {
+        "max_steps": at_least(1), "micro_batch_size": at_least(1), "grad_accum": at_least(1), "lr": positive(),
+        "eps": positive(), "weight_decay": non_negative(), "warmup_steps": non_negative(),
+        "max_grad_norm": non_negative(), "betas": in_range(0, 1, hi_open=True), "save_every": non_negative(),
+        "keep_last": non_negative(), "log_every": non_negative(), "eval_every": non_negative(),
+        "eval_batches": at_least(1), "max_seq_len": at_least(8), "synthetic": at_least(1),
+        "data_workers": non_negative(),
+    })
     from skillnet.data_prep.shards import ShardError
     from skillnet.data_prep.tokenizer import TokenizerError
     from skillnet.model import skill_parameters
@@ -612,8 +664,9 @@ def main(argv: list[str] | None = None) -> int:
             print("\n".join(start_lines), flush=True)
         if args.dry_run:
             return 0
+        claim_output_dir(args, rank)
         model = build_model(args, getattr(dataset, "vocab_size", None), dataset)
-    except (DsConfigError, ShardError, TokenizerError, FileNotFoundError, KeyError, ValueError) as e:
+    except (DsConfigError, ShardError, TokenizerError, FileNotFoundError, KeyError, ValueError, OSError) as e:
         print(f"error: {e.args[0] if isinstance(e, KeyError) else e}", file=sys.stderr)
         return 2
     # The probe batches keep the size the run started with, also after a requeue re-derived the micro-batch.
@@ -647,7 +700,13 @@ def main(argv: list[str] | None = None) -> int:
         )
         Path(cfg.output_dir).mkdir(parents=True, exist_ok=True)
         (Path(cfg.output_dir) / "run_args.json").write_text(json.dumps(vars(args), indent=2))
-    result = trainer.train()
+    from skillnet.training.checkpoint import CheckpointError
+
+    try:
+        result = trainer.train()
+    except CheckpointError as e:  # nothing intact to resume from: one line, not a traceback
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     if args.dump_rank_weights:
         from safetensors.torch import save_file
 

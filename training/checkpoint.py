@@ -44,6 +44,8 @@ from .reshard import (
 
 __all__ = [
     "COMPLETE_MARKER",
+    "CheckpointError",
+    "checkpoint_problem",
     "CheckpointManager",
     "atomic_torch_save",
     "atomic_write_text",
@@ -64,6 +66,10 @@ __all__ = [
 
 
 COMPLETE_MARKER = "complete"
+
+
+class CheckpointError(FileNotFoundError):
+    """No checkpoint the run can resume from where one was asked for (the message names each and why)."""
 
 
 def checkpoint_root(output_dir: str | Path) -> Path:
@@ -116,6 +122,59 @@ def unmark_complete(ckpt_dir: Path) -> None:
 
 def is_complete(ckpt_dir: Path) -> bool:
     return (ckpt_dir / COMPLETE_MARKER).is_file()
+
+
+def _torch_file_problem(f: Path) -> str | None:
+    """Why ``f`` (a torch.save zip archive) cannot be loaded, cheaply: missing, or cut short (the zip's
+    central directory sits at its end, so a truncated file has none)."""
+    import zipfile  # noqa: PLC0415
+
+    if not f.is_file():
+        return f"{f.name} is missing"
+    if not zipfile.is_zipfile(f):
+        return f"{f.name} is damaged (cut short?)"
+    return None
+
+
+def checkpoint_problem(tdir: Path) -> str | None:
+    """Why checkpoint ``tdir`` cannot be resumed (None: it looks intact). Checks the marker, every rank's
+    trainer state, and the plain or DeepSpeed files every rank needs, without loading the weights."""
+    if not tdir.is_dir():
+        return "it does not exist"
+    if not is_complete(tdir) and not _legacy(tdir):
+        return f"no '{COMPLETE_MARKER}' marker (its save was interrupted)"
+    problem = _torch_file_problem(tdir / "trainer_rank0.pt")
+    if problem:
+        return problem
+    try:
+        world = int(read_trainer_state(tdir)["world_size"])
+    except Exception as e:  # noqa: BLE001 - any unreadable state is a damaged checkpoint
+        return f"trainer_rank0.pt cannot be read ({type(e).__name__})"
+    for r in range(1, world):
+        problem = _torch_file_problem(tdir / f"trainer_rank{r}.pt")
+        if problem:
+            return problem
+    if (tdir / "plain.pt").exists():
+        return _torch_file_problem(tdir / "plain.pt")
+    model = [*tdir.glob("mp_rank_*_model_states.pt"), *tdir.glob("zero_pp_rank_0_mp_rank_*_model_states.pt")]
+    if not model:
+        return "neither plain.pt nor DeepSpeed's model states are there"
+    optim = list(tdir.glob("*zero_pp_rank_*optim_states.pt"))
+    if optim:  # ZeRO-1/2/3: one optimizer partition per rank
+        for r in range(world):
+            if not any(f.name.startswith(f"zero_pp_rank_{r}_") or f"_zero_pp_rank_{r}_" in f.name for f in optim):
+                return f"rank {r}'s DeepSpeed optimizer partition is missing"
+    for f in sorted({*model, *optim}):
+        problem = _torch_file_problem(f)
+        if problem:
+            return problem
+    return None
+
+
+def _legacy(tdir: Path) -> bool:
+    """A checkpoint from before markers existed: no tag of its directory has one, and ``latest`` names it."""
+    root = tdir.parent
+    return not any(is_complete(p) for p in root.glob("step_*")) and read_latest(root) == tdir.name
 
 
 def complete_tags(root: Path) -> list[str]:
@@ -242,24 +301,41 @@ class CheckpointManager:
         run's checkpoints directory, None when there is none; else a checkpoints directory (its newest
         complete one) or one ``step_*`` directory, and an error when it is neither or incomplete."""
         if resume == "auto":
-            tag = latest_complete(self.root)
-            return None if tag is None else self.root / tag
+            return self._newest_intact(self.root, resume, none_ok=True)
         p = Path(resume)
         if (p / "latest").is_file() or complete_tags(p):
-            root, tag = p, latest_complete(p)
-        elif p.is_dir() and p.name.startswith("step_"):
-            root, tag = p.parent, p.name
-            # Without its marker the save was cut short (unless it predates markers: named by latest).
-            if not is_complete(p) and read_latest(root) != tag:
-                raise FileNotFoundError(
-                    f"--resume {resume}: incomplete checkpoint (no '{p.name}/complete' marker: its save "
-                    f"was interrupted); resume from an earlier one or use --resume auto"
-                )
-        else:
-            raise FileNotFoundError(f"--resume {resume}: not a checkpoint directory (no 'latest', not step_*)")
-        if tag is None:
-            raise FileNotFoundError(f"--resume {resume}: no complete checkpoint in it")
-        return root / tag
+            return self._newest_intact(p, resume, none_ok=False)
+        if p.is_dir() and p.name.startswith("step_"):
+            # One checkpoint asked for by name: it is that one or none (no silent substitute).
+            problem = checkpoint_problem(p)
+            if problem:
+                raise CheckpointError(f"--resume {resume}: cannot resume from it: {problem}; resume from an "
+                                      f"earlier one or use --resume auto")
+            return p
+        raise CheckpointError(f"--resume {resume}: not a checkpoint directory (no 'latest', not step_*)")
+
+    def _newest_intact(self, root: Path, resume: str, none_ok: bool) -> Path | None:
+        """The newest complete checkpoint under ``root`` that is intact; each damaged newer one is named in a
+        one-line warning. None (``none_ok``) when there is no complete one at all; an error when every
+        complete one is damaged."""
+        tags = complete_tags(root)
+        if not tags:
+            legacy = latest_complete(root)
+            tags = [legacy] if legacy is not None else []
+        skipped = []
+        for tag in reversed(tags):
+            problem = checkpoint_problem(root / tag)
+            if problem is None:
+                if skipped and self.rank == 0:
+                    print(f"[trainer] warning: skipped damaged checkpoint(s) {'; '.join(skipped)}; resuming from "
+                          f"{root / tag}", file=sys.stderr, flush=True)
+                return root / tag
+            skipped.append(f"{tag} ({problem})")
+        if skipped:
+            raise CheckpointError(f"--resume {resume}: no intact checkpoint in {root}: {'; '.join(skipped)}")
+        if none_ok:
+            return None
+        raise CheckpointError(f"--resume {resume}: no complete checkpoint in it")
 
     def load(self, tdir: Path, *, engine: Any = None, plain: dict[str, Any] | None = None) -> dict[str, Any]:
         """Load checkpoint ``tdir`` into ``engine`` (or the ``plain`` objects); returns this rank's trainer

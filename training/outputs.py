@@ -1,0 +1,146 @@
+"""Output folders no command clobbers, and one-line checks of degenerate option values.
+
+Every command that writes a folder claims it first (``claim_output``):
+
+* a folder that does not exist, or is empty, is created and marked as this command's
+  (``.skillnet_output.json``: the command and what identifies its configuration);
+* a folder marked by the same command with the same configuration is the command's own state: the
+  caller resumes it, or replaces what it wrote there before, and says so;
+* anything else (another command's output, another configuration, files nobody marked) is refused with
+  one line naming the folder and what it holds, unless ``--overwrite`` is given;
+* a path that is a file, or a folder that cannot be written, is refused in one line too.
+
+``check_options`` turns a value outside an option's range (``--lr -1``, ``--max-steps 0``) into one line
+naming the option and the range, through the command's own parser (exit status 2, as argparse does).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+__all__ = ["MARKER", "OutputError", "Claim", "claim_output", "replace_dir", "check_options", "Rule",
+           "positive", "non_negative", "at_least", "in_range"]
+
+MARKER = ".skillnet_output.json"
+
+
+class OutputError(ValueError):
+    """An output path a command will not write (the message names the option, the path and the way out)."""
+
+
+@dataclass(frozen=True)
+class Claim:
+    path: Path
+    state: str  # "new" | "own" (same command and configuration) | "overwrite" (--overwrite on another's)
+    previous: dict[str, Any] | None  # the marker found there, if any
+
+
+def _writable(path: Path) -> bool:
+    p = path
+    while not p.exists():
+        if p.parent == p:
+            return False
+        p = p.parent
+    return p.is_dir() and os.access(p, os.W_OK | os.X_OK)
+
+
+def claim_output(path: str | Path, *, option: str, command: str, identity: dict[str, Any], overwrite: bool,
+                 describe: Callable[[Path], str] | None = None, ignore: Iterable[str] = (),
+                 write: bool = True) -> Claim:
+    """Create or take over ``path`` for ``command`` (module docstring). ``identity``: JSON-able settings that
+    make two runs the same one (a resume or a redo), e.g. the source checkpoint of an export. ``ignore``:
+    names that do not make a folder non-empty (a caller's own log of the command, written first).
+    ``write=False``: decide (and raise) without creating or marking anything, e.g. on every rank of a
+    launch before rank 0 claims the folder."""
+    p = Path(path)
+    if p.exists() and not p.is_dir():
+        raise OutputError(f"{option} {p}: is a file, not a folder; give a folder path")
+    if not _writable(p):
+        raise OutputError(f"{option} {p}: cannot be written (permissions); give a folder you can write")
+    ident = json.loads(json.dumps(identity, sort_keys=True, default=str))
+    mine = {"command": command, "identity": ident}
+    marker = p / MARKER
+    skip = {MARKER, *ignore}
+    if not p.exists() or not any(q.name not in skip for q in p.iterdir()) and not marker.is_file():
+        if write:
+            p.mkdir(parents=True, exist_ok=True)
+            marker.write_text(json.dumps(mine, indent=2, sort_keys=True) + "\n")
+        return Claim(p, "new", None)
+    previous = None
+    if marker.is_file():
+        try:
+            previous = json.loads(marker.read_text())
+        except ValueError:
+            previous = None
+    if previous == mine:
+        return Claim(p, "own", previous)
+    if overwrite:
+        if write:
+            marker.write_text(json.dumps(mine, indent=2, sort_keys=True) + "\n")
+        return Claim(p, "overwrite", previous)
+    if previous is None:
+        what = describe(p) if describe else "files this command did not write"
+    elif previous.get("command") != command:
+        what = f"the output of `{previous.get('command')}`"
+    else:
+        diff = sorted(k for k in set(ident) | set(previous.get("identity", {}))
+                      if ident.get(k) != previous.get("identity", {}).get(k))
+        what = f"an earlier `{command}` with other settings ({', '.join(diff)})"
+    raise OutputError(f"{option} {p}: holds {what}; nothing was changed. Pick another folder, or add --overwrite "
+                      f"to replace it")
+
+
+def replace_dir(tmp: Path, out: Path) -> None:
+    """Put the finished folder ``tmp`` at ``out``: the old ``out`` moves aside first and is deleted only once
+    the new one is in place, so a crash leaves one of them whole."""
+    old = out.with_name(out.name + ".old")
+    shutil.rmtree(old, ignore_errors=True)
+    if out.exists():
+        os.replace(out, old)
+    os.replace(tmp, out)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+@dataclass(frozen=True)
+class Rule:
+    check: Callable[[Any], bool]
+    text: str  # the allowed range, as the error states it
+
+
+def positive() -> Rule:
+    return Rule(lambda v: v > 0, "must be > 0")
+
+
+def non_negative() -> Rule:
+    return Rule(lambda v: v >= 0, "must be >= 0")
+
+
+def at_least(lo: float) -> Rule:
+    return Rule(lambda v: v >= lo, f"must be >= {lo}")
+
+
+def in_range(lo: float, hi: float, *, lo_open: bool = False, hi_open: bool = False) -> Rule:
+    left, right = ("(" if lo_open else "["), (")" if hi_open else "]")
+    return Rule(lambda v: (v > lo if lo_open else v >= lo) and (v < hi if hi_open else v <= hi),
+                f"must be in {left}{lo}, {hi}{right}")
+
+
+def check_options(parser: argparse.ArgumentParser, args: argparse.Namespace,
+                  rules: dict[str, Rule] | Iterable[tuple[str, Rule]]) -> None:
+    """``parser.error`` (one line, exit 2) for the first option whose value breaks its rule; options left
+    unset (None) are not checked."""
+    for dest, rule in (rules.items() if isinstance(rules, dict) else rules):
+        value = getattr(args, dest, None)
+        if value is None:
+            continue
+        values = value if isinstance(value, list | tuple) else [value]
+        for v in values:
+            if isinstance(v, int | float) and not rule.check(v):
+                parser.error(f"--{dest.replace('_', '-')} {v}: {rule.text}")
