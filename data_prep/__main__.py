@@ -266,6 +266,11 @@ def _run(a: argparse.Namespace) -> int:
             f"{tot['num_tokens']:,} tokens from {tot['input_bytes'] / 1e6:,.1f} MB -> {a.out}"
         )
         print(BadInputReport.from_json(m["bad_input"]).table())
+        fit = m.get("vocab_fit")
+        if fit:
+            print(f"vocab: {m['tokenizer']['vocab_file']} ({m['tokenizer']['vocab_size']:,} entries): "
+                  f"{fit['unk_share']:.2%} [UNK], {fit['tokens_per_char']:.2f} tokens per character"
+                  + (f", {fit['tokens_per_word']:.2f} per word" if fit["latin_share"] > 0.5 else "") + " on a sample")
         if a.report_json:
             with open(a.report_json, "w", encoding="utf-8") as f:
                 json.dump(m["bad_input"], f, indent=1, ensure_ascii=False)

@@ -195,6 +195,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         torch.set_num_threads(a.threads)
     from skillnet.data_prep.tokenizer import TokenizerError
+    from skillnet.training.dist import LaunchError
     from skillnet.training.outputs import OutputError
 
     from .run import run
@@ -206,7 +207,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 0
         run(cfg, ds_config=a.ds_config, resume=resume, tensorboard=not a.no_tensorboard,
             progress=not a.no_progress, where=a.config)
-    except (ConfigError, TaskDataError, TokenizerError, FileNotFoundError, OutputError) as e:
+    except (ConfigError, TaskDataError, TokenizerError, FileNotFoundError, OutputError, LaunchError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     return 0

@@ -3,8 +3,14 @@
 from __future__ import annotations
 
 import contextlib
+import errno
 import glob
+import hashlib
 import os
+import socket
+import sys
+import time
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -20,7 +26,52 @@ __all__ = [
     "all_reduce_host_sum",
     "launched_world_size",
     "release_shared_memory",
+    "LaunchError",
+    "check_master_port",
+    "prepare_extensions",
 ]
+
+
+class LaunchError(ValueError):
+    """A launch that cannot work as set up (the message says what to change)."""
+
+
+def check_master_port() -> None:
+    """Rank 0 of a launch: fail in one line when MASTER_PORT is taken (another job on this node?) instead of
+    a DistNetworkError traceback from every rank. The other ranks cannot tell their own rank 0's port from
+    a stranger's; the launcher stops them when rank 0 exits."""
+    port, rank = os.environ.get("MASTER_PORT"), os.environ.get("RANK")
+    if not port or rank != "0":
+        return
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind(("", int(port)))
+        except OSError as e:
+            if e.errno != errno.EADDRINUSE:
+                return
+            raise LaunchError(
+                f"port {port} is in use (another job on this node?): add --master_port N with a free port to the "
+                f"deepspeed command (or set MASTER_PORT)"
+            ) from None
+
+
+def prepare_extensions() -> Path:
+    """Where DeepSpeed/torch build their C++ ops: one folder per Python environment (unless
+    TORCH_EXTENSIONS_DIR says otherwise), so a build in another venv (or its dead lock) cannot block this
+    one. A build lock left there is named before anything waits on it: torch waits for it forever."""
+    d = os.environ.get("TORCH_EXTENSIONS_DIR")
+    if not d:
+        env = hashlib.sha1(os.path.realpath(sys.prefix).encode()).hexdigest()[:10]
+        d = str(Path.home() / ".cache" / "skillnet" / "torch_extensions" / f"py{sys.version_info[0]}{sys.version_info[1]}-{env}")
+        os.environ["TORCH_EXTENSIONS_DIR"] = d
+    if os.environ.get("LOCAL_RANK", "0") == "0":
+        for lock in sorted({*Path(d).glob("*/lock"), *Path(d).glob("*/*/lock")}):
+            with contextlib.suppress(OSError):
+                age = (time.time() - lock.stat().st_mtime) / 60
+                print(f"[skillnet] {lock}: an op build lock from {age:.0f} min ago; a build that died leaves it, and "
+                      f"every later build waits for it without end: delete it if no build is running",
+                      file=sys.stderr, flush=True)
+    return Path(d)
 
 
 def launched_world_size() -> int:
@@ -37,6 +88,8 @@ def init_distributed() -> tuple[int, int]:
     if dist.is_available() and dist.is_initialized():
         return dist.get_rank(), dist.get_world_size()
     if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
+        check_master_port()
+        prepare_extensions()
         import deepspeed  # noqa: PLC0415  (slow import, only when a launcher is used)
 
         backend = "nccl" if torch.cuda.is_available() else "gloo"

@@ -3,7 +3,8 @@
     python -m skillnet.training.warmup            # called by `make setup`; seconds when already cached
 
 On a CPU machine DeepSpeed compiles ``deepspeed_shm_comm`` (intra-node collectives) and ``fused_adam``
-into ~/.cache/torch_extensions on first use (1.5-6 min on 2 cores); on GPU machines it builds the
+into a folder of this Python environment's own (~/.cache/skillnet/torch_extensions/py<ver>-<env>, or
+TORCH_EXTENSIONS_DIR; training/dist.py's prepare_extensions) on first use (1.5-6 min on 2 cores); on GPU machines it builds the
 accelerator's variants. A build failure only warns (exit code 0): training still works where DeepSpeed
 falls back, and setup must not fail on machines without a compiler.
 """
@@ -55,6 +56,9 @@ def main(argv: list[str] | None = None) -> int:
     p = build_parser()
     args = p.parse_args(argv)
     os.environ.setdefault("DS_BUILD_OPS", "0")
+    from skillnet.training.dist import prepare_extensions
+
+    print(f"building into {prepare_extensions()}", file=sys.stderr)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         status = warm()

@@ -1,0 +1,64 @@
+"""A new user's job has no silent failure: a busy port, a stale build lock and a vocabulary that does not fit
+the text each get one line that says what to do, within seconds."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _env(**kw: str) -> dict[str, str]:
+    return {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", **kw}
+
+
+def test_a_busy_master_port_is_one_line_before_training(tmp_path: Path) -> None:
+    with socket.socket() as busy:  # another job's rendezvous on this node
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        t0 = time.time()
+        r = subprocess.run(
+            [sys.executable, str(REPO / "pretrain" / "run.py"), "--synthetic", "100", "--preset", "tiny",
+             "--max-steps", "1", "--output-dir", str(tmp_path / "pt"), "--no-progress"],
+            capture_output=True, text=True, timeout=120, cwd=tmp_path,
+            env=_env(RANK="0", LOCAL_RANK="0", WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port)))
+    assert r.returncode == 2, r.stderr[-2000:]
+    assert f"port {port} is in use (another job on this node?): add --master_port N" in r.stderr
+    assert "Traceback" not in r.stderr and time.time() - t0 < 60
+
+
+def test_op_builds_live_per_environment_and_a_stale_lock_is_named(tmp_path: Path, monkeypatch) -> None:
+    from skillnet.training import dist as D
+
+    monkeypatch.delenv("TORCH_EXTENSIONS_DIR", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    d = D.prepare_extensions()
+    assert os.environ["TORCH_EXTENSIONS_DIR"] == str(d) and d.is_relative_to(tmp_path)
+    assert d.name.startswith(f"py{sys.version_info[0]}{sys.version_info[1]}-")  # this interpreter's own folder
+    lock = d / "deepspeed_shm_comm" / "lock"
+    lock.parent.mkdir(parents=True)
+    lock.write_text("")
+    os.utime(lock, (time.time() - 3600, time.time() - 3600))
+    r = subprocess.run([sys.executable, "-c", "from skillnet.training.dist import prepare_extensions; prepare_extensions()"],
+                       capture_output=True, text=True, timeout=60, env=_env(TORCH_EXTENSIONS_DIR=str(d)))
+    assert str(lock) in r.stderr and "60 min ago" in r.stderr and "delete it if no build is running" in r.stderr
+
+
+def test_english_text_with_the_default_vocab_warns(tmp_path: Path) -> None:
+    words = ("the parser reads each argument from the command line and returns a namespace whose attributes hold "
+             "the values that were given, converted to their declared types").split()
+    lines = [" ".join(words[i % 7 :] + words[: i % 7]) + "." for i in range(300)]
+    (tmp_path / "en.txt").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    cmd = [sys.executable, "-m", "skillnet.data_prep", "build", "en.txt", "--no-progress"]
+    r = subprocess.run([*cmd, "--out", "o"], capture_output=True, text=True, timeout=120, cwd=tmp_path, env=_env())
+    assert r.returncode == 0 and "warning: the vocab vocab.txt (21,128 entries) cuts the words" in r.stderr
+    assert "train-tokenizer" in r.stderr and "per word on a sample" in r.stdout  # the report names the vocab
+    r = subprocess.run([*cmd, "--out", "s", "--strict"], capture_output=True, text=True, timeout=120, cwd=tmp_path,
+                       env=_env())
+    assert r.returncode == 2 and r.stderr.startswith("error: the vocab") and not (tmp_path / "s").exists()
