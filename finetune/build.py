@@ -153,11 +153,13 @@ def save_model_dir(model: torch.nn.Module, path: Path, data: dict[str, TaskData]
     model.save_pretrained(str(tmp))
     known = model.heads if hasattr(model, "heads") else model.config.tasks  # BART's tasks share the LM head
     tasks = {n: m for n, m in (inherited or {}).items() if n in known}
-    tasks.update({n: d.meta() for n, d in data.items()})
+    # each task with the skills the model runs for it (an adaptation's new skill included), as config.json has
+    tasks.update({n: {**d.meta(), "skills": list((model.config.tasks or {}).get(n, d.meta()["skills"]))}
+                  for n, d in data.items()})
     meta = {"tasks": tasks, "vocab": "vocab.txt", "lowercase": True}
     (tmp / META_FILE).write_text(json.dumps(meta, ensure_ascii=False, indent=2) + "\n", encoding="utf-8")
     save_tokenizer(tmp, vocab, lowercase=True)
-    finish_export(model, tmp, final=path)  # default task, pipeline labels/prompts, model card
+    finish_export(model, tmp, final=path, own_tasks=list(data))  # default task (the run's own), labels, card
     old = path.with_name(f".{path.name}.old")
     shutil.rmtree(old, ignore_errors=True)
     if path.exists():

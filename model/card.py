@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import os
 import re
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -68,9 +69,11 @@ def _unk_id(folder: Path) -> int | None:
 
 
 def pick_default_task(config: dict[str, Any], final: Path, requested: str | None,
-                      meta: dict[str, Any]) -> str | None:
-    """`requested` (``export --task``); else the task of a ``best_per_task/<task>`` folder; else the config's
-    default if the export serves it; else the first fine-tuned task; else (pre-trained) ``mlm``."""
+                      meta: dict[str, Any], own: Sequence[str] = ()) -> str | None:
+    """`requested` (``export --task``); else the task of a ``best_per_task/<task>`` folder; else the run's own
+    tasks (`own`: those it fine-tuned, not those an adapted model inherited), the config's default if it is one
+    of them; else the config's default if the export serves it; else the first fine-tuned task; else
+    (pre-trained) ``mlm``."""
     tasks = config.get("tasks") or {}
     if requested is not None:
         if requested not in tasks:
@@ -79,6 +82,9 @@ def pick_default_task(config: dict[str, Any], final: Path, requested: str | None
     served = list(meta) or list(config.get("task_heads") or {})
     if final.parent.name == "best_per_task" and final.name in served:
         return final.name
+    own = [t for t in own if t in tasks]
+    if own:
+        return config["default_task"] if config.get("default_task") in own else own[0]
     if config.get("default_task") in (served or tasks):
         return config["default_task"]
     if served:
@@ -99,9 +105,9 @@ def _params(model: torch.nn.Module, tasks: list[str]) -> dict[str, Any]:
 
 def finish_export(model: torch.nn.Module, folder: str | os.PathLike, *, final: str | os.PathLike | None = None,
                   default_task: str | None = None, training: dict[str, Any] | None = None,
-                  run_dir: str | os.PathLike | None = None) -> str | None:
+                  run_dir: str | os.PathLike | None = None, own_tasks: Sequence[str] = ()) -> str | None:
     """Complete an export written to `folder` (to be renamed `final`); returns its default task. `run_dir`:
-    the fine-tuning run it came from (default: found above `final`)."""
+    the fine-tuning run it came from (default: found above `final`); `own_tasks`: the tasks that run trained."""
     folder = Path(folder)
     final = Path(final) if final is not None else folder
     cfg_path = folder / "config.json"
@@ -111,7 +117,7 @@ def finish_export(model: torch.nn.Module, folder: str | os.PathLike, *, final: s
     meta = (_read(folder / FINETUNE_META) or {}).get("tasks", {})
     task = None
     if skillnet:
-        task = pick_default_task(cfg, final, default_task, meta)
+        task = pick_default_task(cfg, final, default_task, meta, own_tasks)
         cfg["default_task"] = task
         model.config.default_task = task
         labels = ((cfg.get("task_heads") or {}).get(task) or {}).get("labels") or (meta.get(task) or {}).get("labels")

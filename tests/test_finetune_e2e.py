@@ -141,9 +141,17 @@ def test_prediction_on_a_mixed_file(tmp_path):
     d2 = tiny_config(tmp_path / "adapt", model={"init": str(out / "export")},
                      train={"max_steps": 2, "batch_size": 4, "eval_every": 0, "lr": 1e-3, "log_every": 1})
     d2["tasks"] = [dict(d2["tasks"][0], name="sentiment2")]
+    d2["new_skills"] = [{"name": "s8", "init_from": "s7", "tasks": ["sentiment2"]}]
+    d2["freeze_old_skills"] = True
     run_cli.run(FinetuneConfig.from_dict(d2), tensorboard=False, progress=False)
     adapted = predict_cli.Predictor(tmp_path / "adapt" / "export")
     assert set(adapted.tasks) == {"sentiment", "ner", "qa_match", "sentiment2"}
+    # the export's default task is the run's own task, and both files give it the skills it runs (s8 included)
+    cfg = json.loads((tmp_path / "adapt" / "export" / "config.json").read_text())
+    meta = json.loads((tmp_path / "adapt" / "export" / "finetune_tasks.json").read_text())["tasks"]
+    assert cfg["default_task"] == "sentiment2"
+    assert "s8" in cfg["tasks"]["sentiment2"] and meta["sentiment2"]["skills"] == cfg["tasks"]["sentiment2"]
+    assert meta["sentiment"]["skills"] == cfg["tasks"]["sentiment"] and "s8" not in cfg["tasks"]["sentiment"]
     assert adapted.predict("ner", [{"tokens": list("张三")}])[0]["tags"][0] in adapted.tasks["ner"].label_list
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"task": "ner", "tokens": ["a"]}\n{"task": "nli", "text": "x"}\n', encoding="utf-8")

@@ -50,9 +50,12 @@ def test_op_builds_live_per_environment_and_a_stale_lock_is_named(tmp_path: Path
     assert str(lock) in r.stderr and "60 min ago" in r.stderr and "delete it if no build is running" in r.stderr
 
 
+PROSE = ("the parser reads each argument from the command line and returns a namespace whose attributes hold the "
+         "values that were given, converted to their declared types")
+
+
 def test_english_text_with_the_default_vocab_warns(tmp_path: Path) -> None:
-    words = ("the parser reads each argument from the command line and returns a namespace whose attributes hold "
-             "the values that were given, converted to their declared types").split()
+    words = PROSE.split()
     lines = [" ".join(words[i % 7 :] + words[: i % 7]) + "." for i in range(300)]
     (tmp_path / "en.txt").write_text("\n".join(lines) + "\n", encoding="utf-8")
     cmd = [sys.executable, "-m", "skillnet.data_prep", "build", "en.txt", "--no-progress"]
