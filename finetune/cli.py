@@ -33,6 +33,36 @@ from .methods import METHODS, method_names
 from .samplers import SAMPLER_KINDS
 
 
+def skills_table(markdown: bool = False) -> str:
+    """The skills of SkillNet-NLU (Table 1) and SkillNet-NLG, each with the tasks of the papers that use it."""
+    from skillnet.model.bart import NLG_SKILLS, NLG_TASKS
+    from skillnet.model.config import DEFAULT_SKILLS, DEFAULT_TASKS
+
+    out = []
+    for title, skills, tasks, always in (
+        ("SkillNet-NLU (BERT; Table 1 of the paper, tasks of its Table 2 and pre-training)", DEFAULT_SKILLS,
+         DEFAULT_TASKS, "s7"),
+        ("SkillNet-NLG (BART; skills in every other layer)", NLG_SKILLS, NLG_TASKS, "general"),
+    ):
+        rows = [(s["name"], s["description"], "every task" if s["name"] == always else
+                 ", ".join(t for t, names in tasks.items() if s["name"] in names) or "-") for s in skills]
+        if markdown:
+            out.append(f"**{title}**\n\n| skill | what it is for | tasks that use it |\n| --- | --- | --- |\n"
+                       + "\n".join(f"| `{n}` | {d} | {t} |" for n, d, t in rows))
+        else:
+            width = max(len(n) for n, _, _ in rows)
+            out.append(title + "\n" + "\n".join(f"  {n:<{width}}  {d:<45}  {t}" for n, d, t in rows))
+    return "\n\n".join(out)
+
+
+class _ListSkills(argparse.Action):
+    def __call__(self, parser: argparse.ArgumentParser, *args: object, **kw: object) -> None:
+        print(skills_table())
+        print("\nA task's config lists its skills (\"skills\": [...]); the generic skill is always on. Map your own "
+              "task by what it needs (docs/finetune.md, 'Choosing skills'); --new-skill adds one (e.g. s8).")
+        parser.exit()
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = Parser(
         "skillnet.finetune.run",
@@ -43,6 +73,8 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=__doc__.split("Writes to")[0].split("\n\n", 1)[1],
     )
     p.add_argument("--config", required=True, help="fine-tuning config (JSON; see finetune/config.py, docs/finetune.md)")
+    p.add_argument("--list-skills", action=_ListSkills, nargs=0, help="print the skills (s1-s7, the NLG skills), "
+                   "what each is for and which tasks use it, then exit")
     p.add_argument("--output-dir", help="where logs, checkpoints, best models and results go")
     p.add_argument("--init", help="SkillNet export or dense HF BERT folder to start from (overrides model.init)")
     p.add_argument("--method", choices=method_names(),

@@ -163,7 +163,7 @@ class PretrainBatchSource:
             loader = torch.utils.data.DataLoader(
                 _MicroBatches(self), batch_size=None, sampler=itertools.count(self.micro),
                 num_workers=self.workers, prefetch_factor=self.prefetch, pin_memory=self.pin_memory,
-                persistent_workers=False,
+                persistent_workers=False, worker_init_fn=_ignore_stop_signals,
             )
             self._ahead = iter(loader)
         return self._ahead
@@ -229,6 +229,16 @@ class PretrainBatchSource:
             self.micro = int(state["micro"]) // old_accum * self.grad_accum
         self.sampler.load_state_dict(state["sampler"])
         self.close()  # batches prefetched from the old position are not this run's next ones
+
+
+def _ignore_stop_signals(worker_id: int) -> None:
+    """A worker ignores SIGTERM/SIGINT: a scheduler that signals the whole process group (Slurm preemption,
+    Ctrl-C) must reach the trainer, which checkpoints and then stops the workers; a worker that died of the
+    signal first would make the next batch raise instead."""
+    import signal
+
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 class _MicroBatches(torch.utils.data.Dataset):

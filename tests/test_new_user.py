@@ -65,3 +65,16 @@ def test_english_text_with_the_default_vocab_warns(tmp_path: Path) -> None:
     r = subprocess.run([*cmd, "--out", "s", "--strict"], capture_output=True, text=True, timeout=120, cwd=tmp_path,
                        env=_env())
     assert r.returncode == 2 and r.stderr.startswith("error: the vocab") and not (tmp_path / "s").exists()
+
+
+def test_the_skills_are_listed_where_a_user_looks() -> None:
+    from skillnet.finetune.cli import skills_table
+
+    r = subprocess.run([sys.executable, "-m", "skillnet.finetune.run", "--list-skills"], capture_output=True, text=True,
+                       timeout=60, env=_env())
+    assert r.returncode == 0 and "s4  understand the sentiment of texts" in r.stdout and "--new-skill" in r.stdout
+    doc = (REPO / "docs" / "finetune.md").read_text(encoding="utf-8")
+    assert skills_table(markdown=True) in doc  # the doc's table is the code's
+    r = subprocess.run([sys.executable, "-m", "skillnet.finetune.run", "--help"], capture_output=True, text=True,
+                       timeout=60, env=_env())
+    assert "--list-skills" in r.stdout

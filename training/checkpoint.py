@@ -142,7 +142,7 @@ def checkpoint_problem(tdir: Path) -> str | None:
     if not tdir.is_dir():
         return "it does not exist"
     if not is_complete(tdir) and not _legacy(tdir):
-        return f"no '{COMPLETE_MARKER}' marker (its save was interrupted)"
+        return f"incomplete checkpoint (no '{COMPLETE_MARKER}' marker: its save was interrupted)"
     problem = _torch_file_problem(tdir / "trainer_rank0.pt")
     if problem:
         return problem

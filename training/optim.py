@@ -103,9 +103,8 @@ class MaskedAdamW(torch.optim.Optimizer):
         self.chunk_size = chunk_size
         self.impl = impl
         # A device-side guard for callers that cannot pass found_inf to step() (DeepSpeed calls it): returns a
-        # float tensor, nonzero to skip the step (sync-free path only); the skips are summed in `skipped`.
+        # float tensor, nonzero to skip the step (sync-free path only); the caller counts the skips.
         self.found_inf_fn: Callable[[], torch.Tensor | None] | None = None
-        self.skipped: torch.Tensor | None = None
 
     def sync_free(self, device: torch.device) -> bool:
         """Whether steps on ``device`` take the read-back-free path (and so accept ``found_inf``)."""
@@ -129,8 +128,6 @@ class MaskedAdamW(torch.optim.Optimizer):
                 loss = closure()
         if found_inf is None and self.found_inf_fn is not None:
             found_inf = self.found_inf_fn()
-            if found_inf is not None:
-                self.skipped = found_inf if self.skipped is None else self.skipped + found_inf
         for group in self.param_groups:
             if group["params"]:  # ZeRO-3 empties every group but the one whose sub-group it steps
                 self._step_group(group, found_inf)

@@ -121,7 +121,7 @@ class SkillStatistics(TrainerCallback):
         params = {f"{s}/{i}": p for s in names for i, p in enumerate(self.skill_params[s])}
         dev = next(iter(params.values())).device
         if self._init_dev is None:
-            self._init_dev = {k: _resident_copy(v, dev) for k, v in init.items()}
+            self._init_dev = _resident_copies(init, dev)
         sums = []
         for s in names:
             keys = [k for k in params if k.split("/")[0] == s]
@@ -147,13 +147,14 @@ def _sq_norm(ts: list[torch.Tensor], device: torch.device) -> torch.Tensor:
     return torch.stack(norms).pow(2).sum().to(device)  # offloaded fragments: on the CPU
 
 
-def _resident_copy(w0: torch.Tensor, dev: torch.device) -> torch.Tensor:
-    """The start weights where the drift is computed: on the GPU while they take little of its free
+def _resident_copies(init: dict[str, torch.Tensor], dev: torch.device) -> dict[str, torch.Tensor]:
+    """The start weights where the drift is computed: on the GPU while all of them take little of its free
     memory (no copy per log), else in pinned host memory (one asynchronous copy per log)."""
     if dev.type != "cuda":
-        return w0
+        return init
     free, _ = torch.cuda.mem_get_info(dev)
-    return w0.to(dev) if w0.numel() * w0.element_size() * 8 < free else w0.pin_memory()
+    total = sum(w.numel() * w.element_size() for w in init.values())
+    return {k: (w.to(dev) if total * 8 < free else w.pin_memory()) for k, w in init.items()}
 
 
 def _local_grad(p: nn.Parameter) -> tuple[torch.Tensor | None, bool]:

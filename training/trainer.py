@@ -159,7 +159,7 @@ class Trainer:
             optimizer.init_state()  # see MaskedAdamW.init_state: ZeRO links state views after the first step
             optimizer.check_zeros_everywhere()  # flat partitions zero-fill the grads of unused parameters
             if guard:
-                optimizer.found_inf_fn = lambda: _nonfinite_norm(self.engine.optimizer)
+                optimizer.found_inf_fn = self._guard_flag
             self.device = self.engine.device
             self.zero_stage = int(self.engine.zero_optimization_stage())
         else:
@@ -180,9 +180,29 @@ class Trainer:
         self._window_stats: dict[str, list[float]] = {}  # the callbacks' statistics: (sum, count) per name
         self._last_saved_step = -1
         self._task_steps: dict[str, int] = {}  # micro-batches per task (objective) since the start: the mix
-        self.skipped_steps = 0  # optimizer steps skipped for non-finite gradients (fp16 overflow)
+        # Optimizer steps skipped for non-finite gradients: DeepSpeed's own count (fp16 loss scaling) plus
+        # this base (the plain path's skips, the device guard's once read back, and a resumed run's total).
+        self._skipped_base = 0
+        self._guard_step: tuple[int, torch.Tensor | None] = (-1, None)  # the bf16 guard's flag, per engine step
 
     # ------------------------------------------------------------------ public API
+    @property
+    def skipped_steps(self) -> int:
+        """Optimizer steps skipped for non-finite gradients (fp16 overflow, a bad batch), since the run began."""
+        return self._skipped_base + int(getattr(self.engine, "skipped_steps", 0) or 0)
+
+    @skipped_steps.setter
+    def skipped_steps(self, total: int) -> None:
+        self._skipped_base = int(total) - int(getattr(self.engine, "skipped_steps", 0) or 0)
+
+    def _guard_flag(self) -> torch.Tensor | None:
+        """The bf16 guard's found_inf for this engine step: computed once, however many times DeepSpeed
+        steps the optimizer (once per param group or ZeRO-3 sub-group)."""
+        step = int(self.engine.global_steps)
+        if self._guard_step[0] != step:
+            self._guard_step = (step, _nonfinite_norm(self.engine.optimizer))
+        return self._guard_step[1]
+
     @property
     def is_main(self) -> bool:
         return self.rank == 0
@@ -300,12 +320,15 @@ class Trainer:
                     stats.update(cb.on_gradients(self))
             if self.engine is not None:
                 self.engine.step()  # DeepSpeed only updates at the accumulation boundary
+                if last_micro and self.base_optimizer.found_inf_fn is not None and self._guard_step[1] is not None:
+                    flag = self._guard_step[1]  # this step's, if the guard ran: counted once
+                    self._skipped_dev = flag if self._skipped_dev is None else self._skipped_dev + flag
+                    self._guard_step = (self._guard_step[0], None)
         grad_norm: Any
         if self.engine is not None:
             grad_norm = self.engine.get_global_grad_norm()  # a float or a device tensor: read when logged
             # fp16: DeepSpeed's loss scaler skips a step whose gradients overflowed (optimizer and schedule
-            # untouched, the scale lowered); counted so the log shows it.
-            self.skipped_steps = int(getattr(self.engine, "skipped_steps", 0) or 0)
+            # untouched, the scale lowered); its count is part of skipped_steps, so the log shows it.
         else:
             grad_norm = self._plain_update()
         self.global_step = step
@@ -356,7 +379,7 @@ class Trainer:
             self.optimizer.step()
             self.scheduler.step()
         else:
-            self.skipped_steps += 1
+            self._skipped_base += 1
         self.optimizer.zero_grad(set_to_none=True)
         return grad_norm
 
@@ -369,9 +392,6 @@ class Trainer:
         keys = sorted(sums)
         vals: list[Any] = [x for k in keys for x in sums[k]]
         logged = logged or {}
-        if self.base_optimizer.skipped is not None:  # skipped on the device under DeepSpeed (bf16 guard)
-            skipped, self.base_optimizer.skipped = self.base_optimizer.skipped, None
-            self._skipped_dev = skipped if self._skipped_dev is None else self._skipped_dev + skipped
         extra: list[Any] = [*logged.values(), grad_norm if grad_norm is not None else 0.0]
         if self._skipped_dev is not None:
             extra.append(self._skipped_dev)
@@ -389,7 +409,7 @@ class Trainer:
         at += len(logged)
         gn = None if grad_norm is None else flat[at]
         if self._skipped_dev is not None:
-            self.skipped_steps += int(flat[at + 1])
+            self._skipped_base += int(flat[at + 1])
             self._skipped_dev = None
         return {"sums": red, "grad_norm": gn, "extra": got}
 
@@ -438,7 +458,7 @@ class Trainer:
     # ------------------------------------------------------------------ checkpoints
     def save_checkpoint(self) -> str:
         if self._skipped_dev is not None:  # the device's count of skipped steps since the last log
-            self.skipped_steps += int(self._skipped_dev.item())
+            self._skipped_base += int(self._skipped_dev.item())
             self._skipped_dev = None
         state = {
             "step": self.global_step,
@@ -593,6 +613,9 @@ def _device_overflow_guard(ds_config: dict[str, Any], optimizer: MaskedAdamW) ->
     where that path runs (CUDA) and the JSON does not set ``bf16.check_grad_overflow`` itself."""
     bf16 = ds_config.get("bf16") or ds_config.get("bfloat16") or {}
     if not (bf16.get("enabled") and torch.cuda.is_available() and optimizer.sync_free(torch.device("cuda"))):
+        return False
+    offload = ((ds_config.get("zero_optimization") or {}).get("offload_optimizer") or {}).get("device", "none")
+    if offload not in ("none", None):  # the optimizer steps CPU partitions: the count path, no device flag
         return False
     if "check_grad_overflow" in bf16:
         return False
