@@ -59,6 +59,13 @@ def build(out: Path, profile: Any, stages: list[Any], report: Path, title: str,
     doc.p(f"Written by `scripts/reproduce.py` (profile `{profile.name}`) from the outputs of its stages in "
           f"`{portable(str(out))}`: every number below was measured by that run and read from its files. Machine: {machine()}. "
           f"Total wall time of the stages: {seconds(total)}.")
+    if profile.name != "full":
+        doc.p(f"**What this run shows, and what it does not.** The `{profile.name}` profile checks that every stage "
+              "runs end to end on real data and writes its outputs and this report, in minutes. Its models are tiny "
+              "and trained for a few hundred steps: most scores sit at or near the trivial baseline, some are 0, and "
+              "the curves have few points. Read it as a smoke test of the pipeline, not as evidence that anything "
+              "learns or that one method beats another; the full profile (`make reproduce`, about 2 hours) is the "
+              "run whose numbers mean that (docs/report.md).")
     doc.p("How to read the tables: scores are on the **test** split, as mean ± standard deviation over the seeds "
           f"{profile.seeds} (one model checkpoint for all tasks per run, selected by the mean dev score). A "
           "difference between two rows is called **beyond the noise** when a paired t-test over the seeds gives "
