@@ -234,6 +234,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     try:
         cfg = apply_overrides(FinetuneConfig.load(a.config), a)
+        cfg.check_model(where=a.config)  # a config error leaves the output dir as it was (not even created)
         resume = claim_run_dir(cfg, a.resume, a.overwrite)
         if resume == "done":
             return 0

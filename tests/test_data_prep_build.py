@@ -169,9 +169,20 @@ def test_one_job_vs_three_jobs_plus_merge_identical(corpus, tmp_path):
 
 
 def test_merge_rejects_parts_with_other_settings(corpus, tmp_path):
+    import shutil
+
+    from skillnet.training.outputs import OutputError
+
     d, _ = corpus
     build(cfg([str(d / "*")], tmp_path / "o", unit_bytes=1500, num_shards=2, shard_index=0))
-    build(cfg([str(d / "*")], tmp_path / "o", unit_bytes=1500, num_shards=2, shard_index=1, lowercase=False))
+    job1 = cfg([str(d / "*")], tmp_path / "o", unit_bytes=1500, num_shards=2, shard_index=1, lowercase=False)
+    with pytest.raises(OutputError, match="other settings"):  # a job of another build is refused at once
+        build(job1)
+    # ... and if its parts are built elsewhere and copied in, merge still catches them
+    build(cfg([str(d / "*")], tmp_path / "elsewhere", unit_bytes=1500, num_shards=2, shard_index=1, lowercase=False))
+    for f in (tmp_path / "elsewhere").glob("*"):
+        if f.name != ".skillnet_output.json" and not (tmp_path / "o" / f.name).exists():
+            shutil.copy2(f, tmp_path / "o" / f.name)
     with pytest.raises(ShardError, match="differs"):
         merge_parts(tmp_path / "o")
 
