@@ -286,7 +286,7 @@ def _claim_export(out: str | Path, run_dir: Path, source: Path, settings: dict[s
         raise OutputError(f"--out {out}: is (or holds) the run being exported ({run_dir}); an export there would "
                           f"replace its checkpoints. Give another folder, e.g. {run_dir}/hf")
     claim = claim_output(o, option="--out", command="export", overwrite=overwrite,
-                         identity={"source": str(source.resolve()), **settings},
+                         identity={"source": _where(source), **settings},
                          describe=lambda p: "files an export did not write" + (
                              " (an export written before exports were marked)" if (p / "export_info.json").is_file()
                              else ""))
@@ -295,6 +295,14 @@ def _claim_export(out: str | Path, run_dir: Path, source: Path, settings: dict[s
     elif claim.state == "overwrite":
         print(f"--overwrite: replacing what {out} held", file=sys.stderr)
     return Path(out)
+
+
+def _where(path: Path) -> str:
+    """Which source an export came from, for its marker: a digest of the absolute path (an export moves and
+    carries no absolute path) after the folder's own name."""
+    import hashlib
+
+    return f"{path.name}@{hashlib.sha256(str(path.resolve()).encode()).hexdigest()[:16]}"
 
 
 def _finish(tmp: Path, out: Path) -> None:
@@ -329,7 +337,7 @@ def reexport(folder: str | Path, out: str | Path, task: str | None, overwrite: b
     if folder.resolve() == out.resolve() or folder.resolve().is_relative_to(out.resolve()):
         raise OutputError(f"--out {out}: is (or holds) the export being copied ({folder}); give another folder")
     claim_output(out, option="--out", command="export", overwrite=overwrite,
-                 identity={"source": str(folder.resolve()), "task": task})
+                 identity={"source": _where(folder), "task": task})
     tmp = out.with_name(out.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     shutil.copytree(folder, tmp)

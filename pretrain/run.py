@@ -621,6 +621,8 @@ def main(argv: list[str] | None = None) -> int:
         cfg, _ = prepare(cfg)
         cfg.max_steps = args.max_steps  # the JSON's total_num_steps sets the decay end, not the run length
         rank, world = D.rank(), D.world_size()
+        if not args.dry_run:  # before anything is written there (the sample log, run_args.json)
+            claim_output_dir(args, rank)
         dataset = build_dataset(args)
         sampler = ObjectiveSampler(
             seed=args.seed,
@@ -664,7 +666,6 @@ def main(argv: list[str] | None = None) -> int:
             print("\n".join(start_lines), flush=True)
         if args.dry_run:
             return 0
-        claim_output_dir(args, rank)
         model = build_model(args, getattr(dataset, "vocab_size", None), dataset)
     except (DsConfigError, ShardError, TokenizerError, FileNotFoundError, KeyError, ValueError, OSError) as e:
         print(f"error: {e.args[0] if isinstance(e, KeyError) else e}", file=sys.stderr)

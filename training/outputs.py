@@ -68,7 +68,8 @@ def claim_output(path: str | Path, *, option: str, command: str, identity: dict[
     mine = {"command": command, "identity": ident}
     marker = p / MARKER
     skip = {MARKER, *ignore}
-    if not p.exists() or not any(q.name not in skip for q in p.iterdir()) and not marker.is_file():
+    # Empty, or holding nothing but a marker (a run that stopped before writing anything): nothing to lose.
+    if not p.exists() or not any(q.name not in skip for q in p.iterdir()):
         if write:
             p.mkdir(parents=True, exist_ok=True)
             marker.write_text(json.dumps(mine, indent=2, sort_keys=True) + "\n")
