@@ -36,7 +36,10 @@ def test_a_busy_master_port_is_one_line_before_training(tmp_path: Path) -> None:
 def test_op_builds_live_per_environment_and_a_stale_lock_is_named(tmp_path: Path, monkeypatch) -> None:
     from skillnet.training import dist as D
 
-    monkeypatch.delenv("TORCH_EXTENSIONS_DIR", raising=False)
+    # prepare_extensions sets TORCH_EXTENSIONS_DIR in os.environ: recorded here first so that the teardown
+    # removes it again (later tests' launches would otherwise inherit the planted lock below and wait on it)
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", "unset-by-teardown")
+    monkeypatch.delenv("TORCH_EXTENSIONS_DIR")
     monkeypatch.setenv("HOME", str(tmp_path))
     d = D.prepare_extensions()
     assert os.environ["TORCH_EXTENSIONS_DIR"] == str(d) and d.is_relative_to(tmp_path)
