@@ -241,7 +241,7 @@ def _claim(out: Path, header: dict, overwrite: bool) -> None:
     """``--out`` for this build (training/outputs.py): the same inputs and settings resume (finished shards are
     kept, others redone); another build there is refused, or with ``overwrite`` its files go first, so that no
     stale shard of it stays beside the new manifest."""
-    from skillnet.training.outputs import claim_output
+    from skillnet.training.outputs import claim_output, remove_own
 
     def describe(p: Path) -> str:
         return ("an earlier build of other inputs or settings (manifest.json)" if (p / "manifest.json").is_file()
@@ -251,9 +251,7 @@ def _claim(out: Path, header: dict, overwrite: bool) -> None:
                          identity={"inputs": header["plan"], "tokenizer": header["tokenizer"]["fingerprint"],
                                    "build": header["build"]}, describe=describe)
     if claim.state == "overwrite":
-        for pattern in BUILD_FILES:
-            for f in out.glob(pattern):
-                f.unlink()
+        remove_own(out, BUILD_FILES)
         print(f"--overwrite: the earlier build's files in {out} were removed", file=sys.stderr)
     elif claim.state == "own" and any(out.glob("shard-*.json")):
         print(f"{out}: continuing the build of these inputs (finished shards are kept)", file=sys.stderr)

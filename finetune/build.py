@@ -143,6 +143,7 @@ def save_model_dir(model: torch.nn.Module, path: Path, data: dict[str, TaskData]
     predict the tasks it learnt before (their heads are in the weights)."""
     from skillnet.model.card import finish_export
     from skillnet.model.hub import save_tokenizer
+    from skillnet.training.outputs import replace_dir
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()
@@ -160,12 +161,7 @@ def save_model_dir(model: torch.nn.Module, path: Path, data: dict[str, TaskData]
     (tmp / META_FILE).write_text(json.dumps(meta, ensure_ascii=False, indent=2) + "\n", encoding="utf-8")
     save_tokenizer(tmp, vocab, lowercase=True)
     finish_export(model, tmp, final=path, own_tasks=list(data))  # default task (the run's own), labels, card
-    old = path.with_name(f".{path.name}.old")
-    shutil.rmtree(old, ignore_errors=True)
-    if path.exists():
-        os.replace(path, old)
-    os.replace(tmp, path)
-    shutil.rmtree(old, ignore_errors=True)
+    replace_dir(tmp, path)
 
 
 def load_weights(model: torch.nn.Module, path: Path) -> None:

@@ -178,9 +178,7 @@ def claim_run_dir(cfg: FinetuneConfig, resume: str | None, overwrite: bool) -> s
 
     Same configuration: a finished run (results.json) is left as it is ("done"), an unfinished one resumes
     from its newest intact checkpoint. Another run there is refused, or with ``overwrite`` its files go."""
-    import shutil
-
-    from skillnet.training.outputs import claim_output
+    from skillnet.training.outputs import claim_output, remove_own
 
     ident = cfg.to_dict()
     ident.pop("output_dir", None)
@@ -188,12 +186,7 @@ def claim_run_dir(cfg: FinetuneConfig, resume: str | None, overwrite: bool) -> s
     claim = claim_output(out, option="--output-dir", command="finetune.run", identity=ident, overwrite=overwrite,
                          ignore=("run.log",))
     if claim.state == "overwrite":
-        for name in RUN_FILES:
-            target = out / name
-            if target.is_dir():
-                shutil.rmtree(target)
-            elif target.exists():
-                target.unlink()
+        remove_own(out, RUN_FILES)
         print(f"[finetune] --overwrite: the earlier run's files in {out} were removed", file=sys.stderr)
         return resume if resume not in (None, "auto") else None
     if claim.state == "own" and resume is None:

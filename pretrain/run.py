@@ -542,10 +542,8 @@ RUN_IDENTITY = ("arch", "dense", "preset", "model_config", "init_from_dense", "s
 def claim_output_dir(args: argparse.Namespace, rank: int) -> None:
     """--output-dir for this run (training/outputs.py): every rank decides alike, rank 0 then marks it (and
     with --overwrite removes the earlier run's files) while the others wait."""
-    import shutil
-
     from skillnet.training import dist as D
-    from skillnet.training.outputs import claim_output
+    from skillnet.training.outputs import claim_output, remove_own
 
     ident = {k: getattr(args, k, None) for k in RUN_IDENTITY}
     if ident["model_config"]:
@@ -557,12 +555,7 @@ def claim_output_dir(args: argparse.Namespace, rank: int) -> None:
     if rank == 0:
         claim_output(args.output_dir, **kw)
         if claim.state == "overwrite":
-            for name in RUN_FILES:
-                target = Path(args.output_dir) / name
-                if target.is_dir():
-                    shutil.rmtree(target)
-                elif target.exists():
-                    target.unlink()
+            remove_own(Path(args.output_dir), RUN_FILES)
             print(f"--overwrite: the earlier run's files in {args.output_dir} were removed", flush=True)
     D.barrier()
 

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 __all__ = ["MARKER", "OutputError", "Claim", "claim_output", "replace_dir", "check_options", "Rule",
-           "positive", "non_negative", "at_least", "in_range"]
+           "positive", "non_negative", "at_least", "in_range", "remove_own"]
 
 MARKER = ".skillnet_output.json"
 
@@ -107,6 +107,17 @@ def replace_dir(tmp: Path, out: Path) -> None:
         os.replace(out, old)
     os.replace(tmp, out)
     shutil.rmtree(old, ignore_errors=True)
+
+
+def remove_own(folder: Path, patterns: Iterable[str]) -> None:
+    """Delete what a command wrote in ``folder`` (glob patterns of its files and folders), nothing else: what
+    ``--overwrite`` replaces."""
+    for pattern in patterns:
+        for target in folder.glob(pattern):
+            if target.is_dir():
+                shutil.rmtree(target)
+            else:
+                target.unlink(missing_ok=True)
 
 
 @dataclass(frozen=True)
