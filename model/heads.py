@@ -100,10 +100,14 @@ class SkillNetBertForPreTraining(SkillNetBertPreTrainedModel):
         task: str,
         labels: torch.Tensor | None = None,
         next_sentence_label: torch.Tensor | None = None,
+        mlm_positions: torch.Tensor | None = None,
         **unused: Any,
     ) -> TaskOutput:
         """One objective per call. MLM logits are returned only at predicted positions ([M, V]):
-        running the 21k-way decoder on every token would cost more than the encoder at small sizes."""
+        running the 21k-way decoder on every token would cost more than the encoder at small sizes.
+        ``mlm_positions`` ([M], indices into the flattened [B*T] batch, the positions whose label is not
+        -100, in order) lets the data loader find them on the host: selecting by the labels' boolean mask
+        instead makes the host wait for the device to count them, once per MLM batch."""
         if task not in ("mlm", "nsp"):
             raise ValueError(f"pre-training task must be 'mlm' or 'nsp', got {task!r}")
         enc = self.bert(input_ids, attention_mask, token_type_ids, task=task)
@@ -111,10 +115,13 @@ class SkillNetBertForPreTraining(SkillNetBertPreTrainedModel):
             if labels is None:
                 logits = self.cls.predictions.decoder(self.cls.predictions.transform(enc.last_hidden_state))
                 return TaskOutput(logits=logits)
-            sel = labels != -100
-            h_MD = enc.last_hidden_state[sel]
+            if mlm_positions is not None:
+                h_MD = enc.last_hidden_state.flatten(0, 1).index_select(0, mlm_positions)
+                target = labels.reshape(-1).index_select(0, mlm_positions)
+            else:
+                sel = labels != -100
+                h_MD, target = enc.last_hidden_state[sel], labels[sel]
             logits = self.cls.predictions.decoder(self.cls.predictions.transform(h_MD))
-            target = labels[sel]
             loss = F.cross_entropy(logits, target) if target.numel() else logits.sum() * 0.0
             with torch.no_grad():
                 correct = (logits.argmax(-1) == target).sum()

@@ -183,6 +183,34 @@ class _FusedSkillMLP(torch.autograd.Function):
         return (dx, None, None, *dw1, *db1, *dw2, *db2)
 
 
+def _wide_weights(params: Sequence[torch.Tensor], dtype: torch.dtype
+                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The k active skills as one FFN of width k*F in ``dtype``: each weight kind concatenated straight into
+    one buffer of that dtype (one kernel each), and the mean of the output biases."""
+    k = len(params) // 4
+    w1, b1, w2, b2 = (params[i * k : (i + 1) * k] for i in range(4))
+    f, d = w1[0].shape
+    dev = w1[0].device
+    W1 = torch.cat(w1, 0, out=torch.empty(k * f, d, dtype=dtype, device=dev))
+    B1 = torch.cat(b1, 0, out=torch.empty(k * f, dtype=dtype, device=dev))
+    W2 = torch.cat(w2, 1, out=torch.empty(d, k * f, dtype=dtype, device=dev))
+    B2 = (b2[0] if k == 1 else torch.stack(b2, 0).mean(0)).to(dtype)
+    return W1, B1, W2, B2
+
+
+def _wide_forward(xc: torch.Tensor, W1: torch.Tensor, B1: torch.Tensor, W2: torch.Tensor, B2: torch.Tensor, k: int,
+                  approximate: str, p_drop: float
+                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """Two wide GEMMs (biases and the 1/k inside them); returns (y, pre-activation, activation, keep mask)."""
+    pre_NKF = torch.addmm(B1, xc, W1.t())
+    h_NKF = F.gelu(pre_NKF, approximate=approximate)
+    keep_NKF = None
+    if p_drop > 0:
+        keep_NKF = torch.empty_like(h_NKF, dtype=torch.bool).bernoulli_(1.0 - p_drop)
+        h_NKF.mul_(keep_NKF).mul_(1.0 / (1.0 - p_drop))
+    return torch.addmm(B2, h_NKF, W2.t(), alpha=1.0 / k), pre_NKF, h_NKF, keep_NKF
+
+
 class _FusedSkillMLPCast(torch.autograd.Function):
     """The fused FFN under autocast: what `_FusedSkillMLP` computes, in the autocast dtype.
 
@@ -197,23 +225,11 @@ class _FusedSkillMLPCast(torch.autograd.Function):
     def forward(ctx, x_ND: torch.Tensor, dtype: torch.dtype, approximate: str, p_drop: float,  # type: ignore[override]
                 *params: torch.Tensor) -> torch.Tensor:
         k = len(params) // 4
-        w1, b1, w2, b2 = (params[i * k : (i + 1) * k] for i in range(4))
-        f, d = w1[0].shape
-        dev = x_ND.device
-        W1 = torch.cat(w1, 0, out=torch.empty(k * f, d, dtype=dtype, device=dev))
-        B1 = torch.cat(b1, 0, out=torch.empty(k * f, dtype=dtype, device=dev))
-        W2 = torch.cat(w2, 1, out=torch.empty(d, k * f, dtype=dtype, device=dev))
-        B2 = (b2[0] if k == 1 else torch.stack(b2, 0).mean(0)).to(dtype)
+        W1, B1, W2, B2 = _wide_weights(params, dtype)
         xc = x_ND.to(dtype)
-        pre_NKF = torch.addmm(B1, xc, W1.t())
-        h_NKF = F.gelu(pre_NKF, approximate=approximate)
-        keep_NKF = None
-        if p_drop > 0:
-            keep_NKF = torch.empty_like(h_NKF, dtype=torch.bool).bernoulli_(1.0 - p_drop)
-            h_NKF.mul_(keep_NKF).mul_(1.0 / (1.0 - p_drop))
-        y_ND = torch.addmm(B2, h_NKF, W2.t(), alpha=1.0 / k)
+        y_ND, pre_NKF, h_NKF, keep_NKF = _wide_forward(xc, W1, B1, W2, B2, k, approximate, p_drop)
         ctx.save_for_backward(xc, pre_NKF, h_NKF, keep_NKF, W1, W2)
-        ctx.k, ctx.f, ctx.approximate, ctx.p_drop, ctx.x_dtype = k, f, approximate, p_drop, x_ND.dtype
+        ctx.k, ctx.f, ctx.approximate, ctx.p_drop, ctx.x_dtype = k, params[0].shape[0], approximate, p_drop, x_ND.dtype
         ctx.p_dtypes = [p.dtype for p in params]
         return y_ND
 
@@ -365,10 +381,15 @@ class SkillFFN(nn.Module):
         ]
         p_drop = self.activation_dropout if self.training else 0.0
         autocast = torch.is_autocast_enabled(x.device.type)
-        if self.gelu_approximate is not None and autocast:
-            dtype = torch.get_autocast_dtype(x.device.type)
-            with torch.autocast(x.device.type, enabled=False):
-                y_ND = _FusedSkillMLPCast.apply(x_ND, dtype, self.gelu_approximate, p_drop, *params)
+        if self.gelu_approximate is not None and (autocast or x.is_cuda):
+            # On a GPU two wide GEMMs over the concatenated weights (a copy of k*F*D per kind, small next to
+            # the activations) beat k GEMMs per product, and their backward needs one bias reduction, not k.
+            dtype = torch.get_autocast_dtype(x.device.type) if autocast else x.dtype
+            if not torch.is_grad_enabled() and not self.training:
+                y_ND = self._decode(x_ND, ids, params, dtype)
+            else:
+                with torch.autocast(x.device.type, enabled=False):
+                    y_ND = _FusedSkillMLPCast.apply(x_ND, dtype, self.gelu_approximate, p_drop, *params)
         elif self.gelu_approximate is not None:
             if torch.is_grad_enabled():
                 y_ND = _FusedSkillMLP.apply(x_ND, self.gelu_approximate, p_drop, *params)
@@ -377,6 +398,24 @@ class SkillFFN(nn.Module):
         else:  # other activations: autograd on the concatenated weights
             y_ND = _concat_skill_mlp(x_ND, self.act, len(ids), params, p_drop)
         return y_ND.view(x.shape)
+
+    def _decode(self, x_ND: torch.Tensor, ids: tuple[int, ...], params: list[torch.Tensor], dtype: torch.dtype
+                ) -> torch.Tensor:
+        """Inference on a GPU: the concatenated weights of the last skill set are kept between calls, as
+        autocast keeps a dense layer's cast weights, so each decoding step runs two GEMMs and a GELU, like a
+        dense FFN. Kept while the weights are unchanged (their storage and version); ``train()`` drops them."""
+        key = (ids, dtype, tuple((p.data_ptr(), p._version) for p in params))
+        cached = getattr(self, "_decode_cache", None)
+        if cached is None or cached[0] != key:
+            cached = (key, _wide_weights(params, dtype))
+            self._decode_cache = cached
+        W1, B1, W2, B2 = cached[1]
+        with torch.autocast(x_ND.device.type, enabled=False):
+            return _wide_forward(x_ND.to(dtype), W1, B1, W2, B2, len(ids), self.gelu_approximate, 0.0)[0]
+
+    def train(self, mode: bool = True) -> SkillFFN:
+        self._decode_cache = None
+        return super().train(mode)
 
     def _loop_per_skill_ln(
         self, x: torch.Tensor, ids: tuple[int, ...], residual: torch.Tensor

@@ -156,7 +156,13 @@ class PretrainBatchSource:
         """(objective, tensors) of this rank's micro-batch number ``micro``: a pure function of it."""
         step, k, epoch, indices = self.position(micro)
         objective = self.sampler.choice(step, k)
-        return objective, self.dataset.batch(indices, epoch, objective)
+        tensors = self.dataset.batch(indices, epoch, objective)
+        labels = tensors.get("labels")
+        if objective == "mlm" and isinstance(labels, torch.Tensor):
+            # The predicted positions, found here on the host (in a worker): the model gathers them without
+            # waiting for the device (see SkillNetBertForPreTraining.forward).
+            tensors["mlm_positions"] = labels.reshape(-1).ne(-100).nonzero().view(-1)
+        return objective, tensors
 
     def _prefetched(self) -> Iterator[tuple[str, dict[str, Any]]]:
         if self._ahead is None:

@@ -210,6 +210,26 @@ def build_parser() -> argparse.ArgumentParser:
         help="start over in an --output-dir that holds a run of another model or data (its checkpoints and logs "
         "are removed); without it such a dir is refused, and a run of the same model and data resumes",
     )
+    t.add_argument(
+        "--new-schedule",
+        action="store_true",
+        help="on resume, follow this run's LR schedule (e.g. a larger --max-steps moves the decay's end) and "
+        "print it; without it, a resume whose --max-steps, --lr, --warmup-steps or decay end differ from the "
+        "checkpoint's is refused (the LR would jump)",
+    )
+    t.add_argument(
+        "--compile",
+        action="store_true",
+        help="torch.compile each encoder/decoder layer (in place: checkpoint names unchanged); on a GPU it fuses "
+        "the layers' elementwise work, and the first steps of each objective pay the compilation",
+    )
+    t.add_argument(
+        "--profile-steps",
+        metavar="FIRST:LAST",
+        default=None,
+        help="record optimizer steps FIRST..LAST with torch.profiler: <output_dir>/profile/ gets a Perfetto trace "
+        "and a summary per rank (wall and device-busy time per step, top operators); e.g. 20:25, after warm-up",
+    )
     t.add_argument("--no-tensorboard", action="store_true", help="no TensorBoard event files")
     t.add_argument("--no-progress", action="store_true", help="no tqdm bar (CI logs)")
     t.add_argument(
@@ -580,6 +600,7 @@ def main(argv: list[str] | None = None) -> int:
     from skillnet.training import SkillStatistics, TrainConfig, Trainer, prepare
     from skillnet.training import dist as D
     from skillnet.training.config import DsConfigError, load_ds_config
+    from skillnet.training.profile import parse_profile_steps
 
     # Bad settings or data (wrong shard dir, unknown preset, JSON/launch mismatch, corpus too small) end
     # with one line naming the problem; errors once training runs keep their traceback.
@@ -610,6 +631,9 @@ def main(argv: list[str] | None = None) -> int:
             progress=not args.no_progress,
             sigterm_at_step=args.sigterm_at_step,
             sigterm_group=args.sigterm_group,
+            compile=args.compile,
+            new_schedule=args.new_schedule,
+            profile_steps=parse_profile_steps(args.profile_steps),
         )
         cfg, _ = prepare(cfg)
         cfg.max_steps = args.max_steps  # the JSON's total_num_steps sets the decay end, not the run length
@@ -694,11 +718,11 @@ def main(argv: list[str] | None = None) -> int:
         )
         Path(cfg.output_dir).mkdir(parents=True, exist_ok=True)
         (Path(cfg.output_dir) / "run_args.json").write_text(json.dumps(vars(args), indent=2))
-    from skillnet.training.checkpoint import CheckpointError
+    from skillnet.training.checkpoint import CheckpointError, ResumeError
 
     try:
         result = trainer.train()
-    except CheckpointError as e:  # nothing intact to resume from: one line, not a traceback
+    except (CheckpointError, ResumeError) as e:  # nothing intact to resume from: one line, not a traceback
         print(f"error: {e}", file=sys.stderr)
         return 2
     if args.dump_rank_weights:

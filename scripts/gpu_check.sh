@@ -6,7 +6,7 @@
 #
 #   bash scripts/gpu_check.sh                       # all parts; writes runs/gpu_check/{*.txt,*.json,summary.txt}
 #   PARTS="bench_pretrain pipeline" bash scripts/gpu_check.sh   # a subset: tests skill_ffn generate
-#                                                   # bench_pretrain pipeline profile
+#                              # bench_pretrain pipeline pipeline_compile pipeline_dense (default: all), profile
 #   STEPS=60 PRESET=base SEQ=512 bash scripts/gpu_check.sh        # the pipeline arm's size (defaults shown)
 #   DTYPES=bf16 bash scripts/gpu_check.sh           # the benches' dtypes (default: fp16, and bf16 where supported)
 #   PART_TIMEOUT=900                                # seconds each part may run before it is stopped (default)
@@ -18,7 +18,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${GPU_CHECK_OUT:-runs/gpu_check}
-PARTS=${PARTS:-tests skill_ffn generate bench_pretrain pipeline profile}
+PARTS=${PARTS:-tests skill_ffn generate bench_pretrain pipeline pipeline_compile pipeline_dense}
 STEPS=${STEPS:-60}
 PRESET=${PRESET:-base}
 SEQ=${SEQ:-512}
@@ -78,15 +78,26 @@ ds_json=ds_configs/a100_bf16.json
 [ "$main_dt" = fp16 ] && ds_json=ds_configs/v100_fp16.json
 pipeline_args=(--ds_config "$ds_json" --synthetic 20000 --preset "$PRESET" --max_seq_len "$SEQ" --log_every 10
                --no_progress --no_tensorboard --resume none)
-if want pipeline; then
-  # The real pipeline, as a user launches it: DeepSpeed launcher, trainer, loader workers, logging.
-  rm -rf "$OUT/pipeline"
+# Dense BERT through the same pipeline at SkillNet's mean activated FFN width over the MLM/NSP mix.
+dense_width=$("$PY" -c "
+from skillnet.model import SkillNetBertConfig as C
+c = C.preset('$PRESET'); ks = [len(c.task_skill_names(o)) for o in ('mlm', 'nsp')]
+print(round(sum(ks) / len(ks) * c.intermediate_size))" 2>/dev/null)
+echo "{\"intermediate_size\": ${dense_width:-3072}}" > "$OUT/dense_width.json"
+# The profiled window: after the warm-up windows, before the end (steps are 1-based).
+prof_first=$(( STEPS * 2 / 3 )); prof_last=$(( prof_first + 4 ))
+run_pipeline() {  # NAME ARGS...: the real pipeline, as a user launches it (launcher, trainer, loader workers)
+  local name=$1; shift
+  rm -rf "${OUT:?}/$name"
   port=$("$PY" -c "import socket; s = socket.socket(); s.bind(('127.0.0.1', 0)); print(s.getsockname()[1])")
   $T deepspeed --num_gpus 1 --master_port "$port" pretrain/run.py "${pipeline_args[@]}" --max_steps "$STEPS" \
-    --output_dir "$OUT/pipeline" > "$OUT/pipeline.txt" 2>&1
-  echo "pipeline exit $?" >> "$OUT/pipeline.txt"
-  tail -n 3 "$OUT/pipeline.txt"
-fi
+    --output_dir "$OUT/$name" "$@" > "$OUT/$name.txt" 2>&1
+  echo "$name exit $?" >> "$OUT/$name.txt"
+  tail -n 2 "$OUT/$name.txt"
+}
+want pipeline && run_pipeline pipeline --profile_steps "$prof_first:$prof_last"
+want pipeline_compile && run_pipeline pipeline_compile --compile
+want pipeline_dense && run_pipeline pipeline_dense --dense --model_config "$OUT/dense_width.json"
 if want profile; then
   # The same run's host side under cProfile (one process, no launcher): where the host spends a step.
   rm -rf "$OUT/profile"

@@ -26,7 +26,12 @@ def _bf16_ok(dtype: torch.dtype) -> None:
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=["fp16", "bf16"])
 @pytest.mark.parametrize("k", [1, 3])
-def test_fused_skill_ffn_matches_loop_under_autocast(dtype, k):
+@pytest.mark.parametrize("mode", ["autocast", "lowp_params"])
+def test_fused_skill_ffn_matches_loop_under_autocast(dtype, k, mode):
+    """Autocast (fp32 weights), and weights stored in the low precision as DeepSpeed's bf16/fp16 engines
+    keep them: the fused path's output and gradients match the loop's."""
+    import contextlib
+
     from skillnet.model.skill_ffn import SkillFFN, SkillRouting
 
     _bf16_ok(dtype)
@@ -34,12 +39,15 @@ def test_fused_skill_ffn_matches_loop_under_autocast(dtype, k):
     fused = SkillFFN(256, 1024, 7, impl="fused").cuda()
     loop = SkillFFN(256, 1024, 7, impl="loop").cuda()
     loop.load_state_dict(fused.state_dict())
-    route = SkillRouting.uniform(list(range(7 - k, 7)))
     x = torch.randn(4, 64, 256, device="cuda")
+    if mode == "lowp_params":
+        fused, loop, x = fused.to(dtype), loop.to(dtype), x.to(dtype)
+    route = SkillRouting.uniform(list(range(7 - k, 7)))
     outs, grads = [], []
     for m in (fused, loop):
         xi = x.clone().requires_grad_(True)
-        with torch.autocast("cuda", dtype=dtype):
+        ctx = torch.autocast("cuda", dtype=dtype) if mode == "autocast" else contextlib.nullcontext()
+        with ctx:
             y = m(xi, route)
         assert y.dtype == dtype
         y.float().square().mean().backward()
@@ -213,3 +221,27 @@ def test_plain_training_step_on_cuda_waits_for_nothing(tmp_path):
     tr.train()
     log = [json.loads(x) for x in (tmp_path / "log.jsonl").read_text().splitlines() if '"train"' in x]
     assert log and all(r["loss"] == r["loss"] and r["tokens_per_s"] > 0 for r in log), log
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_an_mlm_step_with_the_loaders_positions_never_synchronises(dtype):
+    """The loader hands the MLM head its predicted positions: the forward of an MLM batch issues no
+    synchronising CUDA call (a boolean-mask selection waits for the device to count the positions)."""
+    from skillnet.model import SkillNetBertConfig, SkillNetBertForPreTraining
+    from skillnet.pretrain.objectives import ObjectiveSampler, PretrainBatchSource
+    from skillnet.pretrain.synthetic import SyntheticPretrainingDataset
+
+    _bf16_ok(dtype)
+    torch.manual_seed(0)
+    src = PretrainBatchSource(SyntheticPretrainingDataset(256, max_seq_len=128), ObjectiveSampler(seed=0), 8, 1)
+    batch = next(b for b in src if b.task == "mlm").to("cuda")
+    model = SkillNetBertForPreTraining(SkillNetBertConfig.preset("small")).cuda()
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        with torch.autocast("cuda", dtype=dtype):
+            out = model(task="mlm", **batch.tensors)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    out.loss.backward()
+    assert torch.isfinite(out.loss).item() and out.metrics["mlm_count"] == batch.tensors["mlm_positions"].numel()

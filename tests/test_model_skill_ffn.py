@@ -249,3 +249,31 @@ def test_fused_path_under_autocast_matches_the_loop(k: int) -> None:
     for (_, a), (_, b) in zip(res[0][2], res[1][2]):
         assert a.dtype == torch.float32 and a.is_contiguous()
         torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-2)
+
+
+def test_decoding_keeps_the_wide_weights_until_they_change() -> None:
+    """Inference under autocast (generation on a GPU) concatenates the active skills' weights once and keeps
+    them, as autocast keeps a dense layer's cast weights: the output equals the training path's, a changed
+    weight or another skill set recomputes them, and train() drops them."""
+    torch.manual_seed(0)
+    m = SkillFFN(32, 64, 7, impl="fused").eval()
+    x = torch.randn(2, 5, 32)
+
+    def run(route: SkillRouting, grad: bool) -> torch.Tensor:
+        with torch.set_grad_enabled(grad), torch.autocast("cpu", dtype=torch.bfloat16):
+            return m(x, route).detach()
+
+    a = SkillRouting.uniform([1, 4, 6])
+    first = run(a, grad=False)
+    kept = m._decode_cache
+    assert kept is not None
+    assert torch.equal(first, run(a, grad=True)) and torch.equal(run(a, grad=False), first)
+    assert m._decode_cache is kept  # the second call reused the weights
+    with torch.no_grad():
+        m.skills[4].output.dense.weight.mul_(2.0)
+    changed = run(a, grad=False)
+    assert not torch.equal(changed, first) and torch.equal(changed, run(a, grad=True))
+    b = SkillRouting.uniform([0, 2])
+    assert torch.equal(run(b, grad=False), run(b, grad=True))
+    m.train()
+    assert m._decode_cache is None

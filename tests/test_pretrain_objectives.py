@@ -115,3 +115,33 @@ def test_source_resumes_on_another_geometry_with_the_same_global_batch() -> None
             bad.seed = 6
         with pytest.raises(ValueError, match="same global batch and seed"):
             bad.load_state_dict(state)
+
+
+def test_mlm_batches_carry_their_predicted_positions_and_the_model_gives_the_same_loss() -> None:
+    """The loader finds the MLM positions on the host, so the model need not ask the device to count them:
+    the positions are exactly the labelled ones, and the loss, logits and metrics equal the mask path's."""
+    import torch
+    from skillnet.model import SkillNetBertConfig, SkillNetBertForPreTraining
+    from skillnet.pretrain.objectives import ObjectiveSampler, PretrainBatchSource
+    from skillnet.pretrain.synthetic import SyntheticPretrainingDataset
+
+    src = PretrainBatchSource(SyntheticPretrainingDataset(64, vocab_size=1000, max_seq_len=32), ObjectiveSampler(seed=0),
+                             4, 1)
+    torch.manual_seed(0)
+    model = SkillNetBertForPreTraining(SkillNetBertConfig.preset("tiny", vocab_size=1000)).eval()
+    seen = set()
+    for _ in range(8):
+        b = next(src)
+        seen.add(b.task)
+        if b.task != "mlm":
+            assert "mlm_positions" not in b.tensors
+            continue
+        pos = b.tensors["mlm_positions"]
+        assert torch.equal(pos, b.tensors["labels"].reshape(-1).ne(-100).nonzero().view(-1)) and pos.numel() > 0
+        fast = model(task="mlm", **b.tensors)
+        ref = model(task="mlm", **{k: v for k, v in b.tensors.items() if k != "mlm_positions"})
+        torch.testing.assert_close(fast.logits, ref.logits, rtol=0, atol=0)
+        torch.testing.assert_close(fast.loss, ref.loss, rtol=0, atol=0)
+        assert fast.metrics["mlm_count"] == ref.metrics["mlm_count"]
+        assert int(fast.metrics["mlm_correct"]) == int(ref.metrics["mlm_correct"])
+    assert seen == {"mlm", "nsp"}

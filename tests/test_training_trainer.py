@@ -489,3 +489,102 @@ def test_bf16_deepspeed_overflow_check_moves_to_the_device(monkeypatch: pytest.M
     assert torch.equal(p.detach(), torch.ones(3))
     offload = {"bf16": {"enabled": True}, "zero_optimization": {"offload_optimizer": {"device": "cpu"}}}
     assert not _device_overflow_guard(offload, opt)  # CPU partitions step on the count path
+
+
+@pytest.mark.parametrize("norm", [0.5, 3.0, -1.0, float("inf"), float("nan")])
+def test_sync_free_clip_scales_as_deepspeeds_and_reads_nothing_back(norm: float) -> None:
+    """Under the device guard, ZeRO's clipping runs without DeepSpeed's host check of the norm: the same
+    scale for a finite norm and for DeepSpeed's invalid ones (-1 sentinel, inf, NaN), and no read-back."""
+    from types import SimpleNamespace
+
+    from deepspeed.runtime.zero.stage_1_and_2 import DeepSpeedZeroOptimizer
+    from skillnet.training.trainer import _sync_free_clip
+
+    def grads() -> list[torch.Tensor]:
+        return [torch.full((4,), 2.0), torch.arange(3.0)]
+
+    for loss_scale in (1.0, 8.0):
+        ref, mine = grads(), grads()
+        ds = SimpleNamespace(clip_grad=1.0, loss_scale=loss_scale, device="cpu")
+        DeepSpeedZeroOptimizer.unscale_and_clip_grads(ds, [ref[0], [ref[1]]], torch.tensor(norm))
+        opt = SimpleNamespace(clip_grad=1.0, loss_scale=loss_scale,
+                              unscale_and_clip_grads=lambda *a: pytest.fail("DeepSpeed's own method ran"))
+        _sync_free_clip(opt)
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(torch.Tensor, "__bool__", lambda self: pytest.fail("read back to the host"))
+            mp.setattr(torch.Tensor, "item", lambda self: pytest.fail("read back to the host"))
+            opt.unscale_and_clip_grads([mine[0], [mine[1]]], torch.tensor(norm))
+        for a, b in zip(ref, mine):
+            torch.testing.assert_close(b, a, rtol=0, atol=0, equal_nan=True)
+
+
+@pytest.mark.parametrize("bad", [None, float("inf"), float("nan")])
+def test_foreach_grad_norm_equals_deepspeeds(monkeypatch: pytest.MonkeyPatch, bad: float | None) -> None:
+    """ZeRO's global gradient norm from one foreach kernel: DeepSpeed's value (padding tensors skipped as it
+    skips them, -1 for inf/NaN), through the same all-reduces."""
+    from types import SimpleNamespace
+
+    import deepspeed.comm as dist
+    from deepspeed.runtime.zero.stage_1_and_2 import DeepSpeedZeroOptimizer
+    from skillnet.training.trainer import _foreach_grad_norm
+
+    reduced: list[str] = []
+    monkeypatch.setattr(dist, "all_reduce", lambda tensor, op=None, group=None, **kw: reduced.append("dp"))
+    torch.manual_seed(0)
+    grads = [torch.randn(7), torch.randn(3, 4).to(torch.bfloat16), torch.zeros(5), torch.randn(2)]
+    pad = torch.ones(4)
+    pad._zero_padding = True
+    if bad is not None:
+        grads[1][0, 0] = bad
+    params = [torch.empty(g.shape) for g in grads]
+
+    def fake() -> SimpleNamespace:
+        return SimpleNamespace(model_parallel_rank=0, dp_process_group=None, device="cpu",
+                               _model_parallel_all_reduce=lambda tensor, op: reduced.append("mp"))
+
+    ref_opt = fake()
+    ref = DeepSpeedZeroOptimizer.get_grad_norm_direct(ref_opt, [grads[0], pad, *grads[1:]], params)
+    opt = fake()
+    opt.get_grad_norm_direct = lambda *a, **k: pytest.fail("DeepSpeed's own method ran")
+    _foreach_grad_norm(opt)
+    calls = len(reduced)
+    mine = opt.get_grad_norm_direct([grads[0], pad, *grads[1:]], params)
+    assert reduced[calls:] == reduced[:calls] == ["dp", "mp"]
+    torch.testing.assert_close(mine, ref, rtol=1e-6, atol=0)
+    if bad is not None:
+        assert float(mine) == -1.0
+
+
+def test_compile_blocks_compiles_each_layer_in_place_and_keeps_the_names() -> None:
+    """--compile: every block of the model's layer lists is compiled (not their own inner lists, e.g. a
+    layer's skills), and the parameter names, which checkpoints and exports use, do not change."""
+    from skillnet.model import SkillNetBertConfig, SkillNetBertForPreTraining
+    from skillnet.training.trainer import compile_blocks
+
+    model = SkillNetBertForPreTraining(SkillNetBertConfig.preset("tiny", vocab_size=1000))
+    names = list(model.state_dict())
+    assert compile_blocks(model) == model.config.num_hidden_layers
+    assert list(model.state_dict()) == names
+    compiled = [n for n, m in model.named_modules() if getattr(m, "_compiled_call_impl", None) is not None]
+    assert compiled == [f"bert.encoder.layer.{i}" for i in range(model.config.num_hidden_layers)]
+
+
+def test_a_resume_with_another_lr_schedule_is_refused_or_applied_on_purpose(tmp_path: Path, capsys) -> None:
+    """A larger --max-steps on resume moved the linear decay's end, so the LR jumped from ~0 back up without
+    a word. Now that is refused with the jump named; with new_schedule it continues on the new curve and
+    prints it."""
+    from skillnet.training.checkpoint import ResumeError
+
+    first = Trainer(ToyModel(), ToySource(8, 1), _cfg(tmp_path, max_steps=4, tensorboard=False))
+    first.train()
+    again = Trainer(ToyModel(), ToySource(8, 1), _cfg(tmp_path, max_steps=4, tensorboard=False, resume="auto"))
+    assert again.maybe_resume("auto") and again.global_step == 4  # the same schedule resumes as before
+    longer = Trainer(ToyModel(), ToySource(8, 1), _cfg(tmp_path, max_steps=8, tensorboard=False))
+    with pytest.raises(ResumeError, match=r"decay end 4\).*decay end 8\).*at step 5 the LR moves from 0 to 0.005.*"
+                       r"--new-schedule.*--max-steps 4"):
+        longer.maybe_resume("auto")
+    applied = Trainer(ToyModel(), ToySource(8, 1), _cfg(tmp_path, max_steps=8, tensorboard=False, new_schedule=True))
+    capsys.readouterr()
+    assert applied.maybe_resume("auto") and applied.global_step == 4
+    assert "LR from here: step 5 0.005" in capsys.readouterr().out
+    assert applied.base_optimizer.param_groups[0]["lr"] == pytest.approx(1e-2 * 4 / 8)

@@ -45,6 +45,7 @@ from .reshard import (
 __all__ = [
     "COMPLETE_MARKER",
     "CheckpointError",
+    "ResumeError",
     "checkpoint_problem",
     "CheckpointManager",
     "atomic_torch_save",
@@ -66,6 +67,10 @@ __all__ = [
 
 
 COMPLETE_MARKER = "complete"
+
+
+class ResumeError(RuntimeError):
+    """A checkpoint that is intact but that this run cannot continue as its options ask (message says why)."""
 
 
 class CheckpointError(FileNotFoundError):

@@ -60,6 +60,14 @@ class TrainConfig:
     # ... and with sigterm_group, rank 0 signals its whole process group instead (launcher included),
     # as Slurm does; only safe when the run has its own session.
     sigterm_group: bool = False
+    # On resume, follow this run's LR schedule (peak, warmup, decay end) where it differs from the one the
+    # checkpoint was trained on; without it such a resume is refused (the LR would jump without a word)
+    new_schedule: bool = False
+    # torch.compile each repeated block (the layers of every nn.ModuleList of the model) in place, so the
+    # parameter names stay; the first steps of each objective or task pay the compilation
+    compile: bool = False
+    # [first, last]: record these optimizer steps with torch.profiler into <output_dir>/profile/ (profile.py)
+    profile_steps: list[int] | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
     def to_json(self) -> str:

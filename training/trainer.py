@@ -14,6 +14,7 @@ the per-skill statistics of ``skill_stats.SkillStatistics``.
 from __future__ import annotations
 
 import contextlib
+import json
 import math
 import os
 import signal
@@ -29,11 +30,12 @@ from torch import nn
 from . import dist as D
 from .batch import Batch, BatchSource
 from .callbacks import TrainerCallback
-from .checkpoint import CheckpointManager, atomic_write_text, reseed, rng_state, set_rng_state
+from .checkpoint import CheckpointManager, ResumeError, atomic_write_text, reseed, rng_state, set_rng_state
 from .config import TrainConfig
 from .launch import prepare
 from .logging import MetricsLogger, accuracy_metrics
 from .optim import MaskedAdamW, build_param_groups
+from .profile import StepProfiler
 from .reshard import saved_geometry
 from .skill_stats import SkillStatistics
 
@@ -148,6 +150,8 @@ class Trainer:
         optimizer = MaskedAdamW(groups, lr=cfg.lr, betas=cfg.betas, eps=cfg.eps, masked=cfg.sparse_updates,
                                impl=cfg.optim_impl)
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(cfg))
+        if cfg.compile:
+            compile_blocks(model)
         self.module = model
         if self.ds_config is not None:
             import deepspeed  # noqa: PLC0415
@@ -160,6 +164,8 @@ class Trainer:
             optimizer.check_zeros_everywhere()  # flat partitions zero-fill the grads of unused parameters
             if guard:
                 optimizer.found_inf_fn = self._guard_flag
+                _sync_free_clip(self.engine.optimizer)
+                _foreach_grad_norm(self.engine.optimizer)
             self.device = self.engine.device
             self.zero_stage = int(self.engine.zero_optimization_stage())
         else:
@@ -236,13 +242,19 @@ class Trainer:
             Path(cfg.output_dir).mkdir(parents=True, exist_ok=True)
             atomic_write_text(Path(cfg.output_dir) / "train_config.json", cfg.to_json())
         old_handlers = self._install_signal_handlers()
+        profiler = (StepProfiler(cfg.profile_steps, Path(cfg.output_dir) / "profile", self.rank, self.device)
+                    if cfg.profile_steps else None)
         last: dict[str, Any] = {}
         ckpt: str | None = None
         try:
             self._model_train(True)
             self._clock_resume()
             while self.global_step < cfg.max_steps:
+                if profiler is not None:
+                    profiler.before(self.global_step + 1)
                 out = self.train_step(reduce=False)
+                if profiler is not None:
+                    profiler.after(out.step)
                 self._accumulate_window(out)
                 if cfg.log_every and (self._logs_at(out.step) or out.stop or out.requested):
                     last = self._flush_window(out)
@@ -501,6 +513,7 @@ class Trainer:
             if k in self.extra_state:
                 self.extra_state[k].load_state_dict(v)
         self.global_step = int(state["step"])
+        self._check_schedule(tdir, state.get("train_config"))
         self._last_saved_step = self.global_step
         self.skipped_steps = int(state.get("skipped_steps", 0))
         if "resharded_from" in state:
@@ -516,6 +529,43 @@ class Trainer:
             moved = f" (written by {state['resharded_from']} rank(s))" if "resharded_from" in state else ""
             print(f"[trainer] resumed from {tdir}{moved} at step {self.global_step}", flush=True)
         return True
+
+    def _check_schedule(self, tdir: Any, saved_json: str | None) -> None:
+        """A resume with another LR schedule (a new --max-steps, --lr, warm-up or decay end) would restart the
+        decay from wherever the new curve is at this step: refused unless ``cfg.new_schedule``, which applies
+        it and prints the new curve."""
+        if not saved_json:  # checkpoints from before the trainer saved its settings
+            return
+        known = {f for f in TrainConfig.__dataclass_fields__}
+        old = TrainConfig.from_dict({k: v for k, v in json.loads(saved_json).items() if k in known})
+        new = self.cfg
+
+        def shape(c: TrainConfig) -> tuple[Any, ...]:
+            return (c.lr, c.warmup_steps, c.schedule, c.decay_steps if c.decay_steps is not None else c.max_steps)
+
+        if shape(old) == shape(new):
+            return
+        s = self.global_step  # 0-based index of the next step
+        lr_old, lr_new = old.lr * lr_lambda(old)(s), new.lr * lr_lambda(new)(s)
+        what = (f"the checkpoint's LR schedule (peak {old.lr:g}, warmup {old.warmup_steps}, {old.schedule}, decay "
+                f"end {shape(old)[3]}) differs from this run's (peak {new.lr:g}, warmup {new.warmup_steps}, "
+                f"{new.schedule}, decay end {shape(new)[3]}): at step {s + 1} the LR moves from {lr_old:.3g} to "
+                f"{lr_new:.3g}")
+        if not new.new_schedule:
+            raise ResumeError(
+                f"{tdir}: {what}. Pass --new-schedule to continue on this run's schedule, or resume with the "
+                f"checkpoint's settings (e.g. --max-steps {old.max_steps})")
+        # The loaded optimizer holds the old curve's LR for the next step: set this run's (peak and factor).
+        factor = lr_lambda(new)(s)
+        self.scheduler.base_lrs = [new.lr for _ in self.scheduler.base_lrs]
+        for group in self.base_optimizer.param_groups:
+            group["initial_lr"], group["lr"] = new.lr, new.lr * factor
+        self.scheduler._last_lr = [g["lr"] for g in self.base_optimizer.param_groups]
+        if self.is_main:
+            end = max(s + 1, int(shape(new)[3]))
+            points = sorted({s + 1, *(s + 1 + (end - s - 1) * i // 4 for i in range(1, 5))})
+            curve = ", ".join(f"step {p} {new.lr * lr_lambda(new)(p - 1):.3g}" for p in points)
+            print(f"[trainer] warning: {what} (--new-schedule). LR from here: {curve}", flush=True)
 
     def _plain_state(self) -> dict[str, Any] | None:
         """What a plain (non-DeepSpeed) checkpoint holds besides the trainer state; DeepSpeed's engine
@@ -603,6 +653,22 @@ class Trainer:
         return rec
 
 
+def compile_blocks(model: nn.Module) -> int:
+    """torch.compile every block of every ``nn.ModuleList`` in ``model`` (BERT's ``encoder.layer``, BART's
+    encoder and decoder ``layers``), in place: the parameter names, hence checkpoints and exports, do not
+    change. Blocks of one class share their compiled code, so a 12-layer encoder compiles once per input
+    kind (each objective's or task's skill set is one). Returns the number of blocks."""
+    chosen: list[str] = []
+    for name, mod in model.named_modules():  # parents first: a block's own lists (its skills) stay inside it
+        if not isinstance(mod, nn.ModuleList) or any(name.startswith(c + ".") for c in chosen):
+            continue
+        for i, block in enumerate(mod):
+            if not isinstance(block, nn.ModuleList):
+                block.compile()
+                chosen.append(f"{name}.{i}")
+    return len(chosen)
+
+
 def _device_overflow_guard(ds_config: dict[str, Any], optimizer: MaskedAdamW) -> bool:
     """bf16 on a GPU: replace DeepSpeed's overflow check by the optimizer's device-side one.
 
@@ -621,6 +687,69 @@ def _device_overflow_guard(ds_config: dict[str, Any], optimizer: MaskedAdamW) ->
         return False
     bf16["check_grad_overflow"] = False
     return True
+
+
+def _sync_free_clip(zero_optimizer: Any) -> None:
+    """Gradient clipping under the device guard without a host read-back.
+
+    DeepSpeed 0.19's ZeRO ``unscale_and_clip_grads`` asks ``bool(norm is invalid)`` on the host before it
+    clips: one wait for the device per step, after which the GPU idles while the host issues the optimizer
+    and the next forward. Here an invalid norm becomes inf on the device instead (DeepSpeed's own
+    replacement), giving the same scale; the guard's found_inf then skips that step in the optimizer."""
+    if not callable(getattr(zero_optimizer, "unscale_and_clip_grads", None)):
+        return
+    original = zero_optimizer.unscale_and_clip_grads
+
+    def unscale_and_clip_grads(grad_groups_flat: list[Any], total_norm: Any) -> None:
+        opt = zero_optimizer
+        if not isinstance(total_norm, torch.Tensor) or opt.clip_grad <= 0.0:
+            return original(grad_groups_flat, total_norm)
+        bad = ~torch.isfinite(total_norm) | (total_norm < 0)
+        norm = torch.where(bad, torch.full_like(total_norm, math.inf), total_norm)
+        clip = torch.clamp(((norm / opt.loss_scale) + 1e-6) / opt.clip_grad, min=1.0)
+        inv = 1.0 / (clip * opt.loss_scale)
+        for grad in grad_groups_flat:
+            for g in grad if isinstance(grad, list) else [grad]:
+                g.data.mul_(inv)
+        return None
+
+    zero_optimizer.unscale_and_clip_grads = unscale_and_clip_grads
+
+
+def _foreach_grad_norm(zero_optimizer: Any) -> None:
+    """ZeRO's global gradient norm in one foreach kernel instead of one norm per tensor.
+
+    DeepSpeed 0.19's ``get_grad_norm_direct`` launches a norm (and a cast) for every gradient of the
+    partition: a SkillNet-BERT-base step has ~500 of them, unused skills' zero-filled ones included, which
+    keeps the host busier than the device. Same selection, same sum of squares, same all-reduces and the
+    same -1 for inf/NaN; falls back to DeepSpeed's method where model or pipeline parallelism is on."""
+    from deepspeed import comm as dist  # noqa: PLC0415
+    from deepspeed.runtime.utils import mask_nan_or_inf_with_val_inplace  # noqa: PLC0415
+    from deepspeed.runtime.zero.utils import get_norm_dtype  # noqa: PLC0415
+
+    original = getattr(zero_optimizer, "get_grad_norm_direct", None)
+    if not callable(original):
+        return
+
+    def get_grad_norm_direct(gradients: list[torch.Tensor], params: list[Any], norm_type: float = 2) -> Any:
+        opt = zero_optimizer
+        if float(norm_type) != 2.0 or getattr(opt, "model_parallel_rank", 0) != 0 or any(
+                getattr(p, "ds_pipe_replicated", False) for p in params):
+            return original(gradients, params, norm_type)
+        grads = [g for g in gradients if not getattr(g, "_zero_padding", False)][: len(params)]
+        dtype = get_norm_dtype()
+        if grads:
+            norms = torch._foreach_norm([g.detach() for g in grads], 2, dtype=dtype)
+            total = torch.stack(norms).pow(2).sum().float()
+        else:
+            total = torch.tensor(0.0, dtype=torch.float32, device=opt.device)
+        dist.all_reduce(total, op=dist.ReduceOp.SUM, group=opt.dp_process_group)
+        opt._model_parallel_all_reduce(tensor=total, op=dist.ReduceOp.SUM)
+        total = total.pow(0.5)
+        mask_nan_or_inf_with_val_inplace(total, device=opt.device)
+        return total
+
+    zero_optimizer.get_grad_norm_direct = get_grad_norm_direct
 
 
 def _nonfinite_norm(zero_optimizer: Any) -> torch.Tensor | None:
