@@ -4,12 +4,24 @@ skill groups), every router and dropout on; and it keeps fewer activations for t
 
 from __future__ import annotations
 
+import copy
+import json
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 import torch
+from skillnet.finetune.config import FinetuneConfig
 from skillnet.model import SkillNetBertConfig, SkillNetBertModel
 from skillnet.model.bart import SkillNetBartConfig, SkillNetBartForConditionalGeneration
+from skillnet.pretrain import run as pretrain_run
+from skillnet.training.activation_checkpointing import (
+    ActivationCheckpointing,
+    resolve_activation_checkpointing,
+)
+from skillnet.training.config import DsConfigError
+
+REPO = Path(__file__).resolve().parents[1]
 
 Step = Callable[[bool, int], tuple[torch.Tensor, dict[str, torch.Tensor], torch.nn.Module]]
 
@@ -135,3 +147,74 @@ def test_checkpointing_keeps_fewer_activations(arch: str) -> None:
     # Per layer the plain run keeps ~10 [B, T, D]-sized tensors, the attention probabilities and the k*f-wide
     # FFN activations; a checkpointed layer keeps its input only.
     assert ckpt < 0.35 * plain, (ckpt, plain)
+
+
+# ------------------------------------------------------------------------------------------- the runs' switch
+def test_the_deepspeed_section_turns_it_on_and_only_its_applicable_options_are_taken(tmp_path: Path) -> None:
+    assert resolve_activation_checkpointing(None, {"zero_optimization": {"stage": 2}}) == ActivationCheckpointing()
+    assert resolve_activation_checkpointing(True, None).source == "flag"
+    on = resolve_activation_checkpointing(None, {"activation_checkpointing": {"cpu_checkpointing": True}}, "x.json")
+    assert (on.enabled, on.offload, on.source) == (True, True, "ds_config")
+    with pytest.raises(DsConfigError, match=r"x\.json: activation_checkpointing\.partition_activations"):
+        resolve_activation_checkpointing(True, {"activation_checkpointing": {"partition_activations": True}}, "x.json")
+
+
+def _pretrain(out: Path, *extra: str) -> list[float]:
+    argv = ["--synthetic", "32", "--synthetic_vocab", "1024", "--max_seq_len", "16", "--micro_batch_size", "4",
+            "--max_steps", "2", "--log_every", "1", "--output_dir", str(out), "--no_progress", "--no_tensorboard",
+            *extra]
+    assert pretrain_run.main(argv) == 0
+    return [r["loss"] for r in map(json.loads, (out / "log.jsonl").read_text().splitlines())]
+
+
+def test_pretraining_flag_prints_records_and_trains_as_without_it(tmp_path: Path, capsys: pytest.CaptureFixture[str]
+                                                                  ) -> None:
+    assert "--gradient-checkpointing" in pretrain_run.build_parser().format_help()
+    plain = _pretrain(tmp_path / "plain")
+    assert "memory     activation checkpointing off [default]" in capsys.readouterr().out
+    ckpt = _pretrain(tmp_path / "ckpt", "--gradient-checkpointing")
+    stdout = capsys.readouterr().out
+    assert "memory     activation checkpointing on: every layer recomputed in the backward pass [flag]" in stdout
+    assert json.loads((tmp_path / "ckpt" / "run_args.json").read_text())["gradient_checkpointing"] is True
+    assert json.loads((tmp_path / "plain" / "run_args.json").read_text())["gradient_checkpointing"] is False
+    assert ckpt == plain  # the tiny preset has dropout 0.1: the replay draws the same masks
+
+
+def test_pretraining_takes_it_from_the_deepspeed_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    ds = json.loads((REPO / "ds_configs" / "cpu_fp32.json").read_text())
+    ds["activation_checkpointing"] = {"cpu_checkpointing": False}
+    (tmp_path / "ds.json").write_text(json.dumps(ds))
+    argv = ["--synthetic", "32", "--synthetic_vocab", "1024", "--ds_config", str(tmp_path / "ds.json"), "--dry_run",
+            "--output_dir", str(tmp_path / "out")]
+    assert pretrain_run.main(argv) == 0
+    assert "activation checkpointing on: every layer recomputed in the backward pass [ds_config]" in capsys.readouterr().out
+    ds["activation_checkpointing"] = {"contiguous_memory_optimization": True}
+    (tmp_path / "ds.json").write_text(json.dumps(ds))
+    assert pretrain_run.main(argv) == 2
+    assert "contiguous_memory_optimization configure DeepSpeed's own checkpoint function" in capsys.readouterr().err
+
+
+def test_finetuning_flag_reaches_the_model_the_saved_config_and_the_plan(tmp_path: Path,
+                                                                         capsys: pytest.CaptureFixture[str]) -> None:
+    from skillnet.finetune import cli
+    from skillnet.finetune import run as finetune_run
+
+    from tests.test_finetune_e2e import tiny_config
+
+    assert "--gradient-checkpointing" in cli.build_parser().format_help()
+    (tmp_path / "c.json").write_text(json.dumps(tiny_config(tmp_path / "run")))
+    a = cli.build_parser().parse_args(["--config", str(tmp_path / "c.json"), "--gradient-checkpointing"])
+    cfg = cli.apply_overrides(FinetuneConfig.load(str(tmp_path / "c.json")), a)
+    assert cfg.train.gradient_checkpointing and FinetuneConfig.from_dict(json.loads(cfg.to_json())).train.gradient_checkpointing
+    losses = {}
+    for on in (False, True):
+        c = copy.deepcopy(cfg)
+        c.train.gradient_checkpointing = on
+        c.output_dir = str(tmp_path / f"run{int(on)}")
+        st = finetune_run.setup(c, tensorboard=False, progress=False)
+        assert st.model.is_activation_checkpointing is on
+        saved = json.loads((st.out / "finetune_config.json").read_text())
+        assert saved["train"]["gradient_checkpointing"] is on
+        losses[on] = [float(st.trainer.train_step().loss) for _ in range(2)]
+    assert "activation checkpointing on: every layer recomputed in the backward pass [config]" in capsys.readouterr().err
+    assert losses[True] == losses[False]
