@@ -508,20 +508,25 @@ def gpu_tables(json_path: str | Path = PAPER_JSON) -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m skillnet.experiments.memory", description=__doc__.split("\n\n")[0],
-                                epilog=__doc__.split("\n\n", 1)[1], formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--arch", choices=["bert", "bart"], help="one prediction for this model (else: the GPU tables)")
+    from skillnet.training.cli import Parser
+
+    p = Parser("skillnet.experiments.memory", description=__doc__)
+    p.add_argument("--arch", choices=["bert", "bart"],
+                   help="one prediction for this model (without it: the GPU tables of docs/scale.md)")
     p.add_argument("--preset", default="base", help="model/config.py PRESETS or model/bart.py BART_PRESETS")
     p.add_argument("--objective", help="task whose skills run (default: the one with the largest peak)")
-    p.add_argument("--ds-config", help="take dtype, ZeRO stage, offload, buckets, micro-batch, world size from it")
-    p.add_argument("--dtype", choices=list(DTYPE_BYTES), default="fp16")
-    p.add_argument("--zero", choices=["none", "0", "1", "2", "3"], default="2", help="ZeRO stage; none: plain PyTorch")
-    p.add_argument("--offload", action="store_true", help="optimizer offloaded to the CPU")
-    p.add_argument("--world-size", type=int, default=1)
-    p.add_argument("--micro-batch", type=int, default=8)
-    p.add_argument("--seq-len", type=int, default=128)
-    p.add_argument("--gradient-checkpointing", action="store_true")
-    p.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
+    p.add_argument("--ds-config", help="take dtype, ZeRO stage, offload, buckets, micro-batch, world size and "
+                                       "activation checkpointing from this DeepSpeed JSON")
+    p.add_argument("--dtype", choices=list(DTYPE_BYTES), default="fp16", help="compute dtype")
+    p.add_argument("--zero", choices=["none", "0", "1", "2", "3"], default="2",
+                   help="ZeRO stage; none: plain PyTorch in one process (fp32)")
+    p.add_argument("--offload", action="store_true", help="optimizer offloaded to host memory")
+    p.add_argument("--world-size", type=int, default=1, help="data-parallel ranks")
+    p.add_argument("--micro-batch", type=int, default=8, help="sequences per rank and micro-step")
+    p.add_argument("--seq-len", type=int, default=128, help="tokens per sequence (BART: source and target each)")
+    p.add_argument("--gradient-checkpointing", action="store_true", help="activation checkpointing of every layer")
+    p.add_argument("--device", choices=["cuda", "cpu"], default="cuda",
+                   help="cuda: fused attention and bool dropout masks; cpu: math attention, masks in the dtype")
     p.add_argument("--json", action="store_true", help="print the prediction as JSON")
     p.add_argument("--write", metavar="PATH", help="write the GPU tables into PATH's 'memory' section")
     p.add_argument("--measure", metavar="JSON", help=argparse.SUPPRESS)  # measure_in_subprocess's child
