@@ -35,7 +35,10 @@ class ActivationCheckpointing:
     def describe(self) -> str:
         if not self.enabled:
             return f"activation checkpointing off [{self.source}]"
-        where = ", kept inputs offloaded to host memory" if self.offload else ""
+        where = ""
+        if self.offload:
+            where = (", kept inputs offloaded to host memory" if torch.accelerator.is_available()
+                     else " (cpu_checkpointing: nothing to offload without an accelerator)")
         return f"activation checkpointing on: every layer recomputed in the backward pass{where} [{self.source}]"
 
     def to_json(self) -> dict[str, Any]:
