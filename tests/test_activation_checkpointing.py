@@ -219,24 +219,3 @@ def test_finetuning_flag_reaches_the_model_the_saved_config_and_the_plan(tmp_pat
     assert "activation checkpointing on: every layer recomputed in the backward pass [config]" in capsys.readouterr().err
     assert losses[True] == losses[False]
 
-
-@pytest.mark.slow  # two 2-rank DeepSpeed launches on the CPU
-def test_two_zero2_ranks_train_alike_with_the_json_section(tmp_path: Path) -> None:
-    from tests.fixtures.pretrain.helpers import launch, losses_by_step
-
-    ds = json.loads((REPO / "ds_configs" / "cpu_fp32.json").read_text())
-    (tmp_path / "plain.json").write_text(json.dumps(ds))
-    (tmp_path / "ckpt.json").write_text(json.dumps({**ds, "activation_checkpointing": {"cpu_checkpointing": True}}))
-    losses = {}
-    for name in ("plain", "ckpt"):
-        out = tmp_path / name
-        r = launch("pretrain/run.py", ["--ds-config", str(tmp_path / f"{name}.json"), "--synthetic", "64",
-                                       "--synthetic-vocab", "1024", "--max-seq-len", "16", "--max-steps", "3",
-                                       "--log-every", "1", "--output-dir", str(out), "--no-progress",
-                                       "--no-tensorboard"])
-        losses[name] = losses_by_step(out)
-        assert json.loads((out / "run_args.json").read_text())["gradient_checkpointing"] is (name == "ckpt")
-        if name == "ckpt":
-            assert ("activation checkpointing on: every layer recomputed in the backward pass (cpu_checkpointing: "
-                    "nothing to offload without an accelerator) [ds_config]") in r.stdout
-    assert len(losses["plain"]) == 3 and losses["ckpt"] == losses["plain"]
