@@ -195,10 +195,11 @@ def _num(v: float) -> str:
 
 
 def write_estimate(p: Profile, path: Path | None) -> str:
-    """The estimate of profile `p` as Markdown (docs/scale.md), written to `path` if given."""
+    """The estimate of profile `p` as Markdown, written to `path` if given: its 'estimate' section when the
+    file exists (docs/scale.md also holds the memory model's section), else the whole new file."""
     rows = estimate(p)
     gpus = list(GPU_PEAKS)
-    lines = [f"# Expected time of the `{p.name}` profile on GPUs", "",
+    lines = [f"## Expected time of the `{p.name}` profile on GPUs", "",
              f"Written by `python scripts/reproduce.py --profile {p.name} --estimate --write {path or '-'}`. Nothing "
              "here ran on a GPU: training FLOPs are counted from the model sizes, steps and batches of the profile "
              "(forward + backward = 3 x forward; sequences at their maximum length, so an upper bound), then "
@@ -216,7 +217,11 @@ def write_estimate(p: Profile, path: Path | None) -> str:
     lines.append("| **total** | " + f"{_num(sum(r['pflop'] for r in rows))} | "
                  + " | ".join(f"**{_num(sum(r[g] for r in rows))}**" for g in gpus) + " |")
     text = "\n".join(lines) + "\n"
-    if path is not None:
+    if path is not None and path.is_file():
+        from skillnet.experiments.benchdoc import write_section
+
+        write_section(path, "estimate", text)
+    elif path is not None:
         path.write_text(text, encoding="utf-8")
     return text
 

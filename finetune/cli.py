@@ -118,6 +118,10 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--skip-bad", action="store_true",
                    help="count and skip bad task records instead of stopping at the first one")
     g = p.add_argument_group("runtime")
+    g.add_argument("--gradient-checkpointing", action="store_true",
+                   help="activation checkpointing (train.gradient_checkpointing): keep each layer's input only and "
+                        "recompute the layer in the backward pass; less memory, same gradients. Also on when the "
+                        "DeepSpeed JSON has an activation_checkpointing section")
     g.add_argument("--ds-config", dest="ds_config",
                    help="DeepSpeed JSON (ZeRO-1/2); without it: plain PyTorch, one process")
     g.add_argument("--resume", help="'auto' (the newest intact checkpoint in the output dir, if any) or a "
@@ -165,6 +169,8 @@ def apply_overrides(cfg: FinetuneConfig, a: argparse.Namespace) -> FinetuneConfi
         d["drop_skills"] = sorted(set(d.get("drop_skills", [])) | set(a.drop_skill))
     if a.skip_bad:
         d["skip_bad"] = True
+    if a.gradient_checkpointing:
+        d["train"]["gradient_checkpointing"] = True
     return FinetuneConfig.from_dict(d, where="config + command line", base_dir=cfg.base_dir)
 
 
@@ -182,6 +188,8 @@ def claim_run_dir(cfg: FinetuneConfig, resume: str | None, overwrite: bool) -> s
 
     ident = cfg.to_dict()
     ident.pop("output_dir", None)
+    # Memory, not results: a run resumed with or without checkpointing is the same run (equal gradients).
+    ident["train"].pop("gradient_checkpointing", None)
     out = Path(cfg.output_dir)
     claim = claim_output(out, option="--output-dir", command="finetune.run", identity=ident, overwrite=overwrite,
                          ignore=("run.log",))
@@ -220,6 +228,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         torch.set_num_threads(a.threads)
     from skillnet.data_prep.tokenizer import TokenizerError
+    from skillnet.training.config import DsConfigError
     from skillnet.training.dist import LaunchError
     from skillnet.training.outputs import OutputError
 
@@ -233,7 +242,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 0
         run(cfg, ds_config=a.ds_config, resume=resume, tensorboard=not a.no_tensorboard,
             progress=not a.no_progress, where=a.config)
-    except (ConfigError, TaskDataError, TokenizerError, FileNotFoundError, OutputError, LaunchError) as e:
+    except (ConfigError, TaskDataError, TokenizerError, FileNotFoundError, OutputError, LaunchError,
+            DsConfigError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     return 0

@@ -305,6 +305,9 @@ class TrainConfig:
     label_smoothing: float = 0.0  # generation: cross-entropy label smoothing (0 = plain CE)
     save_every: int = 0  # resumable trainer checkpoints every N steps (0 = only at the end / on SIGTERM)
     keep_last: int = 2
+    # Recompute each layer in the backward pass instead of keeping its activations (same gradients, less
+    # memory); also on when the DeepSpeed JSON has an activation_checkpointing section.
+    gradient_checkpointing: bool = False
 
     def __post_init__(self) -> None:
         for key, lo in (("max_steps", 1), ("batch_size", 1), ("eval_batch_size", 1), ("eval_every", 0),

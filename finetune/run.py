@@ -74,6 +74,11 @@ def setup(cfg: FinetuneConfig, *, ds_config: str | None = None, resume: str | No
     from skillnet.model.surgery import skill_parameters
     from skillnet.training import TrainConfig, Trainer, prepare
     from skillnet.training import dist as D
+    from skillnet.training.activation_checkpointing import (
+        enable_activation_checkpointing,
+        resolve_activation_checkpointing,
+    )
+    from skillnet.training.config import load_ds_config
     from skillnet.training.optim import build_param_groups
 
     tc = cfg.train
@@ -109,13 +114,17 @@ def setup(cfg: FinetuneConfig, *, ds_config: str | None = None, resume: str | No
                             max_steps=tc.max_steps)
     source = MultiTaskBatchSource(data, sampler, tcfg.micro_batch_size, rank=rank, world_size=world, seed=tc.seed)
 
+    ckpt = resolve_activation_checkpointing(tc.gradient_checkpointing, load_ds_config(ds_config) if ds_config else None,
+                                            ds_config or "<ds_config>", flag_source="config")
+    tc.gradient_checkpointing = ckpt.enabled  # finetune_config.json records what the run did, whatever its source
     model, new_skills = build_model(cfg, data)
+    enable_activation_checkpointing(model, ckpt)
     params = parameter_report(model, [t.name for t in cfg.tasks])
     if rank == 0:
         out.mkdir(parents=True, exist_ok=True)
         (out / "finetune_config.json").write_text(cfg.to_json(), encoding="utf-8")
         _write_json(out / "params.json", params)
-        _print_plan(cfg, data, sampler, params, new_skills, steps_per_epoch)
+        _print_plan(cfg, data, sampler, params, new_skills, steps_per_epoch, ckpt.describe())
     inherited = None
     if cfg.model.init and (Path(cfg.resolve(cfg.model.init)) / META_FILE).is_file():
         inherited = json.loads((Path(cfg.resolve(cfg.model.init)) / META_FILE).read_text(encoding="utf-8"))["tasks"]
@@ -269,7 +278,7 @@ def _run_per_task(cfg: FinetuneConfig, *, ds_config: str | None, resume: str | N
 
 
 def _print_plan(cfg: FinetuneConfig, data: dict[str, TaskData], sampler: Any, params: dict[str, Any],
-                new_skills: list[str], steps_per_epoch: int) -> None:
+                new_skills: list[str], steps_per_epoch: int, memory: str = "") -> None:
     p0 = sampler.probabilities(0)
     lines = [f"[finetune] method {cfg.method}: {METHODS[cfg.method].summary}",
              f"[finetune] {len(data)} tasks, sampler {cfg.sampler.kind}, {cfg.train.max_steps} steps "
@@ -301,6 +310,8 @@ def _print_plan(cfg: FinetuneConfig, data: dict[str, TaskData], sampler: Any, pa
     if cfg.drop_skills:
         lines.append(f"  ablation: dropped {', '.join(cfg.drop_skills)} from every task")
     lines.append(f"  parameters: total {params['total']:,}, trainable {params['trainable']:,}")
+    if memory:
+        lines.append(f"  {memory}")
     print("\n".join(lines), file=sys.stderr, flush=True)
 
 

@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from torch import nn
 from transformers import PreTrainedModel
 from transformers.activations import ACT2FN
+from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.utils import ModelOutput
 
 from .config import SkillNetBertConfig
@@ -104,8 +105,12 @@ class Attention(nn.Module):
         return self.output.LayerNorm(h + x_BTD)
 
 
-class Layer(nn.Module):
-    """Attention, then either a skill FFN bank (skill layer) or HF's dense FFN (shared layer)."""
+class Layer(GradientCheckpointingLayer):
+    """Attention, then either a skill FFN bank (skill layer) or HF's dense FFN (shared layer).
+
+    A `GradientCheckpointingLayer`: under ``activation_checkpointing_enable()`` (HF's convention) each layer
+    keeps only its inputs and recomputes the rest in the backward pass. The routing and the task extras'
+    hook are arguments of the call, so the replay routes every row to the same skills."""
 
     def __init__(self, config: SkillNetBertConfig, has_skills: bool, router: Router) -> None:
         super().__init__()
@@ -182,6 +187,7 @@ class SkillNetBertPreTrainedModel(PreTrainedModel):
     config_class = SkillNetBertConfig
     config: SkillNetBertConfig
     base_model_prefix = "bert"
+    supports_gradient_checkpointing = True
     # Old HF checkpoints carry this buffer; we compute positions on the fly.
     _keys_to_ignore_on_load_unexpected = [r"position_ids"]
 

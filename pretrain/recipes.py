@@ -170,9 +170,11 @@ def describe(
     batch_sources: tuple[str, str],
     ds_config: str | None,
     mode: str | None = None,
+    memory: str | None = None,
 ) -> list[str]:
     """The start log: effective optimizer, schedule, sequence length, steps and batch, with sources;
-    `mode` (what is trained: architecture, objectives) as its own line."""
+    `mode` (what is trained: architecture, objectives) and `memory` (activation checkpointing) as their
+    own lines."""
 
     def v(name: str, unit: str = "") -> str:
         return f"{_fmt(s[name])}{unit} [{s.values[name].source}]"
@@ -201,6 +203,8 @@ def describe(
     lines.append(f"  model      preset {v('preset')}")
     if mode:
         lines.append(f"  mode       {mode}")
+    if memory:
+        lines.append(f"  memory     {memory}")
     if s["warmup_steps"] >= s["max_steps"]:
         lines.append(
             f"  warning: warmup_steps {s['warmup_steps']} >= max_steps {s['max_steps']}: the learning rate "

@@ -110,6 +110,15 @@ def build_parser() -> argparse.ArgumentParser:
         "--model-config", help="JSON file of SkillNetBertConfig / SkillNetBartConfig fields (overrides --preset)"
     )
     m.add_argument(
+        "--gradient-checkpointing",
+        action="store_true",
+        default=None,
+        help="activation checkpointing: keep only each layer's input and recompute the layer in the backward "
+        "pass (less activation memory, about one more forward pass of compute; same gradients). Also on when "
+        "the DeepSpeed JSON has an activation_checkpointing section (its cpu_checkpointing offloads the kept "
+        "inputs to host memory)",
+    )
+    m.add_argument(
         "--init-from-dense",
         metavar="DIR",
         help="HF BERT folder (bert: copy embeddings/attention and initialise s1, s2, s3, s7 from its FFN; "
@@ -599,6 +608,10 @@ def main(argv: list[str] | None = None) -> int:
     from skillnet.pretrain.objectives import ObjectiveSampler, PretrainBatchSource
     from skillnet.training import SkillStatistics, TrainConfig, Trainer, prepare
     from skillnet.training import dist as D
+    from skillnet.training.activation_checkpointing import (
+        enable_activation_checkpointing,
+        resolve_activation_checkpointing,
+    )
     from skillnet.training.config import DsConfigError, load_ds_config
     from skillnet.training.profile import parse_profile_steps
 
@@ -607,6 +620,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         raw_ds = load_ds_config(args.ds_config) if args.ds_config else None
         settings = resolve_args(args, raw_ds)
+        ckpt = resolve_activation_checkpointing(args.gradient_checkpointing, raw_ds, str(args.ds_config))
+        args.gradient_checkpointing = ckpt.enabled  # run_args.json records what the run did, whatever its source
         check_args(args)
         cfg = TrainConfig(
             output_dir=args.output_dir,
@@ -668,6 +683,7 @@ def main(argv: list[str] | None = None) -> int:
             batch_sources=_batch_sources(args, raw_ds),
             ds_config=args.ds_config,
             mode=describe_mode(args),
+            memory=ckpt.describe(),
         )
         cuda = torch.cuda.is_available()
         workers = args.data_workers if args.data_workers is not None else (2 if cuda else 0)
@@ -684,6 +700,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.dry_run:
             return 0
         model = build_model(args, getattr(dataset, "vocab_size", None), dataset)
+        enable_activation_checkpointing(model, ckpt)
     except (DsConfigError, ShardError, TokenizerError, FileNotFoundError, KeyError, ValueError, OSError) as e:
         print(f"error: {e.args[0] if isinstance(e, KeyError) else e}", file=sys.stderr)
         return 2
@@ -712,6 +729,7 @@ def main(argv: list[str] | None = None) -> int:
                     "max_steps": cfg.max_steps,
                     "zero_stage": trainer.zero_stage,
                     "settings": settings.to_json(),
+                    "activation_checkpointing": ckpt.to_json(),
                 }
             ),
             flush=True,

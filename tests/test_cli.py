@@ -15,7 +15,7 @@ from tests.fixtures.pretrain.helpers import REPO, subprocess_env
 
 CLIS = ["skillnet.data_prep.__main__", "skillnet.data_prep.tasks.__main__", "skillnet.pretrain.run",
         "skillnet.pretrain.export", "skillnet.finetune.run", "skillnet.finetune.predict", "skillnet.finetune.compare",
-        "skillnet.finetune.report", "skillnet.training.warmup"]
+        "skillnet.finetune.report", "skillnet.training.warmup", "skillnet.experiments.memory"]
 
 
 def _parsers(p: argparse.ArgumentParser):

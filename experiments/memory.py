@@ -1,0 +1,575 @@
+"""Memory per rank of a SkillNet training step: what fits on which GPU (docs/scale.md, issue #31 item 2).
+
+    python -m skillnet.experiments.memory                         # the tables for V100/A100 cards
+    python -m skillnet.experiments.memory --write docs/scale.md   # ... and its section of docs/scale.md
+    python -m skillnet.experiments.memory --arch bert --preset base --dtype fp16 --zero 2 --world-size 32 \\
+        --micro-batch 32 --seq-len 512 --objective mlm [--gradient-checkpointing]   # one prediction
+
+Nothing here allocates the model: parameter counts come from the real model built on the ``meta`` device
+(``model.counts``), and which FFNs a token runs from the config's router. The bytes per rank are
+
+- model states as DeepSpeed keeps them: parameters in the compute dtype; with ZeRO >= 1 an fp32 copy of
+  the rank's partition (DeepSpeed clones it also in fp32) and its two Adam moments; gradients (all of them
+  under ZeRO 0/1, the rank's partition under ZeRO 2/3, plus its fp32 cast in mixed precision); the reduce
+  bucket(s) and, at the optimizer step, the all-gather bucket. ZeRO-3 keeps 1/N of the parameters plus the
+  gathered layer and the prefetch bucket. ``offload`` moves the fp32 copy, moments and fp32 gradients to host
+  memory (reported apart). Plain PyTorch (``--zero none``, one process): gradients exist only for the
+  parameters the step used, and MaskedAdamW's moments only for parameters that ever had one;
+- activations, derived per layer from what autograd saves for the backward pass (listed in
+  `bert_layer` / `bart_layer`): [B, T, D] tensors, the k*f-wide skill FFN activations of the k skills a token
+  runs, dropout masks (bool on a GPU, the compute dtype on a CPU), LayerNorm statistics, and the attention
+  probabilities [B, H, T, T] when attention runs in the math path (a CPU; on a GPU the fused
+  memory-efficient kernel keeps its output and a log-sum-exp instead). BERT's MLM logits exist at the masked
+  positions only (``heads.py``), BART's LM logits at every target token;
+- a backward sweep from the top block down: the activations not yet released plus the gradients produced so
+  far plus the block's own temporaries (gradients of its largest tensors, and with activation checkpointing
+  its recomputed activations). The peak is the largest point of the sweep or of the optimizer step.
+
+Not modelled: the caching allocator's fragmentation, NCCL's buffers and DeepSpeed's other small buffers,
+which `CUDA_RESERVE` stands for in the fit check. `tests/test_memory_model.py` checks the activations
+against autograd's saved tensors and the whole peak against a measured CPU training step.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from dataclasses import asdict, dataclass, replace
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+GiB = 1 << 30
+DTYPE_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2}
+# Usable capacity of each card (data sheet, in GiB), and what the fit check keeps free for the CUDA context,
+# cuBLAS workspaces, NCCL buffers and allocator fragmentation: an assumption, not a measurement.
+GPUS = {"V100-16GB": 16, "V100-32GB": 32, "A100-40GB": 40, "A100-80GB": 80}
+CUDA_RESERVE = 1.0 * GiB
+MLM_PROBABILITY = 0.15  # BERT masks this share of the tokens; the MLM decoder runs on them only
+PAPER_JSON = "ds_configs/paper_v100x32.json"
+
+
+@dataclass(frozen=True)
+class Setup:
+    """One training configuration. ``zero`` None is plain PyTorch in one process."""
+
+    arch: str = "bert"  # "bert" (SkillNetBertForPreTraining) | "bart" (SkillNetBartForConditionalGeneration)
+    preset: str = "base"
+    objective: str | None = None  # the task whose skills run; None: the one with the most skills
+    dtype: str = "fp16"
+    zero: int | None = 2
+    offload: bool = False  # zero_optimization.offload_optimizer.device == "cpu"
+    world_size: int = 1
+    micro_batch: int = 8
+    seq_len: int = 128  # BART: source and target length each
+    checkpointing: bool = False
+    device: str = "cuda"  # "cuda": fused attention, bool dropout masks; "cpu": math attention, dtype masks
+    reduce_bucket: int = 500_000_000  # elements (DeepSpeed's default)
+    allgather_bucket: int = 500_000_000
+    prefetch_bucket: int = 50_000_000  # ZeRO-3
+    overlap_comm: bool = False
+    trained_objectives: tuple[str, ...] | None = None  # plain PyTorch: tasks whose parameters have moments
+
+    @property
+    def a(self) -> int:
+        return DTYPE_BYTES[self.dtype]
+
+    @property
+    def mixed(self) -> bool:
+        return self.dtype != "fp32"
+
+
+# ------------------------------------------------------------------------------------------------ the model
+@cache
+def _model(arch: str, preset: str) -> Any:
+    """The real model on the meta device: sizes and counts, no memory."""
+    import torch
+    from skillnet.model import SkillNetBertConfig, SkillNetBertForPreTraining
+    from skillnet.model.bart import SkillNetBartConfig, SkillNetBartForConditionalGeneration
+
+    with torch.device("meta"):
+        if arch == "bert":
+            return SkillNetBertForPreTraining(SkillNetBertConfig.preset(preset))
+        return SkillNetBartForConditionalGeneration(SkillNetBartConfig.preset(preset))
+
+
+def objectives(arch: str, preset: str) -> list[str]:
+    """The tasks a prediction may run: pre-training's objectives (BERT), the NLG tasks (BART)."""
+    return ["mlm", "nsp"] if arch == "bert" else list(_model(arch, preset).config.tasks)
+
+
+def skills_per_token(arch: str, preset: str, task: str) -> int:
+    """How many FFNs a token of `task` runs in a skill layer (the config's router decides)."""
+    from skillnet.model.registry import build_router
+
+    return build_router(_model(arch, preset).config).activated(task)[1]
+
+
+@cache
+def counts(arch: str, preset: str) -> dict[str, Any]:
+    """Parameter counts (``model.counts``) and the sizes the activation terms need."""
+    from skillnet.model.counts import activated_parameters, count_parameters
+
+    m = _model(arch, preset)
+    c = m.config
+    out: dict[str, Any] = dict(count_parameters(m))
+    out["activated"] = {t: activated_parameters(m, t) for t in objectives(arch, preset)}
+    out["largest_layer"] = max(sum(p.numel() for p in layer.parameters()) for layer in _layers(m))
+    if arch == "bert":
+        out.update(D=c.hidden_size, H=c.num_attention_heads, f=c.intermediate_size, V=c.vocab_size,
+                   skill_layers=c.skill_layer_ids(), layers=c.num_hidden_layers,
+                   p_hidden=c.hidden_dropout_prob, p_attn=c.attention_probs_dropout_prob, p_act=0.0)
+    else:
+        out.update(D=c.d_model, H=c.encoder_attention_heads, f=c.encoder_ffn_dim, V=c.vocab_size,
+                   skill_layers=c.encoder_skill_layer_ids(), dec_skill_layers=c.decoder_skill_layer_ids(),
+                   layers=c.encoder_layers, dec_layers=c.decoder_layers, p_hidden=c.dropout,
+                   p_attn=c.attention_dropout, p_act=float(c.activation_dropout or 0.0))
+    out["per_layer_params"] = [sum(p.numel() for p in layer.parameters()) for layer in _layers(m)]
+    out["num_skills"] = c.num_skills
+    # embedding parameters besides the word embeddings (tied to the output layer: their gradient comes first)
+    out["emb_rest"] = sum(p.numel() for n, p in m.named_parameters() if "embed" in n and "word_embeddings" not in n
+                          and "embed_tokens" not in n and n != "model.shared.weight")
+    return out
+
+
+def _layers(m: Any) -> list[Any]:
+    if hasattr(m, "bert"):
+        return list(m.bert.encoder.layer)
+    return [*m.model.encoder.layers, *m.model.decoder.layers]
+
+
+# ------------------------------------------------------------------------------------------------ activations
+def _attention(s: Setup, c: dict, B: int, Tq: int, Tk: int) -> tuple[int, int]:
+    """(saved, backward temporaries) of one attention block beyond its input: q, k, v, the output that feeds
+    the out-projection, the dropout mask after it, and the attention core: probabilities [B, H, Tq, Tk] (and
+    with attention dropout their mask and the dropped copy) in the math path, or the fused kernel's output
+    and log-sum-exp."""
+    a, D, H = s.a, c["D"], c["H"]
+    m = _mask_bytes(s)
+    saved = a * D * (B * Tq + 2 * B * Tk) + a * B * Tq * D + m * B * Tq * D * (c["p_hidden"] > 0)
+    scores = B * H * Tq * Tk
+    if s.device == "cpu":
+        saved += a * scores + (m + a) * scores * (c["p_attn"] > 0)
+        temp = 2 * a * scores  # gradients of the probabilities and of the scores
+    else:
+        saved += a * B * Tq * D + 4 * B * H * Tq
+        temp = 0
+    return saved, temp + a * D * (2 * B * Tq + 2 * B * Tk)  # + gradients of q, k, v and of the input
+
+
+def _mask_bytes(s: Setup) -> int:
+    # A GPU's fused dropout keeps a bool mask; on a CPU the mask is a tensor of the compute dtype.
+    return 1 if s.device == "cuda" else s.a
+
+
+def _ffn(s: Setup, c: dict, N: int, k: int, skill: bool) -> tuple[int, int]:
+    """(saved, temporaries) of one FFN over N tokens with k FFNs of width f per token: its input, the
+    pre-activation and activation [N, k*f] (the fused skill path; a dense layer alike), BART's activation
+    dropout mask (bool in the fused skill path), the output's dropout mask."""
+    a, D, f = s.a, c["D"], c["f"]
+    width = N * k * f
+    saved = a * N * D + 2 * a * width + _mask_bytes(s) * N * D * (c["p_hidden"] > 0)
+    if c["p_act"] > 0:
+        saved += (1 if skill else _mask_bytes(s)) * width
+    return saved, 2 * a * width + 2 * a * N * D  # gradients of the activation and pre-activation, of x
+
+
+def _layernorm(s: Setup, N: int, D: int) -> int:
+    return s.a * N * D + 2 * 4 * N  # its input and fp32 mean / rstd
+
+
+@dataclass
+class Block:
+    """A piece of the backward sweep: what it keeps for backward, the gradients its backward writes, and the
+    temporaries its backward needs on top."""
+
+    name: str
+    saved: int
+    grads: int
+    temp: int
+
+
+def bert_layer(s: Setup, c: dict, i: int, k: int) -> tuple[int, int]:
+    B, T, D = s.micro_batch, s.seq_len, c["D"]
+    N = B * T
+    attn, attn_t = _attention(s, c, B, T, T)
+    ffn, ffn_t = _ffn(s, c, N, k if i in c["skill_layers"] else 1, i in c["skill_layers"])
+    # + the layer input (what the q/k/v projections keep); each LayerNorm keeps its input, the FFN the output
+    return s.a * N * D + attn + ffn + 2 * _layernorm(s, N, D), max(attn_t, ffn_t)
+
+
+def bart_layer(s: Setup, c: dict, i: int, k: int, decoder: bool) -> tuple[int, int]:
+    B, T, D = s.micro_batch, s.seq_len, c["D"]
+    N = B * T
+    layers = c["dec_skill_layers"] if decoder else c["skill_layers"]
+    attn, attn_t = _attention(s, c, B, T, T)
+    ffn, ffn_t = _ffn(s, c, N, k if i in layers else 1, i in layers)
+    saved = s.a * N * D + attn + _layernorm(s, N, D) + ffn + _layernorm(s, N, D)
+    if decoder:  # cross attention: its q input and its own core; k and v of the encoder output
+        cross, cross_t = _attention(s, c, B, T, T)
+        saved += s.a * N * D + cross + _layernorm(s, N, D)
+        attn_t = max(attn_t, cross_t)
+    return saved, max(attn_t, ffn_t)
+
+
+def blocks(s: Setup, task: str) -> list[Block]:
+    """The backward sweep's blocks, top (loss) first."""
+    c = counts(s.arch, s.preset)
+    a, D, V, B, T = s.a, c["D"], c["V"], s.micro_batch, s.seq_len
+    N = B * T
+    k = skills_per_token(s.arch, s.preset, task)
+    # one skill's parameters in one layer (a skill bank of BART spans both stacks' skill layers)
+    n_skill_layers = len(c["skill_layers"]) + len(c.get("dec_skill_layers", []))
+    active_skill_layer = max(c["skills"].values(), default=0) // max(n_skill_layers, 1)
+    layer_grads = c["per_layer_params"]
+    out: list[Block] = []
+    if s.arch == "bert":
+        if task == "mlm":
+            M = math.ceil(MLM_PROBABILITY * N)
+            # selected rows, transform dense + GELU + LayerNorm, decoder input; logits (returned) and log-softmax
+            head_saved = N + 8 * M + 3 * a * M * D + _layernorm(s, M, D) + 2 * a * M * V
+            head_temp = 2 * a * M * V
+            head_grads = V * D + D * D + 3 * D + V  # the decoder is tied to the word embeddings
+        else:
+            head_saved, head_temp, head_grads = 0, 0, 0
+        # pooler (it runs for both objectives): its input is a view of the last hidden state, kept whole
+        head_saved += a * N * D + a * B * D
+        head_grads += D * D + D + (2 * D + 2 if task == "nsp" else 0)
+        out.append(Block("heads", head_saved, head_grads, head_temp))
+        for i in reversed(range(c["layers"])):
+            saved, temp = bert_layer(s, c, i, k)
+            grads = layer_grads[i] - (c["num_skills"] - k) * active_skill_layer * (i in c["skill_layers"])
+            out.append(Block(f"layer {i}", saved, grads, temp))
+        # embeddings: word and token-type ids, the sum (LayerNorm input) and its dropout mask
+        out.append(Block("embeddings", 16 * N + _layernorm(s, N, D) + _mask_bytes(s) * N * D,
+                         c["emb_rest"] + (0 if task == "mlm" else V * D), a * N * D))
+    else:
+        # LM logits at every target token (returned) and their log-softmax; the decoder's last LayerNorm output
+        out.append(Block("lm head", 2 * a * N * V + a * N * D, V * D, 2 * a * N * V))
+        per_enc = len(c["per_layer_params"]) - c["dec_layers"]
+        for i in reversed(range(c["dec_layers"])):
+            saved, temp = bart_layer(s, c, i, k, decoder=True)
+            sk = i in c["dec_skill_layers"]
+            out.append(Block(f"decoder {i}", saved, _layer_grads(c, per_enc + i, k, sk, active_skill_layer), temp))
+        for i in reversed(range(c["layers"])):
+            saved, temp = bart_layer(s, c, i, k, decoder=False)
+            sk = i in c["skill_layers"]
+            out.append(Block(f"encoder {i}", saved, _layer_grads(c, i, k, sk, active_skill_layer), temp))
+        out.append(Block("embeddings", 2 * (8 * N + _layernorm(s, N, D) + _mask_bytes(s) * N * D), c["emb_rest"],
+                         a * N * D))
+    if s.checkpointing:
+        out = [_checkpointed(b, s, N, D) if b.name.startswith(("layer", "encoder", "decoder")) else b for b in out]
+    return out
+
+
+def _layer_grads(c: dict, idx: int, k: int, skill: bool, per_skill: int) -> int:
+    return c["per_layer_params"][idx] - (c["num_skills"] - k) * per_skill * skill
+
+
+def _checkpointed(b: Block, s: Setup, N: int, D: int) -> Block:
+    """A checkpointed layer keeps its input (and the additive mask); its backward recomputes the rest."""
+    kept = s.a * N * D + s.a * s.micro_batch * s.seq_len
+    return Block(b.name, kept, b.grads, b.temp + b.saved)
+
+
+def activation_bytes(s: Setup, task: str) -> int:
+    """What autograd keeps for the backward pass at the end of the forward (plus the returned logits)."""
+    return sum(b.saved for b in blocks(s, task))
+
+
+# ------------------------------------------------------------------------------------------------ model states
+def model_states(s: Setup) -> dict[str, int]:
+    """Bytes per rank of parameters, gradients, fp32 master copy and Adam moments, and buckets; with
+    offload, ``host`` holds what moved to host memory."""
+    c = counts(s.arch, s.preset)
+    P, N, a = c["total"], s.world_size, s.a
+    part = math.ceil(P / N)
+    st: dict[str, int] = {}
+    if s.zero is None:
+        if s.mixed:
+            raise ValueError("plain PyTorch (--zero none) is modelled in fp32 only")
+        tasks = s.trained_objectives or tuple(objectives(s.arch, s.preset))
+        trained = _union_activated(s, tasks)
+        st.update(params=4 * P, master=0, moments=8 * trained, grads=0, grads32=0, buckets=0, step_temp=0)
+        return st
+    st["params"] = a * (part if s.zero == 3 else P)
+    if s.zero == 3:
+        st["params"] += a * (c["largest_layer"] + s.prefetch_bucket)
+    st["master"] = 4 * (part if s.zero >= 1 else P) if (s.zero >= 1 or s.mixed) else 0
+    st["moments"] = 8 * (part if s.zero >= 1 else P)
+    st["grads"] = a * (part if s.zero >= 2 else P)
+    st["grads32"] = 4 * (part if s.zero >= 1 else P) if s.mixed else 0
+    # ZeRO-1/2 reduce gradients through a bucket (two with overlap_comm); ZeRO-3 too
+    st["buckets"] = a * min(s.reduce_bucket, P) * (2 if s.overlap_comm else 1) if s.zero >= 1 else 0
+    st["step_temp"] = a * min(s.allgather_bucket, P) if s.zero in (1, 2) else 0
+    if s.offload:
+        st["host"] = st.pop("master") + st.pop("moments") + st.pop("grads32")
+        st.update(master=0, moments=0, grads32=0)
+    return st
+
+
+def _union_activated(s: Setup, tasks: tuple[str, ...]) -> int:
+    """Parameters that any of `tasks` uses (shared ones, their skills and heads): what has Adam moments."""
+    from skillnet.model.registry import build_router
+
+    m = _model(s.arch, s.preset)
+    c = counts(s.arch, s.preset)
+    router = build_router(m.config)
+    skills = {m.config.skill_names[i] for t in tasks for i in router.activated(t)[0]}
+    return c["shared"] + sum(c["skills"][n] for n in skills) + sum(c["heads"].get(t, 0) for t in tasks)
+
+
+# ------------------------------------------------------------------------------------------------ the peak
+def predict(s: Setup) -> dict[str, Any]:
+    """Peak bytes per rank of one training step, with its parts, for the objective with the largest peak
+    (``s.objective`` if given)."""
+    tasks = [s.objective] if s.objective else objectives(s.arch, s.preset)
+    return max((_predict_task(s, t) for t in tasks), key=lambda r: r["peak"])
+
+
+def _predict_task(s: Setup, task: str) -> dict[str, Any]:
+    st = model_states(s)
+    static = st["params"] + st["master"] + st["moments"] + st["grads"] + st["grads32"]
+    bl = blocks(s, task)
+    acts = sum(b.saved for b in bl)
+    # Plain PyTorch allocates each gradient when its block's backward runs (and frees them all after the
+    # step); DeepSpeed's gradient buffers are in the model states.
+    per_block_grads = s.zero is None
+    gbytes = 4 if s.zero is None else s.a
+    live, grads, sweep, at = acts, 0, 0, ""
+    for b in bl:
+        here = live + grads * per_block_grads + b.grads * gbytes * per_block_grads + b.temp
+        if here > sweep:
+            sweep, at = here, b.name
+        live -= b.saved
+        grads += b.grads * gbytes
+    fwd_bwd = static + st["buckets"] + sweep
+    step = static + (grads if per_block_grads else 0) + st["step_temp"]
+    peak = max(fwd_bwd, step)
+    return {"task": task, "skills_per_token": skills_per_token(s.arch, s.preset, task), "peak": peak,
+            "states": st, "activations": acts, "backward_peak_at": at if fwd_bwd >= step else "optimizer step",
+            "sweep": sweep, "step": step, "host": st.get("host", 0)}
+
+
+def deepspeed_setup(path: str | Path, arch: str = "bert", preset: str = "base", seq_len: int = 512,
+                    **kw: Any) -> Setup:
+    """The Setup a DeepSpeed JSON describes: dtype, ZeRO stage, offload, buckets, micro-batch and the world
+    size its train_batch_size implies."""
+    ds = json.loads(Path(path).read_text())
+    z = ds.get("zero_optimization") or {}
+    dtype = "fp16" if (ds.get("fp16") or {}).get("enabled") else "bf16" if (ds.get("bf16") or {}).get("enabled") else "fp32"
+    micro, accum = int(ds["train_micro_batch_size_per_gpu"]), int(ds.get("gradient_accumulation_steps", 1))
+    world = int(ds["train_batch_size"]) // (micro * accum) if "train_batch_size" in ds else 1
+    off = ((z.get("offload_optimizer") or {}).get("device") or "none") != "none"
+    # as the training runs derive it: an activation_checkpointing section turns checkpointing on
+    from skillnet.training.activation_checkpointing import resolve_activation_checkpointing
+
+    ckpt = resolve_activation_checkpointing(None, ds, str(path)).enabled
+    base = dict(arch=arch, preset=preset, dtype=dtype, zero=int(z.get("stage", 0)), offload=off, world_size=world,
+                micro_batch=micro, seq_len=seq_len, reduce_bucket=int(z.get("reduce_bucket_size", 5e8)),
+                allgather_bucket=int(z.get("allgather_bucket_size", 5e8)), overlap_comm=bool(z.get("overlap_comm")),
+                checkpointing=ckpt)
+    return Setup(**{**base, **kw})
+
+
+MICRO_BATCH_LIMIT = 4096  # the search stops here
+
+
+def largest_micro_batch(s: Setup, capacity: float, limit: int = MICRO_BATCH_LIMIT) -> int:
+    """The largest micro-batch whose predicted peak plus `CUDA_RESERVE` fits in `capacity` bytes (0: none)."""
+    def fits(b: int) -> bool:
+        return predict(replace(s, micro_batch=b))["peak"] + CUDA_RESERVE <= capacity
+
+    if not fits(1):
+        return 0
+    lo, hi = 1, 2
+    while hi <= limit and fits(hi):
+        lo, hi = hi, hi * 2
+    hi = min(hi, limit + 1)
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if fits(mid) else (lo, mid)
+    return lo
+
+
+# ------------------------------------------------------------------------------------------------ measured
+def measure_cpu_step(arch: str, preset: str, tasks: list[str], micro_batch: int, seq_len: int,
+                     checkpointing: bool = False, seed: int = 0) -> dict[str, Any]:
+    """Peak resident memory of plain-PyTorch fp32 training steps on the CPU (one per task in `tasks`, as the
+    trainer runs them: forward, backward, clipping, MaskedAdamW, gradients set to None), above the process's
+    baseline taken after the imports and a warm-up. Run it in a fresh process with glibc's
+    ``MALLOC_MMAP_THRESHOLD_`` set low (`measure_in_subprocess`): large blocks then come from mmap and go back
+    to the system when freed, so the resident high-water mark follows the live tensors."""
+    import resource
+
+    import psutil
+    import torch
+    from skillnet.model import SkillNetBertConfig, SkillNetBertForPreTraining
+    from skillnet.model.bart import SkillNetBartConfig, SkillNetBartForConditionalGeneration
+    from skillnet.training.optim import MaskedAdamW
+
+    torch.manual_seed(seed)
+    w = torch.randn(64, 64, requires_grad=True)  # thread pools and the autograd engine start before the baseline
+    (w @ w).sum().backward()
+    base = psutil.Process().memory_info().rss
+    if arch == "bert":
+        model = SkillNetBertForPreTraining(SkillNetBertConfig.preset(preset))
+    else:
+        model = SkillNetBartForConditionalGeneration(SkillNetBartConfig.preset(preset))
+    if checkpointing:
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+    model.train()
+    opt = MaskedAdamW(model.parameters(), lr=1e-4)
+    V, B, T = model.config.vocab_size, micro_batch, seq_len
+    for task in tasks:
+        ids = torch.randint(5, V, (B, T))
+        kw: dict[str, Any] = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "task": task}
+        if task == "mlm":  # exactly the modelled share of the tokens is masked
+            pick = torch.zeros(B * T, dtype=torch.bool)
+            pick[torch.randperm(B * T)[: math.ceil(MLM_PROBABILITY * B * T)]] = True
+            kw["labels"] = torch.where(pick.view(B, T), ids, -100)
+        elif task == "nsp":
+            kw["next_sentence_label"] = torch.zeros(B, dtype=torch.long)
+        else:
+            kw["labels"] = torch.randint(5, V, (B, T))
+        out = model(**kw)  # the trainer keeps the output (its logits) until the backward pass is done
+        out.loss.backward()
+        del out
+        torch.nn.utils.clip_grad_norm_([p for p in model.parameters() if p.grad is not None], 1.0)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux
+    return {"peak_above_baseline": peak - base, "baseline": base}
+
+
+def measure_in_subprocess(arch: str, preset: str, tasks: list[str], micro_batch: int, seq_len: int,
+                          checkpointing: bool = False, timeout: float = 600) -> dict[str, Any]:
+    """`measure_cpu_step` in a fresh process (its own high-water mark), with large blocks mmapped."""
+    import os
+    import subprocess
+
+    spec = json.dumps(dict(arch=arch, preset=preset, tasks=tasks, micro_batch=micro_batch, seq_len=seq_len,
+                           checkpointing=checkpointing))
+    env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536", "MALLOC_TRIM_THRESHOLD_": "0", "HF_HUB_OFFLINE": "1"}
+    r = subprocess.run([sys.executable, "-m", "skillnet.experiments.memory", "--measure", spec], env=env,
+                       capture_output=True, text=True, timeout=timeout, check=True)
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+# ------------------------------------------------------------------------------------------------ the report
+def _gb(n: float) -> str:
+    return f"{n / GiB:.1f}"
+
+
+def gpu_tables(json_path: str | Path = PAPER_JSON) -> str:
+    """docs/scale.md's memory section: the paper recipe per card, then the largest micro-batches."""
+    paper = deepspeed_setup(json_path)
+    r = predict(paper)
+    st = r["states"]
+    lines = [
+        "## Memory per GPU",
+        "",
+        "Written by `python -m skillnet.experiments.memory --write docs/scale.md` (a model, not a measurement: "
+        "see `experiments/memory.py` for what it counts; `tests/test_memory_model.py` checks it against a "
+        "measured CPU training step). A card fits when the predicted peak plus "
+        f"{CUDA_RESERVE / GiB:.1f} GiB (CUDA context, NCCL and allocator slack: assumed) is within its capacity.",
+        "",
+        f"**The paper recipe** (`{json_path}`: BERT-base with 7 skills per layer, {paper.dtype}, ZeRO-{paper.zero}, "
+        f"{paper.world_size} ranks, micro-batch {paper.micro_batch} x sequence {paper.seq_len}): predicted peak "
+        f"{_gb(r['peak'])} GiB per GPU (objective {r['task']}, {r['skills_per_token']} skills per token; parameters "
+        f"{_gb(st['params'])}, gradients {_gb(st['grads'] + st['grads32'])}, fp32 copy and Adam moments "
+        f"{_gb(st['master'] + st['moments'])}, buckets {_gb(st['buckets'])}, activations {_gb(r['activations'])} GiB).",
+        "",
+        "| card | paper recipe fits | largest micro-batch: BERT-base seq 128 | seq 128, checkpointing | seq 512 | "
+        "seq 512, checkpointing | BART-base seq 128 | ckpt | seq 512 | ckpt | BART-large seq 128 | ckpt | seq 512 | ckpt |",
+        "|---|---|" + "---|" * 12,
+    ]
+    models = [("bert", "base"), ("bart", "base"), ("bart", "large")]
+    for card, cap in GPUS.items():
+        capacity = cap * GiB
+        fits = "yes" if r["peak"] + CUDA_RESERVE <= capacity else "no"
+        cells = [card, f"{fits} ({_gb(r['peak'])} GiB)"]
+        for arch, preset in models:
+            for seq in (128, 512):
+                for ckpt in (False, True):
+                    s = replace(paper, arch=arch, preset=preset, seq_len=seq, checkpointing=ckpt)
+                    n = largest_micro_batch(s, capacity)
+                    cells.append(f">= {n}" if n == MICRO_BATCH_LIMIT else str(n))
+        lines.append("| " + " | ".join(cells) + " |")
+    lines += [
+        "",
+        f"Micro-batches use the paper recipe's settings ({paper.dtype}, ZeRO-{paper.zero}, {paper.world_size} ranks, "
+        "its bucket sizes) for every model; BERT takes the larger of its MLM and NSP steps, SkillNet-BART the NLG "
+        "task with the most skills (sequence = source and target length). 0: not even one sequence fits.",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from skillnet.training.cli import Parser
+
+    p = Parser("skillnet.experiments.memory", description=__doc__)
+    p.add_argument("--arch", choices=["bert", "bart"],
+                   help="one prediction for this model (without it: the GPU tables of docs/scale.md)")
+    p.add_argument("--preset", default="base", help="model/config.py PRESETS or model/bart.py BART_PRESETS")
+    p.add_argument("--objective", help="task whose skills run (default: the one with the largest peak)")
+    p.add_argument("--ds-config", help="take dtype, ZeRO stage, offload, buckets, micro-batch, world size and "
+                                       "activation checkpointing from this DeepSpeed JSON")
+    p.add_argument("--dtype", choices=list(DTYPE_BYTES), default="fp16", help="compute dtype")
+    p.add_argument("--zero", choices=["none", "0", "1", "2", "3"], default="2",
+                   help="ZeRO stage; none: plain PyTorch in one process (fp32)")
+    p.add_argument("--offload", action="store_true", help="optimizer offloaded to host memory")
+    p.add_argument("--world-size", type=int, default=1, help="data-parallel ranks")
+    p.add_argument("--micro-batch", type=int, default=8, help="sequences per rank and micro-step")
+    p.add_argument("--seq-len", type=int, default=128, help="tokens per sequence (BART: source and target each)")
+    p.add_argument("--gradient-checkpointing", action="store_true", help="activation checkpointing of every layer")
+    p.add_argument("--device", choices=["cuda", "cpu"], default="cuda",
+                   help="cuda: fused attention and bool dropout masks; cpu: math attention, masks in the dtype")
+    p.add_argument("--json", action="store_true", help="print the prediction as JSON")
+    p.add_argument("--write", metavar="PATH", help="write the GPU tables into PATH's 'memory' section")
+    p.add_argument("--measure", metavar="JSON", help=argparse.SUPPRESS)  # measure_in_subprocess's child
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    a = build_parser().parse_args(argv)
+    if a.measure:
+        print(json.dumps(measure_cpu_step(**json.loads(a.measure))))
+        return 0
+    if a.arch is None:
+        text = gpu_tables()
+        print(text, end="")
+        if a.write:
+            from skillnet.experiments.benchdoc import write_section
+
+            write_section(a.write, "memory", text)
+        return 0
+    if a.ds_config:
+        flag = {"checkpointing": True} if a.gradient_checkpointing else {}  # else the JSON's section decides
+        s = deepspeed_setup(a.ds_config, a.arch, a.preset, a.seq_len, objective=a.objective, device=a.device, **flag)
+    else:
+        s = Setup(arch=a.arch, preset=a.preset, objective=a.objective, dtype=a.dtype,
+                  zero=None if a.zero == "none" else int(a.zero), offload=a.offload, world_size=a.world_size,
+                  micro_batch=a.micro_batch, seq_len=a.seq_len, checkpointing=a.gradient_checkpointing,
+                  device=a.device)
+    r = predict(s)
+    if a.json:
+        print(json.dumps({"setup": asdict(s), **r}, indent=2))
+        return 0
+    st = r["states"]
+    print(f"{s.arch} {s.preset}, {s.dtype}, ZeRO {s.zero if s.zero is not None else 'none (plain PyTorch)'}"
+          f"{' + offload' if s.offload else ''}, {s.world_size} ranks, micro-batch {s.micro_batch} x {s.seq_len}, "
+          f"checkpointing {'on' if s.checkpointing else 'off'}; objective {r['task']} ({r['skills_per_token']} skills)")
+    for k, v in st.items():
+        print(f"  {k:<11} {_gb(v):>8} GiB")
+    print(f"  activations {_gb(r['activations']):>8} GiB (kept for backward)")
+    print(f"  peak        {_gb(r['peak']):>8} GiB per rank (at {r['backward_peak_at']})")
+    for card, cap in GPUS.items():
+        print(f"  {card}: {'fits' if r['peak'] + CUDA_RESERVE <= cap * GiB else 'does not fit'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
