@@ -273,8 +273,8 @@ def _usage(f: dict[str, Any]) -> list[str]:
     if cls == "BartForConditionalGeneration":
         return [p, "from transformers import AutoModelForSeq2SeqLM, AutoTokenizer",
                 "tok, model = AutoTokenizer.from_pretrained(folder), AutoModelForSeq2SeqLM.from_pretrained(folder)",
-                f'ids = model.generate(**tok({f.get("prefix", "")!r} + "输入文本", return_tensors="pt"))',
-                'print(tok.decode(ids[0], skip_special_tokens=True).replace(" ", ""))  # Chinese: no spaces']
+                f'ids = model.generate(**tok({f.get("prefix", "")!r} + "输入文本", return_tensors="pt"))[0]',
+                'print("".join(t.removeprefix("##") for t in tok.convert_ids_to_tokens(ids, skip_special_tokens=True)))']
     head = f.get("head")
     if head in ("classification", "regression"):
         return [p, "from transformers import pipeline", 'clf = pipeline("text-classification", model=folder)',
