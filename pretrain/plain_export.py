@@ -68,7 +68,7 @@ def _load_source(folder: Path) -> tuple[Any, Any]:
 
 def _records(folder: Path, task: str, test: str | None, kind: str) -> tuple[list[dict[str, Any]], str | None]:
     """The records to measure on, and their file's name: `test`, else the fine-tuning run's test file of
-    `task`, else its dev file."""
+    `task` (given, or named by its task spec), else its dev file."""
     from skillnet.data_prep.tasks.schema import check_record, iter_jsonl
     from skillnet.model.card import _run_dir
 
@@ -77,7 +77,12 @@ def _records(folder: Path, task: str, test: str | None, kind: str) -> tuple[list
         run = _run_dir(folder)
         cfg = json.loads((run / "finetune_config.json").read_text(encoding="utf-8")) if run else {}
         spec = next((t for t in cfg.get("tasks", []) if t.get("name") == task), {})
-        path = next((Path(str(spec[k])) for k in ("test", "dev") if spec.get(k) and Path(str(spec[k])).is_file()), None)
+        files = {k: Path(str(spec[k])) for k in ("test", "dev") if spec.get(k)}
+        if spec.get("spec") and Path(spec["spec"]).is_file():  # a task spec (task.json) names its split files
+            spec_file = Path(spec["spec"])
+            named = json.loads(spec_file.read_text(encoding="utf-8")).get("files") or {}
+            files = {k: spec_file.parent / named[k] for k in ("test", "dev") if named.get(k)}
+        path = next((files[k] for k in ("test", "dev") if k in files and files[k].is_file()), None)
     if path is None:
         return [], None
     recs = [check_record(obj, kind, label_list=None, regression=False, require_labels=False) for _, obj in iter_jsonl(path)]
