@@ -263,6 +263,7 @@ def export_plain(source: str | Path, out: str | Path, task: str, features: bool 
             tr = {k: v.float().tolist() for k, v in sparse.heads[task]._transitions().items()}
             _write(tmp / "crf.json", {"labels": [str(x) for x in sparse.config.task_heads[task]["labels"]], **tr})
             facts["crf"] = measure_crf(sparse, flat.model, task, pred, recs) if recs else {}
+            facts["crf_transitions"] = _read(tmp / "crf.json")
         if meta.get("type"):
             facts["task_type"] = meta["type"]
     _write(tmp / "plain_export.json", facts)
@@ -355,5 +356,7 @@ def render_plain_card(f: dict[str, Any]) -> str:
                              "decode with Viterbi.**")
         else:
             lines += ["", "The agreement of argmax with Viterbi was not measured: the source has no test data."]
+        lines += ["", "The transitions (`crf.json`; row = from, column = to; moves IOB2 forbids carry -10000 on top):",
+                  "", "```json", json.dumps(f["crf_transitions"], ensure_ascii=False), "```"]
     lines += ["", "## Use", "", "```python", *_usage(f), "```", ""]
     return "\n".join(lines)
