@@ -382,6 +382,9 @@ def build_parser() -> Parser:
         "BertFor*/BartForConditionalGeneration class, the card stating the measured equality (docs/hf.md). "
         "MoE and PALs cannot be written so and are refused",
     )
+    p.add_argument("--onnx", action="store_true",
+                   help="with --plain (BERT tasks): also model.onnx (fp32) and model_int8.onnx (dynamic int8), each "
+                   "measured against the sparse model (needs the deploy extra: onnx, onnxscript, onnxruntime)")
     p.add_argument("--features", action="store_true",
                    help="with --plain: a BertModel of the task's skills (features), whatever the task's head")
     p.add_argument("--test", help="with --plain: JSONL records of the task to measure the equality (and a CRF's "
@@ -398,8 +401,8 @@ def build_parser() -> Parser:
 def main(argv: list[str] | None = None) -> int:
     p = build_parser()
     args = p.parse_args(argv)
-    if (args.features or args.test) and not args.plain:
-        p.error("--features and --test go with --plain")
+    if (args.features or args.test or args.onnx) and not args.plain:
+        p.error("--features, --test and --onnx go with --plain")
     if args.plain and not args.task:
         p.error("--plain needs --task: the one task the stock model computes")
     try:
@@ -407,7 +410,7 @@ def main(argv: list[str] | None = None) -> int:
             from skillnet.pretrain.plain_export import export_plain
 
             out = export_plain(args.checkpoint, args.out, args.task, features=args.features, test=args.test,
-                               overwrite=args.overwrite)
+                               overwrite=args.overwrite, onnx=args.onnx)
             print(json.dumps({"event": "exported", "out": str(out), "plain": True}))
             return 0
         out = export(args.checkpoint, args.out, args.tag, init_unused=not args.no_init_unused, dense=args.dense,

@@ -210,8 +210,30 @@ def measure_bart(sparse: Any, plain: Any, task: str, sources: list[str], tok: An
             "plain_over_sparse_time": t_plain / t_sparse if t_sparse else None}
 
 
+def measure_onnx(sparse: Any, flat: Any, task: str, pred: Any, recs: list[dict[str, Any]], tok: Any, folder: Path
+                 ) -> dict[str, Any]:
+    """model.onnx and model_int8.onnx in `folder` (pretrain/plain_onnx.py): each one's largest difference from the
+    sparse model, and with labelled test records the task's metric of sparse, plain, ONNX fp32 and int8."""
+    from skillnet.pretrain.plain_onnx import OrtModel, StockAsTask, export_onnx, task_score
+
+    runners = {k: OrtModel(p) for k, p in export_onnx(flat.model, folder, tok).items()}
+    res: dict[str, Any] = {k: measure_bert(sparse, r, task, flat.head, pred, recs, tok) for k, r in runners.items()}
+    if pred is None or not recs or flat.head in (None, "mlm"):
+        return res
+    td = pred.tasks[task]
+    try:
+        scores = {"sparse": task_score(sparse, pred, task, recs),
+                  **{k: task_score(StockAsTask(m, sparse, task), pred, task, recs)
+                     for k, m in (("plain", flat.model), *runners.items())}}
+    except (KeyError, TypeError) as e:  # records without gold labels: nothing to score
+        res["scores"] = f"not scored: {e!r}"
+        return res
+    res.update(metric=td.cfg.metric or td.codec.metric, scores=scores, int8_score_drop=scores["sparse"] - scores["int8"])
+    return res
+
+
 def export_plain(source: str | Path, out: str | Path, task: str, features: bool = False, test: str | None = None,
-                 overwrite: bool = False) -> Path:
+                 overwrite: bool = False, onnx: bool = False) -> Path:
     """Write `task` of the SkillNet export `source` as a stock transformers folder `out` (module docstring)."""
     from skillnet.model.card import _read, _write, task_generation
     from skillnet.model.hub import has_tokenizer, save_tokenizer
@@ -230,6 +252,8 @@ def export_plain(source: str | Path, out: str | Path, task: str, features: bool 
         raise OutputError(f"--out {out}: is (or holds) the export being read ({folder}); give another folder")
     sparse, pred = _load_source(folder)
     bart = sparse.config.model_type == "skillnet-bart"
+    if bart and onnx:
+        raise ValueError("--onnx: only SkillNet-BERT tasks are exported to ONNX so far (BART generation is not)")
     flat = plain_bart(sparse, task) if bart else plain_bert(sparse, task, features)
     claim_output(out, option="--out", command="export", overwrite=overwrite,
                  identity={"source": _where(folder), "task": task, "plain": True, "features": features})
@@ -266,6 +290,8 @@ def export_plain(source: str | Path, out: str | Path, task: str, features: bool 
             facts["crf_transitions"] = _read(tmp / "crf.json")
         if meta.get("type"):
             facts["task_type"] = meta["type"]
+    if onnx:
+        facts["onnx"] = measure_onnx(sparse, flat, task, pred, recs, tok, tmp)
     _write(tmp / "plain_export.json", facts)
     (tmp / "README.md").write_text(render_plain_card(facts), encoding="utf-8")
     _finish(tmp, out)
@@ -358,5 +384,18 @@ def render_plain_card(f: dict[str, Any]) -> str:
             lines += ["", "The agreement of argmax with Viterbi was not measured: the source has no test data."]
         lines += ["", "The transitions (`crf.json`; row = from, column = to; moves IOB2 forbids carry -10000 on top):",
                   "", "```json", json.dumps(f["crf_transitions"], ensure_ascii=False), "```"]
+    ox = f.get("onnx")
+    if ox:
+        lines += ["", "## ONNX", "",
+                  f"`model.onnx` (fp32) and `model_int8.onnx` (dynamic int8): largest difference from the sparse "
+                  f"model {ox['fp32']['max_abs_diff']:.2e} (fp32) and {ox['int8']['max_abs_diff']:.2e} (int8) on "
+                  f"{f['measured_on']}."]
+        if isinstance(ox.get("scores"), dict):
+            sc = ox["scores"]
+            lines.append(f"Test {ox['metric']}: sparse {sc['sparse']:.4f}, plain {sc['plain']:.4f}, ONNX fp32 "
+                         f"{sc['fp32']:.4f}, int8 {sc['int8']:.4f} (int8 drop {ox['int8_score_drop']:.4f}).")
+        lines += ["", "```python", "import onnxruntime as ort",
+                  'session = ort.InferenceSession(f"{folder}/model_int8.onnx")',
+                  'logits = session.run(None, dict(tok("这家酒店的服务很好", return_tensors="np")))[0]', "```"]
     lines += ["", "## Use", "", "```python", *_usage(f), "```", ""]
     return "\n".join(lines)

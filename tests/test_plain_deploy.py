@@ -224,3 +224,26 @@ def test_bart_beam_output_equals_sparse_token_for_token(plain, gen_run, exports)
     facts = json.loads((exports["fix"] / "plain_export.json").read_text())
     assert facts["equality"]["beam_equal"] == facts["equality"]["inputs"] == len(srcs)
     assert facts["prefix"] == "fix: " and "fix: " in (exports["fix"] / "README.md").read_text(encoding="utf-8")
+
+
+@pytest.mark.parametrize("task", ["sentiment", "ner"])
+def test_onnx_fp32_within_1e4_and_int8_score_drop_reported(task, ft4, tmp_path):
+    pytest.importorskip("onnxruntime")
+    pytest.importorskip("onnxscript")
+    from skillnet.pretrain.export import main
+    from skillnet.pretrain.plain_onnx import OrtModel
+
+    out = tmp_path / task
+    assert main(["--plain", "--onnx", "--checkpoint", str(ft4 / "export"), "--task", task, "--out", str(out)]) == 0
+    ox = json.loads((out / "plain_export.json").read_text())["onnx"]
+    assert ox["fp32"]["max_abs_diff"] <= 1e-4 and ox["fp32"]["argmax_equal"]
+    assert ox["int8"]["max_abs_diff"] > 0  # quantised: not the same numbers
+    sc = ox["scores"]
+    assert sc["plain"] == sc["sparse"] == sc["fp32"]  # the same predictions, so the same score
+    assert ox["int8_score_drop"] == sc["sparse"] - sc["int8"]
+    assert f"int8 drop {ox['int8_score_drop']:.4f}" in (out / "README.md").read_text(encoding="utf-8")
+    # the session runs on its own (no torch model behind it) and returns the class's outputs
+    from transformers import AutoTokenizer
+
+    got = OrtModel(out / "model.onnx")(**dict(AutoTokenizer.from_pretrained(str(out))(["今天天气很好"], return_tensors="pt")))
+    assert got.logits.shape[-1] == len(json.loads((out / "config.json").read_text())["id2label"])
