@@ -6,12 +6,15 @@ and both entity F1s); the first seed's SkillNet-NLG export gives its default tas
 (sparse, plain, sparse, plain, ...) so machine load hits both alike, median of the per-repetition ratios:
 
 * BERT: forward throughput of one classification task at each ``--batches`` size and ``--seq`` tokens, on the
-  reproduction's model size and on each preset of ``--presets`` (random weights, the export's tasks);
+  reproduction's model size and on each preset of ``--presets`` (random weights, the export's tasks): the sparse
+  model, the plain model, and its ONNX fp32 and dynamic int8 sessions (``export --plain --onnx``, ONNX Runtime
+  on the CPU); every task's export also scores sparse, plain, ONNX fp32 and int8 on its test set;
 * BART: beam-search generation time of the default task on its test inputs (the plain model runs the
   zero-padded layers at the skill layers' width, so it may be slower: this says by how much).
 
-``plain_over_sparse`` is the plain model's throughput over the sparse model's at the worst measured BERT
-configuration, ``plain_over_sparse_generate`` the same for BART generation.
+``plain_over_sparse``, ``onnx_over_sparse`` and ``int8_over_sparse`` are each arm's throughput over the sparse
+model's at the worst measured BERT configuration, ``plain_over_sparse_generate`` the same for BART generation, and
+``int8_score_drop`` the sparse model's test score minus the int8 model's, per task (the task's metric).
 
     python bench/deploy.py --run runs/reproduce-quick                   # table
     python bench/deploy.py --run runs/reproduce-quick --json --write    # + JSON last line, docs/deploy.md section
@@ -55,20 +58,30 @@ def _timed(fn: Any) -> Any:
     return run
 
 
-def bert_speed(model: Any, task: str, batches: list[int], seq: int, warmup: int, reps: int) -> list[dict[str, Any]]:
+def bert_speed(model: Any, task: str, batches: list[int], seq: int, warmup: int, reps: int, onnx_dir: Path | None,
+               tok: Any) -> list[dict[str, Any]]:
+    """Forward time of the sparse model, the plain model and (with `onnx_dir`) its ONNX fp32 and int8 sessions."""
     from skillnet.model.plain import plain_bert
 
     plain = plain_bert(model, task).model
+    arms: dict[str, Any] = {"plain": plain}
+    if onnx_dir is not None:
+        from skillnet.pretrain.plain_onnx import OrtModel, export_onnx
+
+        onnx_dir.mkdir(parents=True, exist_ok=True)
+        arms.update({k: OrtModel(p) for k, p in export_onnx(plain, onnx_dir, tok).items()})
     rows = []
     for b in batches:
         g = torch.Generator().manual_seed(b)
         ids = torch.randint(104, model.config.vocab_size, (b, seq), generator=g)
-        am = torch.ones_like(ids)
-        t = interleaved({"sparse": _timed(lambda ids=ids, am=am: model(task=task, input_ids=ids, attention_mask=am)),
-                         "plain": _timed(lambda ids=ids, am=am: plain(input_ids=ids, attention_mask=am))}, warmup, reps)
-        ratio = paired_ratio(t["sparse"], t["plain"], "plain_over_sparse")  # time ratio = throughput ratio
-        rows.append({"batch": b, "seq": seq, "sparse_ms": 1e3 * min(t["sparse"]), "plain_ms": 1e3 * min(t["plain"]),
-                     **ratio})
+        x = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "token_type_ids": torch.zeros_like(ids)}
+        fns = {"sparse": _timed(lambda x=x: model(task=task, **x))}
+        fns.update({k: _timed(lambda m=m, x=x: m(**x)) for k, m in arms.items()})
+        t = interleaved(fns, warmup, reps)
+        row: dict[str, Any] = {"batch": b, "seq": seq, **{f"{k}_ms": 1e3 * min(v) for k, v in t.items()}}
+        for k in arms:  # time ratio = throughput ratio
+            row.update(paired_ratio(t["sparse"], t[k], f"{'onnx' if k == 'fp32' else k}_over_sparse"))
+        rows.append(row)
     return rows
 
 
@@ -92,7 +105,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     cfg = json.loads((nlu / "config.json").read_text(encoding="utf-8"))
     tasks = {}
     for task in cfg["task_heads"]:
-        export_plain(nlu, tmp / task, task)
+        export_plain(nlu, tmp / task, task, onnx=args.onnx)
         tasks[task] = json.loads((tmp / task / "plain_export.json").read_text(encoding="utf-8"))
     sizes: dict[str, Any] = {"reproduction": SkillNetBertForMultiTask.from_pretrained(str(nlu)).eval()}
     for p in args.presets:
@@ -100,7 +113,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         keep = {k: cfg[k] for k in ("skills", "tasks", "generic_skill", "task_heads", "skill_layers")}
         sizes[p] = SkillNetBertForMultiTask(SkillNetBertConfig.preset(p, **keep)).eval()
     task = next(t for t, h in cfg["task_heads"].items() if h["type"] == "classification")
-    speed = {name: bert_speed(m, task, args.batches, args.seq, args.warmup, args.reps) for name, m in sizes.items()}
+    tok = AutoTokenizer.from_pretrained(str(nlu))
+    speed = {name: bert_speed(m, task, args.batches, args.seq, args.warmup, args.reps,
+                              tmp / f"onnx_{name}" if args.onnx else None, tok) for name, m in sizes.items()}
     gen_task = json.loads((nlg / "config.json").read_text(encoding="utf-8"))["default_task"]
     export_plain(nlg, tmp / "nlg", gen_task)
     nlg_facts = json.loads((tmp / "nlg" / "plain_export.json").read_text(encoding="utf-8"))
@@ -108,11 +123,16 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
     sparse_bart, _ = _load_source(nlg)
     plain_bart = AutoModelForSeq2SeqLM.from_pretrained(str(tmp / "nlg")).eval()
-    tok = AutoTokenizer.from_pretrained(str(tmp / "nlg"))
+    gen_tok = AutoTokenizer.from_pretrained(str(tmp / "nlg"))
     sources = [nlg_facts.get("prefix", "") + s for s in ("今天天气很好，我们去公园散步。", "他跑得非常快", "我想喝一杯茶水")]
-    gen_speed = bart_speed(sparse_bart, plain_bart, gen_task, sources, tok, args.warmup, args.reps)
-    worst = min((r for rows in speed.values() for r in rows), key=lambda r: r["plain_over_sparse"])
-    return {"plain_over_sparse": worst["plain_over_sparse"],
+    gen_speed = bart_speed(sparse_bart, plain_bart, gen_task, sources, gen_tok, args.warmup, args.reps)
+    rows = [r for rs in speed.values() for r in rs]
+    worst = {k: min(r[k] for r in rows) for k in ("plain_over_sparse", "onnx_over_sparse", "int8_over_sparse")
+             if k in rows[0]}
+    drops = {t: f["onnx"]["int8_score_drop"] for t, f in tasks.items() if "int8_score_drop" in f.get("onnx", {})}
+    return {**worst, **({"int8_score_drop": drops} if args.onnx else {}),
+            "onnx_max_abs_diff": max((f["onnx"]["fp32"]["max_abs_diff"] for f in tasks.values() if "onnx" in f),
+                                     default=None),
             "plain_over_sparse_generate": gen_speed["plain_over_sparse_generate"],
             "max_abs_diff": max(f["equality"]["max_abs_diff"] for f in [*tasks.values(), nlg_facts]),
             "argmax_equal": all(f["equality"]["argmax_equal"] for f in tasks.values()),
@@ -123,16 +143,26 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def render(res: dict[str, Any], args: argparse.Namespace) -> str:
+    def onnx_cols(f: dict[str, Any]) -> tuple[str, str, str]:
+        ox = f.get("onnx") or {}
+        if not ox:
+            return "-", "-", "-"
+        sc = ox.get("scores")
+        score = (f"{ox['metric']} {sc['sparse']:.2f} / {sc['plain']:.2f} / {sc['fp32']:.2f} / {sc['int8']:.2f}"
+                 if isinstance(sc, dict) else "-")
+        return f"{ox['fp32']['max_abs_diff']:.1e}", score, f"{ox['int8_score_drop']:.2f}" if "int8_score_drop" in ox else "-"
+
     rows = [(f"`{t}`", f["class"], ", ".join(s["name"] for s in f["skills"]), f["measured_on"],
-             f"{f['equality']['max_abs_diff']:.1e}", "yes" if f["equality"]["argmax_equal"] else "**no**")
+             f"{f['equality']['max_abs_diff']:.1e}", "yes" if f["equality"]["argmax_equal"] else "**no**", *onnx_cols(f))
             for t, f in res["tasks"].items()]
     g = res["generation"]
     rows.append((f"`{res['generate_task']}`", g["class"], ", ".join(s["name"] for s in g["skills"]), g["measured_on"],
                  f"{g['equality']['max_abs_diff']:.1e}",
-                 f"beams {g['equality']['beam_equal']}/{g['equality']['inputs']} equal"))
+                 f"beams {g['equality']['beam_equal']}/{g['equality']['inputs']} equal", "-", "-", "-"))
     out = [machine_line(), "", f"`python bench/deploy.py {' '.join(args.argv)}`", "",
            "### Equality (each export's own measurement)", "",
-           md_table(["task", "stock class", "merged skills", "measured on", "max abs logit diff (fp32)", "argmax equal"],
+           md_table(["task", "stock class", "merged skills", "measured on", "max abs logit diff (fp32)", "argmax equal",
+                     "ONNX fp32 max abs diff", "test score: sparse / plain / ONNX fp32 / int8", "int8 score drop"],
                     rows), ""]
     for t, c in res["crf"].items():
         out += [f"### CRF `{t}`", "",
@@ -141,18 +171,23 @@ def render(res: dict[str, Any], args: argparse.Namespace) -> str:
                 f"Viterbi, {c['argmax_f1']:.2f} with argmax"
                 + (f": **argmax loses {c['viterbi_f1'] - c['argmax_f1']:.2f} points, decode with Viterbi**."
                    if c["argmax_loses_over_1_point"] else "."), ""]
-    speed_rows = [(size, r["batch"], r["seq"], f"{r['sparse_ms']:.1f}", f"{r['plain_ms']:.1f}",
-                   f"{r['plain_over_sparse']:.2f} ({r['plain_over_sparse_min']:.2f}-{r['plain_over_sparse_max']:.2f})")
-                  for size, rs in res["bert_speed"].items() for r in rs]
+    arms = [k for k in ("plain", "onnx", "int8") if f"{k}_over_sparse" in next(iter(res["bert_speed"].values()))[0]]
+
+    def ratio(r: dict[str, Any], k: str) -> str:
+        return f"{r[k]:.2f} ({r[k + '_min']:.2f}-{r[k + '_max']:.2f})"
+
+    speed_rows = [(size, r["batch"], r["seq"], f"{r['sparse_ms']:.1f}",
+                   *(ratio(r, f"{a}_over_sparse") for a in arms)) for size, rs in res["bert_speed"].items() for r in rs]
     gs = res["generate_speed"]
     out += [f"### Speed (task `{res['speed_task']}` forward; `{res['generate_task']}` beam search)", "",
-            md_table(["model size", "batch", "tokens", "sparse ms (best)", "plain ms (best)",
-                      "plain / sparse throughput (range)"], speed_rows), "",
+            md_table(["model size", "batch", "tokens", "sparse ms (best)",
+                      *(f"{a} / sparse throughput (range)" for a in arms)], speed_rows), "",
             f"Generation ({gs['batch']} inputs, the export's generation config): plain / sparse throughput "
             f"{gs['plain_over_sparse_generate']:.2f} ({gs['plain_over_sparse_generate_min']:.2f}-"
             f"{gs['plain_over_sparse_generate_max']:.2f}).", "",
-            f"`plain_over_sparse` = {res['plain_over_sparse']}, `plain_over_sparse_generate` = "
-            f"{res['plain_over_sparse_generate']}."]
+            "Worst measured: " + ", ".join(f"`{k}` = {res[k]}" for k in (
+                "plain_over_sparse", "onnx_over_sparse", "int8_over_sparse", "plain_over_sparse_generate") if k in res)
+            + "."]
     return "\n".join(out)
 
 
@@ -169,6 +204,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seq", type=int, default=128, help="BERT tokens per row (default: %(default)s)")
     p.add_argument("--warmup", type=int, default=1, help="untimed calls of each arm first (default: %(default)s)")
     p.add_argument("--reps", type=int, default=5, help="timed rounds, arms interleaved (default: %(default)s)")
+    p.add_argument("--no-onnx", dest="onnx", action="store_false",
+                   help="skip the ONNX fp32 / int8 arms (they need the deploy extra)")
     p.add_argument("--threads", type=int, help="torch threads (default: torch's)")
     p.add_argument("--json", action="store_true", help="print one JSON line last")
     p.add_argument("--write", action="store_true", help=f"rewrite the bench section of {DOC.name}")
@@ -189,8 +226,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.write:
         write_section(DOC, "deploy", body)
     if args.json:
-        keys = ("plain_over_sparse", "plain_over_sparse_generate", "max_abs_diff", "argmax_equal", "beam_equal", "crf")
-        print(json.dumps({k: res[k] for k in keys}))
+        keys = ("plain_over_sparse", "onnx_over_sparse", "int8_over_sparse", "int8_score_drop", "plain_over_sparse_generate",
+                "max_abs_diff", "onnx_max_abs_diff", "argmax_equal", "beam_equal", "crf")
+        print(json.dumps({k: res[k] for k in keys if k in res}))
     return 0
 
 
