@@ -66,7 +66,8 @@ def _load_source(folder: Path) -> tuple[Any, Any]:
     return model_cls.from_pretrained(str(folder)).eval(), None
 
 
-def _records(folder: Path, task: str, test: str | None, kind: str) -> tuple[list[dict[str, Any]], str | None]:
+def _records(folder: Path, task: str, test: str | None, kind: str, regression: bool = False
+             ) -> tuple[list[dict[str, Any]], str | None]:
     """The records to measure on, and their file's name: `test`, else the fine-tuning run's test file of
     `task` (given, or named by its task spec), else its dev file."""
     from skillnet.data_prep.tasks.schema import check_record, iter_jsonl
@@ -85,7 +86,8 @@ def _records(folder: Path, task: str, test: str | None, kind: str) -> tuple[list
         path = next((files[k] for k in ("test", "dev") if k in files and files[k].is_file()), None)
     if path is None:
         return [], None
-    recs = [check_record(obj, kind, label_list=None, regression=False, require_labels=False) for _, obj in iter_jsonl(path)]
+    recs = [check_record(obj, kind, label_list=None, regression=regression, require_labels=False)
+            for _, obj in iter_jsonl(path)]
     return recs, path.name
 
 
@@ -265,7 +267,7 @@ def export_plain(source: str | Path, out: str | Path, task: str, features: bool 
     tok = AutoTokenizer.from_pretrained(str(tmp))
     meta = ((_read(folder / "finetune_tasks.json") or {}).get("tasks") or {}).get(task) or {}
     kind = meta.get("kind")
-    recs, recs_file = _records(folder, task, test, kind) if kind else ([], None)
+    recs, recs_file = _records(folder, task, test, kind, meta.get("type") == "regression") if kind else ([], None)
     facts: dict[str, Any] = {
         "source": folder.name, "task": task, "class": type(flat.model).__name__, "head": flat.head,
         "skills": [{"name": sparse.config.skill_names[i], "weight": w} for i, w in flat.mixture],
