@@ -51,7 +51,7 @@ from typing import Any
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch  # noqa: E402
-from skillnet.experiments.benchdoc import machine_line, md_table, paired_ratio, write_section  # noqa: E402
+from skillnet.experiments.benchdoc import interleaved, machine_line, md_table, paired_ratio, write_section  # noqa: E402
 from skillnet.model import BART_PRESETS, SkillNetBartConfig, skillnet_bart_from_dense  # noqa: E402
 from skillnet.training.optim import MaskedAdamW, build_param_groups  # noqa: E402
 from torch import nn  # noqa: E402
@@ -193,19 +193,6 @@ def timed_train_step(model: nn.Module, opt: torch.optim.Optimizer, inputs: dict[
     where.sync()
     t2 = where.clock()
     return t2 - t0, t2 - t1
-
-
-def interleaved(fns: dict[str, Callable[[], Any]], warmup: int, reps: int) -> dict[str, list[Any]]:
-    """Call each fn `warmup` times, then `reps` rounds of one call each, alternating: machine load in
-    any round hits every model alike."""
-    for _ in range(warmup):
-        for fn in fns.values():
-            fn()
-    out: dict[str, list[Any]] = {name: [] for name in fns}
-    for _ in range(reps):
-        for name, fn in fns.items():
-            out[name].append(fn())
-    return out
 
 
 def profile_generate(models: dict[str, nn.Module], inputs: dict[str, torch.Tensor], gen: GenerationConfig,

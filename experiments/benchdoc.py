@@ -18,8 +18,9 @@ import os
 import platform
 import re
 import statistics
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 import torch
 from skillnet.training.checkpoint import atomic_write_text
@@ -39,6 +40,19 @@ def paired_ratio(num: Sequence[float], den: Sequence[float], key: str, digits: i
         f"{key}_min": round(min(ratios), digits),
         f"{key}_max": round(max(ratios), digits),
     }
+
+
+def interleaved(fns: dict[str, Callable[[], Any]], warmup: int, reps: int) -> dict[str, list[Any]]:
+    """Call each fn `warmup` times, then `reps` rounds of one call each, alternating: machine load in
+    any round hits every model alike."""
+    for _ in range(warmup):
+        for fn in fns.values():
+            fn()
+    out: dict[str, list[Any]] = {name: [] for name in fns}
+    for _ in range(reps):
+        for name, fn in fns.items():
+            out[name].append(fn())
+    return out
 
 
 def machine_line() -> str:

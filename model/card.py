@@ -92,6 +92,16 @@ def pick_default_task(config: dict[str, Any], final: Path, requested: str | None
     return "mlm" if "mlm" in tasks else None
 
 
+def task_generation(gen: dict[str, Any], task_meta: dict[str, Any], folder: Path) -> dict[str, Any]:
+    """`gen` (a generation_config.json) with a generation task's beams and length, as the project decodes."""
+    gen["num_beams"] = int(task_meta.get("num_beams", gen.get("num_beams", 1)))
+    gen["max_new_tokens"] = int(task_meta["max_target_len"])
+    unk = _unk_id(folder)
+    if unk is not None:  # as the project's own decoding: [UNK] is never a right character
+        gen["suppress_tokens"] = [unk]
+    return gen
+
+
 def _params(model: torch.nn.Module, tasks: list[str]) -> dict[str, Any]:
     from .counts import activated_parameters, count_parameters
 
@@ -132,12 +142,7 @@ def finish_export(model: torch.nn.Module, folder: str | os.PathLike, *, final: s
             gen_path = folder / "generation_config.json"
             gen = _read(gen_path) or {}
             if task in meta and meta[task].get("type") == "generation":
-                gen["num_beams"] = int(meta[task].get("num_beams", gen.get("num_beams", 1)))
-                gen["max_new_tokens"] = int(meta[task]["max_target_len"])
-                unk = _unk_id(folder)
-                if unk is not None:  # as the project's own decoding: [UNK] is never a right character
-                    gen["suppress_tokens"] = [unk]
-                _write(gen_path, gen)
+                _write(gen_path, task_generation(gen, meta[task], folder))
         _write(cfg_path, cfg)
     run_dir = Path(run_dir) if run_dir is not None else _run_dir(final)
     if training is None and run_dir is not None:

@@ -216,6 +216,12 @@ class LearnedMapRouter(Router):
         names = self.config.skill_names
         return {t: [names[i] for i in ids] for t, ids in backbone.skill_map.task_skills().items()}
 
+    def plain_mixture(self, backbone: nn.Module, task: str) -> list[tuple[int, float]]:
+        """Evaluation routes by the hard map (`LearnedSkillMap.routing`): a plain average of the skills over
+        the threshold (the soft weights are a training-time estimator only)."""
+        ids = backbone.skill_map.task_skills()[task] if task in backbone.skill_map.tasks else self.skill_ids(task)
+        return [(i, 1.0 / len(ids)) for i in ids]
+
     def before_save(self, backbone: nn.Module) -> None:
         for t, skills in self.task_skills(backbone).items():
             self.config.tasks[t] = list(skills)

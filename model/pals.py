@@ -88,6 +88,9 @@ class ProjectedAttentionLayers(TaskExtras, nn.Module):
     """``pals.tasks.{task}``: a `TaskPAL` per fine-tuning task. Rows of a mixed-task batch use their own
     task's. Built when ``config.pals_dim`` > 0, for the config's tasks with heads."""
 
+    plain_refusal = ("PALs add a projected attention per task inside every layer's residual, which a stock "
+                     "BertLayer has no place for")
+
     def __init__(self, tasks: Sequence[str], hidden: int, dim: int, heads: int, num_layers: int,
                  dropout: float) -> None:
         super().__init__()

@@ -69,6 +69,15 @@ class Derivation:
     new_params: tuple[str, ...] = ()
 
 
+# Where a method that cannot be written as a stock transformers model points instead.
+REMOTE_CODE_EXPORT = ("export it with its own modeling code instead: python -m skillnet.pretrain.export "
+                      "--checkpoint FOLDER --out OUT --task TASK (loads with trust_remote_code=True)")
+
+
+class NotFlattenable(ValueError):
+    """A model (method) whose task cannot be written as a stock transformers model, with the reason."""
+
+
 class Router:
     """Which FFNs each row or token uses. Defaults: the task's skills from the config, no parameters of its
     own, no auxiliary loss. Holds the model's config (the same object, so edits to it are seen)."""
@@ -145,6 +154,13 @@ class Router:
     def learned_map(self, backbone: nn.Module) -> nn.Module | None:
         """The task-skill map the router learns, if it learns one."""
         return None
+
+    def plain_mixture(self, backbone: nn.Module, task: str) -> list[tuple[int, float]]:
+        """(skill id, weight) of the FFNs every token of `task` runs in evaluation, weights summing to 1.
+        One choice for the whole task is what lets a plain export merge them into one FFN (model/plain.py);
+        a router that chooses per token raises `NotFlattenable`."""
+        ids = self.skill_ids(task)
+        return [(i, 1.0 / len(ids)) for i in ids]
 
     def before_save(self, backbone: nn.Module) -> None:
         """Bring the config up to date with what the router learnt (it is saved with the weights)."""
@@ -362,3 +378,7 @@ class TokenGateRouter(Router):
 
     def activated(self, task: str) -> tuple[list[int], int]:
         return list(range(self.config.num_skills)), self.config.moe_top_k
+
+    def plain_mixture(self, backbone: nn.Module, task: str) -> list[tuple[int, float]]:
+        raise NotFlattenable(
+            "router='topk' (MoE) picks FFNs per token, so no single FFN computes a task; " + REMOTE_CODE_EXPORT)

@@ -19,6 +19,10 @@ model's positions), export_info.json (source checkpoint, step, architecture, obj
 were copied from which) and a model card (README.md, from model_card.json). A SkillNet-BERT export's
 ``default_task`` (``--task``; default ``mlm``) is what a call without ``task=`` runs, and its ``auto_map``
 names the fill-mask class (docs/hf.md).
+
+``--plain --task T`` (pretrain/plain_export.py) instead writes one task of a SkillNet export as a stock
+transformers model (BertFor*, BertModel, BartForConditionalGeneration) that loads without
+``trust_remote_code``: the task's skills merged into one FFN per layer, exactly (model/plain.py).
 """
 
 from __future__ import annotations
@@ -371,6 +375,21 @@ def build_parser() -> Parser:
         "default: mlm, which fill-mask and feature-extraction pipelines then use)",
     )
     p.add_argument(
+        "--plain",
+        action="store_true",
+        help="write --task of a SkillNet export (--checkpoint FOLDER) as a stock transformers model that loads "
+        "without trust_remote_code: the task's skills merged into one FFN per layer, the head as the matching "
+        "BertFor*/BartForConditionalGeneration class, the card stating the measured equality (docs/hf.md). "
+        "MoE and PALs cannot be written so and are refused",
+    )
+    p.add_argument("--onnx", action="store_true",
+                   help="with --plain (BERT tasks): also model.onnx (fp32) and model_int8.onnx (dynamic int8), each "
+                   "measured against the sparse model (needs the deploy extra: onnx, onnxscript, onnxruntime)")
+    p.add_argument("--features", action="store_true",
+                   help="with --plain: a BertModel of the task's skills (features), whatever the task's head")
+    p.add_argument("--test", help="with --plain: JSONL records of the task to measure the equality (and a CRF's "
+                   "argmax agreement) on; default: the fine-tuning run's test file of the task, else its dev file")
+    p.add_argument(
         "--dense",
         action="store_true",
         help="require a dense checkpoint (pretrain/run.py --dense or --arch bart) and write a plain HF folder; "
@@ -382,7 +401,18 @@ def build_parser() -> Parser:
 def main(argv: list[str] | None = None) -> int:
     p = build_parser()
     args = p.parse_args(argv)
+    if (args.features or args.test or args.onnx) and not args.plain:
+        p.error("--features, --test and --onnx go with --plain")
+    if args.plain and not args.task:
+        p.error("--plain needs --task: the one task the stock model computes")
     try:
+        if args.plain:
+            from skillnet.pretrain.plain_export import export_plain
+
+            out = export_plain(args.checkpoint, args.out, args.task, features=args.features, test=args.test,
+                               overwrite=args.overwrite, onnx=args.onnx)
+            print(json.dumps({"event": "exported", "out": str(out), "plain": True}))
+            return 0
         out = export(args.checkpoint, args.out, args.tag, init_unused=not args.no_init_unused, dense=args.dense,
                      task=args.task, overwrite=args.overwrite)
     except (FileNotFoundError, ValueError, KeyError) as e:

@@ -1,0 +1,403 @@
+"""``export --plain``: one task of a SkillNet export as a stock transformers folder (model/plain.py).
+
+    python -m skillnet.pretrain.export --plain --checkpoint runs/ft/export --task sentiment --out deploy/sentiment
+
+The folder loads with ``transformers`` alone, without ``trust_remote_code`` and without this project:
+``BertForSequenceClassification`` (classification, sentence pairs, regression; matching with one score per
+candidate), ``BertForTokenClassification`` (NER: the CRF's emissions; crf.json and the card hold the
+transitions and the Viterbi lines that decode as ``predict`` does), ``BertForQuestionAnswering`` (span),
+``BertForMaskedLM`` (a pre-trained model's tasks), ``BertModel`` (``--features``: any task) or
+``BartForConditionalGeneration`` (SkillNet-BART, with the task's generation config).
+
+The export measures what it claims: it runs the sparse and the plain model on the task's test records (the
+fine-tuning run's test file, else its dev file, else ``--test``; a few fixed sentences without task data) and
+writes the largest logit difference, whether every argmax (every beam output for BART) is the same, and for a
+CRF how often argmax decoding equals the constrained Viterbi path with both entity F1s, into the model card
+and plain_export.json.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+# Fixed inputs when the source carries no task data (a pre-training export): Chinese text as the models read.
+_PROBE_TEXTS = ["今天天气很好，我们去公园散步。", "这家酒店的服务很好", "北京是中国的首都，位于华北平原。",
+                "保险合同什么时候生效？", "李四在深圳的人民日报工作"]
+# Records the equality is measured on (all of them for the CRF agreement, which is a score).
+_PROBE_RECORDS = 64
+_BATCH = 16
+
+# Decodes as TokenCRFHead.viterbi: ties go to the lowest tag id, as torch's max.
+VITERBI_LINES = '''import json, torch
+crf = json.load(open(f"{folder}/crf.json"))
+start, trans, end = (torch.tensor(crf[k]) for k in ("start_transitions", "transitions", "end_transitions"))
+def viterbi(em):  # em: [words, labels], the logits at each word's first piece
+    score, back = start + em[0], []
+    for e in em[1:]:
+        score, arg = (score[:, None] + trans + e[None, :]).max(0)
+        back.append(arg)
+    tags = [int((score + end).argmax())]
+    for arg in reversed(back):
+        tags.append(int(arg[tags[-1]]))
+    return [crf["labels"][t] for t in tags[::-1]]'''
+
+
+def _load_source(folder: Path) -> tuple[Any, Any]:
+    """(the SkillNet model, a Predictor when the folder is a fine-tuned export with task metadata, else None)."""
+    import skillnet.model as sm
+    from skillnet.finetune.predict import META_FILE, Predictor
+
+    cfg = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+    if cfg.get("model_type") not in ("skillnet-bert", "skillnet-bart"):
+        raise ValueError(f"{folder}: model_type {cfg.get('model_type')!r} is not a SkillNet export: it is plain already")
+    if (folder / META_FILE).is_file():
+        pred = Predictor(folder)
+        return pred.model, pred
+    arch = (cfg.get("architectures") or [""])[0]
+    model_cls = getattr(sm, arch, None)
+    if model_cls is None:
+        raise ValueError(f"{folder}: unknown architecture {arch!r}")
+    return model_cls.from_pretrained(str(folder)).eval(), None
+
+
+def _records(folder: Path, task: str, test: str | None, kind: str, regression: bool = False
+             ) -> tuple[list[dict[str, Any]], str | None]:
+    """The records to measure on, and their file's name: `test`, else the fine-tuning run's test file of
+    `task` (given, or named by its task spec), else its dev file."""
+    from skillnet.data_prep.tasks.schema import check_record, iter_jsonl
+    from skillnet.model.card import _run_dir
+
+    path = Path(test) if test else None
+    if path is None:
+        run = _run_dir(folder)
+        cfg = json.loads((run / "finetune_config.json").read_text(encoding="utf-8")) if run else {}
+        spec = next((t for t in cfg.get("tasks", []) if t.get("name") == task), {})
+        files = {k: Path(str(spec[k])) for k in ("test", "dev") if spec.get(k)}
+        if spec.get("spec") and Path(spec["spec"]).is_file():  # a task spec (task.json) names its split files
+            spec_file = Path(spec["spec"])
+            named = json.loads(spec_file.read_text(encoding="utf-8")).get("files") or {}
+            files = {k: spec_file.parent / named[k] for k in ("test", "dev") if named.get(k)}
+        path = next((files[k] for k in ("test", "dev") if k in files and files[k].is_file()), None)
+    if path is None:
+        return [], None
+    recs = [check_record(obj, kind, label_list=None, regression=regression, require_labels=False)
+            for _, obj in iter_jsonl(path)]
+    return recs, path.name
+
+
+def _compare(ref: torch.Tensor, got: torch.Tensor, mask: torch.Tensor | None) -> dict[str, Any]:
+    """Largest difference and argmax agreement over the last dim, at `mask`'s positions."""
+    if mask is not None:
+        ref, got = ref[mask.bool()], got[mask.bool()]
+    return {"max_abs_diff": float((ref.float() - got.float()).abs().max()) if ref.numel() else 0.0,
+            "argmax_equal": bool((ref.argmax(-1) == got.argmax(-1)).all()) if ref.dim() else True,
+            "compared": int(ref.shape[0]) if ref.dim() else 1}
+
+
+def _bert_outputs(sparse: Any, plain: Any, task: str, head: str | None, batch: dict[str, torch.Tensor]
+                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """(sparse logits, plain logits, positions to compare) of one batch, in the sparse head's layout."""
+    ids, am = batch["input_ids"], batch["attention_mask"]
+    tt = batch.get("token_type_ids")
+    flat = {"input_ids": ids.flatten(0, -2), "attention_mask": am.flatten(0, -2),
+            **({"token_type_ids": tt.flatten(0, -2)} if tt is not None else {})}
+    out = plain(**flat)
+    if head is None:
+        ref = sparse.bert(ids, am, tt, task=task).last_hidden_state if hasattr(sparse, "bert") else \
+            sparse(ids, am, tt, task=task).last_hidden_state
+        return ref, out.last_hidden_state, am
+    if head == "mlm":
+        return sparse(ids, am, tt, task=task).logits, out.logits, am
+    ref = sparse(task=task, **batch).logits
+    if head == "span":  # the sparse head leaves out the question: so does the comparison (and the card's use)
+        off = ~batch.get("context_mask", am).bool()[:, None, :]
+        got = torch.stack([out.start_logits, out.end_logits], 1).masked_fill(off, -1e9)
+        return ref.transpose(1, 2).masked_fill(off, -1e9), got, None
+    if head == "matching":  # one score per (question, candidate) row; the sparse head scores each group
+        got = out.logits.view(ref.shape)
+        cm = batch.get("candidate_mask")
+        return ref.masked_fill(~cm.bool(), 0) if cm is not None else ref, \
+            got.masked_fill(~cm.bool(), 0) if cm is not None else got, None
+    if head == "regression":
+        return ref[:, None], out.logits, None
+    if head == "token_crf":
+        return ref, out.logits, am
+    return ref, out.logits, None
+
+
+def _batches(pred: Any, task: str, recs: list[dict[str, Any]]) -> list[tuple[list[Any], dict[str, torch.Tensor]]]:
+    """(rows, collated batch) of `recs` as the task's codec encodes them for prediction."""
+    td = pred.tasks[task]
+    if hasattr(td.codec, "group_tensors"):  # matching: a group of (question, candidate) rows per record
+        groups = [[(r["question"], c) for c in r["candidates"]] for r in recs]
+        return [([], td.codec.group_tensors(td, groups[i:i + _BATCH])) for i in range(0, len(groups), _BATCH)]
+    feats = td.encode_records(recs)
+    return [(feats[i:i + _BATCH], td.codec.collate(td, feats[i:i + _BATCH], with_labels=False))
+            for i in range(0, len(feats), _BATCH)]
+
+
+@torch.no_grad()
+def measure_bert(sparse: Any, plain: Any, task: str, head: str | None, pred: Any, recs: list[dict[str, Any]],
+                 tok: Any) -> dict[str, Any]:
+    """Sparse vs plain on `recs` (encoded as the project does), else on the fixed sentences."""
+    if pred is not None and recs:
+        batches = [b for _, b in _batches(pred, task, recs[:_PROBE_RECORDS])]
+    else:
+        enc = tok(_PROBE_TEXTS, return_tensors="pt", padding=True, truncation=True)
+        batches = [dict(enc)]
+    worst = {"max_abs_diff": 0.0, "argmax_equal": True, "compared": 0}
+    for b in batches:
+        r = _compare(*_bert_outputs(sparse, plain, task, head, b))
+        worst = {"max_abs_diff": max(worst["max_abs_diff"], r["max_abs_diff"]),
+                 "argmax_equal": worst["argmax_equal"] and r["argmax_equal"],
+                 "compared": worst["compared"] + r["compared"]}
+    return worst
+
+
+@torch.no_grad()
+def measure_crf(sparse: Any, plain: Any, task: str, pred: Any, recs: list[dict[str, Any]]) -> dict[str, Any]:
+    """On every record with gold tags: how often per-token argmax of the plain model's logits equals the
+    constrained Viterbi path that ``predict`` returns, and the entity F1 of each decode."""
+    from skillnet.finetune.metrics import entity_prf
+
+    td = pred.tasks[task]
+    labels = td.label_list
+    recs = [r for r in recs if r.get("labels") is not None]
+    gold, vit, arg = [], [], []
+    for feats, batch in _batches(pred, task, recs):
+        wm = batch["word_mask"].bool()
+        em = plain(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
+                   token_type_ids=batch["token_type_ids"]).logits
+        for f, v, e, m in zip(feats, sparse.predict(task, **batch), em, wm):
+            pad = ["O"] * (f.extra["n_total"] - int(m.sum()))
+            vit.append([labels[i] for i in v] + pad)
+            arg.append([labels[i] for i in e[m].argmax(-1).tolist()] + pad)
+    gold = [r["labels"] for r in recs]
+    if not recs:
+        return {}
+    f_vit, f_arg = entity_prf(gold, vit)["f1"], entity_prf(gold, arg)["f1"]
+    tokens = sum(len(g) for g in gold)
+    return {"sentences": len(recs), "sentence_agreement": sum(a == v for a, v in zip(arg, vit)) / len(recs),
+            "token_agreement": sum(x == y for a, v in zip(arg, vit) for x, y in zip(a, v)) / max(tokens, 1),
+            "viterbi_f1": f_vit, "argmax_f1": f_arg, "argmax_loses_over_1_point": f_vit - f_arg > 1.0}
+
+
+@torch.no_grad()
+def measure_bart(sparse: Any, plain: Any, task: str, sources: list[str], tok: Any) -> dict[str, Any]:
+    """Beam outputs of both on `sources` (same generation config), token for token; teacher-forced logit
+    difference on the sparse model's outputs; generation time of each (one pass, interleaved per input)."""
+    gen = plain.generation_config
+    same, worst, t_sparse, t_plain = 0, 0.0, 0.0, 0.0
+    for s in sources:
+        enc = tok(s, return_tensors="pt", truncation=True)
+        enc = {k: v for k, v in enc.items() if k != "token_type_ids"}
+        t0 = time.perf_counter()
+        a = sparse.generate(**enc, task=task, generation_config=gen)
+        t1 = time.perf_counter()
+        b = plain.generate(**enc, generation_config=gen)
+        t2 = time.perf_counter()
+        t_sparse, t_plain = t_sparse + t1 - t0, t_plain + t2 - t1
+        same += a.tolist() == b.tolist()
+        la = sparse(**enc, decoder_input_ids=a, task=task).logits
+        lb = plain(**enc, decoder_input_ids=a).logits
+        worst = max(worst, float((la - lb).abs().max()))
+    return {"inputs": len(sources), "beam_equal": same, "max_abs_diff": worst,
+            "generate_seconds": {"sparse": t_sparse, "plain": t_plain},
+            "plain_over_sparse_time": t_plain / t_sparse if t_sparse else None}
+
+
+def measure_onnx(sparse: Any, flat: Any, task: str, pred: Any, recs: list[dict[str, Any]], tok: Any, folder: Path
+                 ) -> dict[str, Any]:
+    """model.onnx and model_int8.onnx in `folder` (pretrain/plain_onnx.py): each one's largest difference from the
+    sparse model, and with labelled test records the task's metric of sparse, plain, ONNX fp32 and int8."""
+    from skillnet.pretrain.plain_onnx import OrtModel, StockAsTask, export_onnx, task_score
+
+    runners = {k: OrtModel(p) for k, p in export_onnx(flat.model, folder, tok).items()}
+    res: dict[str, Any] = {k: measure_bert(sparse, r, task, flat.head, pred, recs, tok) for k, r in runners.items()}
+    if pred is None or not recs or flat.head in (None, "mlm"):
+        return res
+    td = pred.tasks[task]
+    try:
+        scores = {"sparse": task_score(sparse, pred, task, recs),
+                  **{k: task_score(StockAsTask(m, sparse, task), pred, task, recs)
+                     for k, m in (("plain", flat.model), *runners.items())}}
+    except (KeyError, TypeError) as e:  # records without gold labels: nothing to score
+        res["scores"] = f"not scored: {e!r}"
+        return res
+    res.update(metric=td.cfg.metric or td.codec.metric, scores=scores, int8_score_drop=scores["sparse"] - scores["int8"])
+    return res
+
+
+def export_plain(source: str | Path, out: str | Path, task: str, features: bool = False, test: str | None = None,
+                 overwrite: bool = False, onnx: bool = False) -> Path:
+    """Write `task` of the SkillNet export `source` as a stock transformers folder `out` (module docstring)."""
+    from skillnet.model.card import _read, _write, task_generation
+    from skillnet.model.hub import has_tokenizer, save_tokenizer
+    from skillnet.model.plain import plain_bart, plain_bert
+    from skillnet.pretrain.export import _finish, _where
+    from skillnet.training.outputs import OutputError, claim_output
+    from transformers import AutoTokenizer
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # a refusal or an error is then the one line on stderr
+    folder, out = Path(source), Path(out)
+    if not (folder / "config.json").is_file():
+        raise FileNotFoundError(f"--plain reads a SkillNet export folder (config.json), and {folder} is none: export "
+                                f"the checkpoint first (export --checkpoint RUN --out RUN/hf), then --plain from it")
+    if folder.resolve() == out.resolve() or folder.resolve().is_relative_to(out.resolve()):
+        raise OutputError(f"--out {out}: is (or holds) the export being read ({folder}); give another folder")
+    sparse, pred = _load_source(folder)
+    bart = sparse.config.model_type == "skillnet-bart"
+    if bart and onnx:
+        raise ValueError("--onnx: only SkillNet-BERT tasks are exported to ONNX so far (BART generation is not)")
+    flat = plain_bart(sparse, task) if bart else plain_bert(sparse, task, features)
+    claim_output(out, option="--out", command="export", overwrite=overwrite,
+                 identity={"source": _where(folder), "task": task, "plain": True, "features": features})
+    tmp = out.with_name(out.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    flat.model.save_pretrained(str(tmp))
+    if has_tokenizer(folder):
+        save_tokenizer(tmp, source=folder)
+    tok = AutoTokenizer.from_pretrained(str(tmp))
+    meta = ((_read(folder / "finetune_tasks.json") or {}).get("tasks") or {}).get(task) or {}
+    kind = meta.get("kind")
+    recs, recs_file = _records(folder, task, test, kind, meta.get("type") == "regression") if kind else ([], None)
+    facts: dict[str, Any] = {
+        "source": folder.name, "task": task, "class": type(flat.model).__name__, "head": flat.head,
+        "skills": [{"name": sparse.config.skill_names[i], "weight": w} for i, w in flat.mixture],
+        "ffn_widths": flat.widths, "measured_on": recs_file or "fixed sentences",
+    }
+    if bart:
+        prefix = meta.get("prefix", "")
+        if meta.get("type") == "generation":
+            g = flat.model.generation_config
+            for k, v in task_generation({"num_beams": g.num_beams}, meta, tmp).items():
+                setattr(g, k, v)
+            g.save_pretrained(str(tmp))
+        sources = [prefix + r["source"] for r in recs[:_PROBE_RECORDS // 4]] or [prefix + t for t in _PROBE_TEXTS]
+        facts["prefix"] = prefix
+        facts["equality"] = measure_bart(sparse, flat.model, task, sources, tok)
+    else:
+        facts["equality"] = measure_bert(sparse, flat.model, task, flat.head, pred, recs, tok)
+        if flat.head == "token_crf":
+            tr = {k: v.float().tolist() for k, v in sparse.heads[task]._transitions().items()}
+            _write(tmp / "crf.json", {"labels": [str(x) for x in sparse.config.task_heads[task]["labels"]], **tr})
+            facts["crf"] = measure_crf(sparse, flat.model, task, pred, recs) if recs else {}
+            facts["crf_transitions"] = _read(tmp / "crf.json")
+        if meta.get("type"):
+            facts["task_type"] = meta["type"]
+    if onnx:
+        facts["onnx"] = measure_onnx(sparse, flat, task, pred, recs, tok, tmp)
+    _write(tmp / "plain_export.json", facts)
+    (tmp / "README.md").write_text(render_plain_card(facts), encoding="utf-8")
+    _finish(tmp, out)
+    return out
+
+
+def _usage(f: dict[str, Any]) -> list[str]:
+    """The lines that serve the folder (the card's; docs/hf.md shows the same)."""
+    p = 'folder = "path/to/this/folder"'
+    cls = f["class"]
+    if cls == "BartForConditionalGeneration":
+        return [p, "from transformers import AutoModelForSeq2SeqLM, AutoTokenizer",
+                "tok, model = AutoTokenizer.from_pretrained(folder), AutoModelForSeq2SeqLM.from_pretrained(folder)",
+                f'ids = model.generate(**tok({f.get("prefix", "")!r} + "输入文本", return_tensors="pt"))[0]',
+                'print("".join(t.removeprefix("##") for t in tok.convert_ids_to_tokens(ids, skip_special_tokens=True)))']
+    head = f.get("head")
+    if head in ("classification", "regression"):
+        return [p, "from transformers import pipeline", 'clf = pipeline("text-classification", model=folder)',
+                'print(clf("这家酒店的服务很好"))']
+    if head == "matching":
+        return [p, "from transformers import AutoModelForSequenceClassification, AutoTokenizer",
+                "tok, model = AutoTokenizer.from_pretrained(folder), AutoModelForSequenceClassification.from_pretrained(folder)",
+                'question, candidates = "年金什么时候领", ["年金一般在退休后按月领取", "医保可以报销部分医疗费用"]',
+                "scores = model(**tok([question] * len(candidates), candidates, return_tensors=\"pt\", padding=True)).logits[:, 0]",
+                "best = int(scores.argmax())  # rank the candidates by score, highest first"]
+    if head == "span":
+        return [p, "from transformers import AutoModelForQuestionAnswering, AutoTokenizer",
+                "tok, model = AutoTokenizer.from_pretrained(folder), AutoModelForQuestionAnswering.from_pretrained(folder)",
+                'o = model(**tok("中国的首都是哪里？", "北京是中国的首都。", return_tensors="pt"))',
+                "# answer: the best (start <= end) over the context tokens only (token_type_ids == 1)"]
+    if head == "token_crf":
+        return [p, "from transformers import AutoModelForTokenClassification, AutoTokenizer",
+                "tok, model = AutoTokenizer.from_pretrained(folder), AutoModelForTokenClassification.from_pretrained(folder)",
+                *VITERBI_LINES.splitlines(),
+                'words = list("李四在深圳工作")',
+                'enc = tok(words, is_split_into_words=True, return_tensors="pt", truncation=True)',
+                "wid = enc.word_ids()",
+                "first = [i for i, w in enumerate(wid) if w is not None and (i == 0 or wid[i - 1] != w)]",
+                "print(viterbi(model(**enc).logits[0, first].detach()))"]
+    if head == "mlm":
+        return [p, "from transformers import pipeline", 'fill = pipeline("fill-mask", model=folder)',
+                'print(fill("今天天气很[MASK]。")[0]["token_str"])']
+    return [p, "from transformers import pipeline", 'fe = pipeline("feature-extraction", model=folder)',
+            'h = fe("这家酒店的服务很好")[0]  # one vector per token']
+
+
+def render_plain_card(f: dict[str, Any]) -> str:
+    eq = f["equality"]
+    skills = ", ".join(f"`{s['name']}` ({s['weight']:.4g})" for s in f["skills"])
+    lines = ["---", "library_name: transformers", "tags:", "- skillnet", "---", "",
+             f"# SkillNet task `{f['task']}` as a stock `{f['class']}`", "",
+             f"Task `{f['task']}` of the SkillNet export `{f['source']}`, written as a stock transformers model: it "
+             "loads without `trust_remote_code` and without SkillNet installed.", "",
+             "## How it was flattened", "",
+             f"In every skill layer the task runs the skills {skills} (name, weight). Their weighted mean is one "
+             "FFN: the skills' first linear layers concatenated (rows), their second linear layers concatenated "
+             "(columns), each block scaled by its weight. Each layer's own FFN width, bottom to top"
+             + (" (encoder, then decoder)" if f["class"].startswith("Bart") else "") + f": {f['ffn_widths']}; "
+             "narrower layers are zero-padded to the config's one width (exact: zero rows give act(0) = 0, zero "
+             "columns add nothing).", "", "## Measured equality", ""]
+    if f["class"].startswith("Bart"):
+        lines.append(f"On {eq['inputs']} inputs ({f['measured_on']}), beam search gave the same tokens as the sparse "
+                     f"model for {eq['beam_equal']} of {eq['inputs']}; the largest teacher-forced logit difference "
+                     f"was {eq['max_abs_diff']:.2e} (fp32). Generation time, plain / sparse: "
+                     f"{eq['plain_over_sparse_time']:.2f}x (the zero-padded layers compute their full width).")
+    else:
+        lines.append(f"On {f['measured_on']} ({eq['compared']} compared rows or positions), the largest difference "
+                     f"between this model's outputs and the sparse model's was {eq['max_abs_diff']:.2e} (fp32); "
+                     f"every argmax {'was the same' if eq['argmax_equal'] else 'was NOT the same'}.")
+    if f.get("head") == "matching":
+        lines += ["", "Matching: score each (question, candidate) pair as one row; `logits[:, 0]` is the score. "
+                  "Rank a question's candidates by it (highest first), as the sparse model's softmax over the group."]
+    if f.get("head") == "span":
+        lines += ["", "Span: the sparse model masks the question, so take the best (start <= end) span over the "
+                  "context tokens only (`token_type_ids == 1`)."]
+    crf = f.get("crf")
+    if f.get("head") == "token_crf":
+        lines += ["", "## CRF decoding", "",
+                  "The logits are the CRF's emissions. `crf.json` holds the transitions (with the IOB2 constraints "
+                  "added), and the `viterbi` lines below decode as the sparse model's `predict` does."]
+        if crf:
+            lines += ["", f"On {crf['sentences']} sentences of {f['measured_on']}: per-token argmax equals the "
+                      f"Viterbi path for {100 * crf['sentence_agreement']:.1f}% of sentences "
+                      f"({100 * crf['token_agreement']:.1f}% of tokens); entity F1 {crf['viterbi_f1']:.2f} with "
+                      f"Viterbi, {crf['argmax_f1']:.2f} with argmax."]
+            if crf["argmax_loses_over_1_point"]:
+                lines.append(f"**Argmax decoding loses {crf['viterbi_f1'] - crf['argmax_f1']:.2f} F1 points: "
+                             "decode with Viterbi.**")
+        else:
+            lines += ["", "The agreement of argmax with Viterbi was not measured: the source has no test data."]
+        lines += ["", "The transitions (`crf.json`; row = from, column = to; moves IOB2 forbids carry -10000 on top):",
+                  "", "```json", json.dumps(f["crf_transitions"], ensure_ascii=False), "```"]
+    ox = f.get("onnx")
+    if ox:
+        lines += ["", "## ONNX", "",
+                  f"`model.onnx` (fp32) and `model_int8.onnx` (dynamic int8): largest difference from the sparse "
+                  f"model {ox['fp32']['max_abs_diff']:.2e} (fp32) and {ox['int8']['max_abs_diff']:.2e} (int8) on "
+                  f"{f['measured_on']}."]
+        if isinstance(ox.get("scores"), dict):
+            sc = ox["scores"]
+            lines.append(f"Test {ox['metric']}: sparse {sc['sparse']:.4f}, plain {sc['plain']:.4f}, ONNX fp32 "
+                         f"{sc['fp32']:.4f}, int8 {sc['int8']:.4f} (int8 drop {ox['int8_score_drop']:.4f}).")
+        lines += ["", "```python", "import onnxruntime as ort",
+                  'session = ort.InferenceSession(f"{folder}/model_int8.onnx")',
+                  'logits = session.run(None, dict(tok("这家酒店的服务很好", return_tensors="np")))[0]', "```"]
+    lines += ["", "## Use", "", "```python", *_usage(f), "```", ""]
+    return "\n".join(lines)
