@@ -6,7 +6,10 @@ compares what a `pipeline(...)` or Auto class returns with the project's own pre
   feature-extraction (hidden states) without `task=`;
 - the first seed's SkillNet-NLU export: text-classification on the sentiment test texts, and, re-exported
   with `export --task ner`, token-classification entities on the NER test sentences;
-- the first seed's SkillNet-NLG export: text2text-generation on its default task's test sources.
+- the first seed's SkillNet-NLG export: text2text-generation on its default task's test sources;
+- the same exports' tasks written with ``export --plain`` (stock transformers classes, no remote code): the
+  stock text-classification pipeline on sentiment and domain, and the card's generation lines on the NLG
+  default task.
 
     python -m skillnet.experiments.hf_check runs/reproduce-quick [--python /path/to/plain/venv/bin/python]
 
@@ -139,6 +142,54 @@ res["out"] = [gen(s)[0]["generated_text"] for s in inputs]
                                      "distinct_outputs": len(set(got))}}
 
 
+def check_plain(run: Path, python: str, n: int) -> dict[str, Any]:
+    """The first seed's tasks exported with ``export --plain`` (stock classes, no remote code): the stock
+    text-classification pipeline on the classification tasks, and the card's generation lines on the NLG
+    task, against the project's own predictions from the sparse export."""
+    from skillnet.finetune.predict import Predictor
+    from skillnet.pretrain.export import main as export_main
+
+    nlu = run / "compare" / "nlu_main" / "skillnet" / "seed0" / "export"
+    nlg = run / "compare" / "nlg_main" / "skillnet" / "seed0" / "export"
+    out: dict[str, Any] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for task in ("sentiment", "domain"):
+            if not (run / "tasks" / task / "test.jsonl").is_file():
+                continue
+            here = Path(tmp) / task
+            if export_main(["--plain", "--checkpoint", str(nlu), "--out", str(here), "--task", task]) != 0:
+                raise RuntimeError(f"export --plain --task {task} failed for {nlu}")
+            texts = [r["text"] for r in _jsonl(run / "tasks" / task / "test.jsonl", 4 * n) if len(r["text"]) <= 60][:n]
+            want = Predictor(nlu).predict(task, [{"text": t} for t in texts])
+            got = run_plain(python, here, texts, r"""
+clf = pipeline("text-classification", model=folder, truncation=True)  # stock class: no trust_remote_code
+res["out"] = [r["label"] for r in clf(inputs)]
+""")["out"]
+            out[f"plain {task} (text-classification)"] = {
+                "task": task, "inputs": len(want), "agree": sum(a == b for a, b in zip(got, want)),
+                "distinct_outputs": len(set(got))}
+        task = json.loads((nlg / "config.json").read_text(encoding="utf-8"))["default_task"]
+        here = Path(tmp) / task
+        if export_main(["--plain", "--checkpoint", str(nlg), "--out", str(here), "--task", task]) != 0:
+            raise RuntimeError(f"export --plain --task {task} failed for {nlg}")
+        prefix = json.loads((here / "plain_export.json").read_text(encoding="utf-8")).get("prefix", "")
+        srcs = [r["source"] for r in _jsonl(run / "tasks" / task / "test.jsonl", n)]
+        want = Predictor(nlg).predict(task, [{"source": s} for s in srcs])
+        got = run_plain(python, here, [prefix + s for s in srcs], r"""
+from transformers import AutoModelForSeq2SeqLM
+tok, model = AutoTokenizer.from_pretrained(folder), AutoModelForSeq2SeqLM.from_pretrained(folder).eval()
+res["out"] = []
+for s in inputs:
+    ids = model.generate(**tok(s, return_tensors="pt"))[0]
+    res["out"].append("".join(t.removeprefix("##") for t in tok.convert_ids_to_tokens(ids, skip_special_tokens=True)))
+""")["out"]
+        # The card's lines join word pieces without the space the project puts between two Latin words.
+        same = sum("".join(a.split()) == "".join(b.split()) for a, b in zip(got, want))
+        out[f"plain {task} (generate)"] = {"task": task, "inputs": len(srcs), "agree": same,
+                                          "distinct_outputs": len(set(got))}
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("run", type=Path, help="a reproduction's output folder (e.g. runs/reproduce-quick)")
@@ -148,7 +199,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--n", type=int, default=20, help="inputs per check (default: 20)")
     args = p.parse_args(argv)
     results: dict[str, Any] = {}
-    for check in (check_pretrained, check_nlu, check_nlg):
+    for check in (check_pretrained, check_nlu, check_nlg, check_plain):
         results.update(check(args.run, args.python, args.n))
     ok = True
     for name, r in results.items():
