@@ -38,8 +38,25 @@ CASES = [
      "resumes from the newest intact one, with a one-line warning; an error if none is intact"),
     ("pretrain/run.py", "`--resume .../step_N` has no `complete` marker (or is damaged)", "refused"),
     ("pretrain/run.py", "DeepSpeed: a rank's files missing, `latest` naming a missing tag", "that checkpoint is skipped"),
-    ("every command", "an output path that is a file, or cannot be written", "refused in one line"),
-    ("every command", "`--lr` <= 0, `--max-steps` 0, other values out of range", "one line naming the option and range"),
+    ("data_prep.tasks convert", "`--out` holds files a conversion did not write, or one of other settings",
+     "refused; `--overwrite` removes the earlier conversion's files"),
+    ("data_prep.tasks convert", "`--out` holds the same conversion", "rewritten (says so); a failed rerun leaves it whole"),
+    ("data_prep.tasks convert", "no record is kept (empty or wrong-format input)", "exit 1, names why, writes nothing"),
+    ("finetune.predict", "`--output` is its own `--input`", "refused, even with `--overwrite`"),
+    ("finetune.predict", "`--output` exists and holds no predictions", "refused; `--overwrite` replaces it"),
+    ("finetune.predict", "`--output` holds earlier predictions", "replaced, atomically"),
+    ("finetune.compare", "`--output-dir` holds other files, or a comparison of another config",
+     "refused (no `--overwrite`: pick another folder)"),
+    ("finetune.compare", "`--output-dir` holds a comparison of the same config", "continues it (finished runs kept)"),
+    ("finetune.compare, reproduce", "`--report` (`--write`) exists and the command did not write it",
+     "refused before anything runs; `--overwrite` replaces it"),
+    ("reproduce", "`--out` holds other files, or a reproduction of another profile",
+     "refused (no `--overwrite`: pick another folder)"),
+    ("reproduce", "`--out` holds a reproduction of the same profile", "continues it (finished stages kept)"),
+    ("every command", "an output path that is a file (a folder, for a file output), or cannot be written",
+     "refused in one line"),
+    ("every command", "`--lr` <= 0, `--max-steps` 0, `--batch-size` 0, `--gpus` 0, other values out of range",
+     "one line naming the option and range"),
 ]
 
 
@@ -194,6 +211,142 @@ def test_data_prep_build_refuses_another_build_and_empty_input(tmp_path: Path) -
     assert r.returncode == 2 and "--max-doc-bytes 0: must be > 0" in r.stderr
     r = _run([*dp, "a.txt", "--out", "a.txt"], tmp_path)
     assert r.returncode == 2 and "is a file" in r.stderr
+
+
+# ---- the other commands: task conversion, predict, compare, the reproduction ------------------------------
+def _call(main, argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str]:
+    """A command's main() in this process: (exit status, stderr); an exception (a traceback) fails the test."""
+    try:
+        rc = main([str(x) for x in argv])
+    except SystemExit as e:  # argparse's one-line errors
+        rc = e.code
+    return rc, capsys.readouterr().err
+
+
+def test_task_convert_claims_its_folder(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from skillnet.data_prep.tasks.__main__ import main
+
+    src = tmp_path / "in.json"
+    src.write_text("".join(json.dumps({"sentence": f"第{i}句", "label": str(i % 2)}) + "\n" for i in range(40)))
+    conv = ["convert", "chnsenticorp", "--input", src]
+    (tmp_path / "afile").write_text("x")
+    rc, err = _call(main, [*conv, "--out", tmp_path / "afile"], capsys)
+    assert rc == 2 and "is a file" in err
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "train.jsonl").write_text("keep me")
+    rc, err = _call(main, [*conv, "--out", other], capsys)
+    assert rc == 2 and "--overwrite" in err and (other / "train.jsonl").read_text() == "keep me"
+    out = tmp_path / "task"
+    assert _call(main, [*conv, "--out", out], capsys)[0] == 0
+    before = _files(out)
+    rc, err = _call(main, [*conv, "--out", out], capsys)  # the same conversion again: rewritten, said so
+    assert rc == 0 and "replacing" in err and _files(out) == before
+    rc, err = _call(main, [*conv, "--out", out, "--seed", "3"], capsys)
+    assert rc == 2 and "other settings (seed)" in err and _files(out) == before
+    rc, err = _call(main, ["convert", "chnsenticorp", "--input", f"train={src}", "--out", out, "--overwrite"], capsys)
+    assert rc == 0 and sorted(p.name for p in out.iterdir() if p.suffix) == [".skillnet_output.json", "task.json",
+                                                                             "train.jsonl"]  # no stale dev/test
+    (tmp_path / "empty.json").write_text("")
+    rc, err = _call(main, ["convert", "chnsenticorp", "--input", tmp_path / "empty.json", "--out", tmp_path / "e"],
+                    capsys)
+    assert rc == 1 and "no record" in err
+    for opt, value, rule in [("--max-examples", "0", "must be >= 1"), ("--max-eval-examples", "-1", "must be >= 0"),
+                             ("--clean-ratio", "2", "must be in [0, 1]"), ("--max-chars", "0", "must be >= 1"),
+                             ("--negatives", "0", "must be >= 1")]:
+        rc, err = _call(main, [*conv, "--out", tmp_path / "t", opt, value], capsys)
+        assert rc == 2 and f"{opt} {value}" in err and rule in err, err
+    assert not (tmp_path / "t").exists()
+
+
+@pytest.fixture(scope="module")
+def ft_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A finished 2-step fine-tuning run of finetune/configs/tiny.json (its export/ is what predict reads)."""
+    d = tmp_path_factory.mktemp("ft")
+    r = _run([sys.executable, "-m", "skillnet.finetune.run", "--config", FT_CONFIG, "--output-dir", "ft",
+              "--no-progress", "--no-tensorboard", "--max-steps", "2"], d)
+    assert r.returncode == 0, r.stderr[-2000:]
+    return d / "ft"
+
+
+def test_predict_never_clobbers(ft_run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from skillnet.finetune.predict import main
+
+    src = tmp_path / "in.jsonl"
+    src.write_text(json.dumps({"text": "很好", "task": "sentiment"}, ensure_ascii=False) + "\n")
+    text = src.read_text()
+    pred = ["--model", ft_run / "export", "--input", src, "--no-progress"]
+    for extra in (["--output", src], ["--output", src, "--overwrite"]):  # its own input: refused, always
+        rc, err = _call(main, [*pred, *extra], capsys)
+        assert rc == 2 and "input" in err and src.read_text() == text, err
+    notes = tmp_path / "notes.jsonl"
+    notes.write_text("keep me\n")
+    rc, err = _call(main, [*pred, "--output", notes], capsys)
+    assert rc == 2 and "--overwrite" in err and notes.read_text() == "keep me\n"
+    out = tmp_path / "out.jsonl"
+    assert _call(main, [*pred, "--output", out], capsys)[0] == 0
+    assert _call(main, [*pred, "--output", out], capsys)[0] == 0  # its own predictions: replaced
+    assert "prediction" in json.loads(out.read_text())
+    assert _call(main, [*pred, "--output", notes, "--overwrite"], capsys)[0] == 0 and "prediction" in notes.read_text()
+    rc, err = _call(main, [*pred, "--output", tmp_path], capsys)
+    assert rc == 2 and "is a folder" in err
+    rc, err = _call(main, [*pred, "--output", tmp_path / "o2.jsonl", "--batch-size", "0"], capsys)
+    assert rc == 2 and "--batch-size 0: must be >= 1" in err
+    rc, err = _call(main, ["--model", ft_run / "export", "--input", tmp_path / "missing.jsonl", "--output",
+                           tmp_path / "o3.jsonl"], capsys)
+    assert rc == 2 and "missing.jsonl" in err
+    assert not (tmp_path / "o2.jsonl").exists() and not (tmp_path / "o3.jsonl").exists()
+
+
+def test_compare_claims_its_folder_and_report(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from skillnet.finetune.compare import main
+
+    cmp = ["--config", FT_CONFIG, "--methods", "skillnet", "--seeds", "0", "--no-plots", "--dry-run"]
+    (tmp_path / "afile").write_text("x")
+    rc, err = _call(main, [*cmp, "--output-dir", tmp_path / "afile"], capsys)
+    assert rc == 2 and "is a file" in err
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "notes.txt").write_text("keep me")
+    rc, err = _call(main, [*cmp, "--output-dir", other], capsys)
+    assert rc == 2 and _files(other) == {"notes.txt": b"keep me"}, err
+    rc, err = _call(main, [*cmp, "--output-dir", tmp_path / "c", "--report", tmp_path / "afile"], capsys)
+    assert rc == 2 and "--report" in err and (tmp_path / "afile").read_text() == "x"
+    assert _call(main, [*cmp, "--output-dir", tmp_path / "c"], capsys)[0] == 0
+    assert _call(main, [*cmp, "--output-dir", tmp_path / "c"], capsys)[0] == 0  # its own folder: resumed
+    for opt, value, rule in [("--nproc", "0", "must be >= 1"), ("--threads", "0", "must be >= 1"),
+                             ("--max-steps", "0", "must be >= 1"), ("--jobs", "0", "must be >= 1")]:
+        rc, err = _call(main, [*cmp, "--output-dir", tmp_path / "d", opt, value], capsys)
+        assert rc == 2 and f"{opt} {value}: {rule}" in err, err
+    assert not (tmp_path / "d").exists()
+
+
+def test_reproduce_claims_its_folder_and_checks_options(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from skillnet.experiments.__main__ import main
+
+    rep = ["--quick", "--dry-run", "--stages", "corpus"]
+    (tmp_path / "afile").write_text("x")
+    rc, err = _call(main, [*rep, "--out", tmp_path / "afile"], capsys)
+    assert rc == 2 and "is a file" in err
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "notes.txt").write_text("keep me")
+    rc, err = _call(main, [*rep, "--out", other], capsys)
+    assert rc == 2 and "Pick another folder" in err and _files(other) == {"notes.txt": b"keep me"}, err
+    assert _call(main, [*rep, "--out", tmp_path / "r"], capsys)[0] == 0
+    assert _call(main, [*rep, "--out", tmp_path / "r"], capsys)[0] == 0  # its own: continued
+    rc, err = _call(main, ["--profile", "full", "--dry-run", "--stages", "corpus", "--out", tmp_path / "r"], capsys)
+    assert rc == 2 and "other settings (profile)" in err
+    rc, err = _call(main, [*rep, "--out", tmp_path / "r2", "--report", tmp_path / "afile"], capsys)
+    assert rc == 2 and "--report" in err and (tmp_path / "afile").read_text() == "x"
+    rc, err = _call(main, ["--estimate", "--write", tmp_path / "afile"], capsys)
+    assert rc == 2 and "--write" in err and (tmp_path / "afile").read_text() == "x"
+    rc, err = _call(main, ["--estimate", "--write", tmp_path], capsys)
+    assert rc == 2 and "is a folder" in err
+    for opt, value in [("--gpus", "0"), ("--gpus", "-2"), ("--jobs", "0"), ("--threads", "-1")]:
+        rc, err = _call(main, [*rep, "--out", tmp_path / "d", opt, value], capsys)
+        assert rc == 2 and f"{opt} {value}: must be >= 1" in err, err
+    assert not (tmp_path / "d").exists()
 
 
 # ---- degenerate options ----------------------------------------------------------------------------------
