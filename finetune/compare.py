@@ -492,12 +492,12 @@ def claim_compare_dir(a: argparse.Namespace, config: Path, out: Path) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from skillnet.training.outputs import OutputError, at_least, check_options
+    from skillnet.training.outputs import OutputError, at_least, check_options, non_negative
 
     parser = build_parser()
     a = parser.parse_args(argv)
     check_options(parser, a, {"max_steps": at_least(1), "nproc": at_least(1), "threads": at_least(1),
-                              "jobs": at_least(1)})
+                              "jobs": at_least(1), "seeds": non_negative()})
     try:
         rows = resolve_rows(a.methods, a.init, a.init_for, a.args_for)
         methods = [r.label for r in rows]

@@ -62,7 +62,7 @@ CASES = [
     ("reproduce", "`--out` holds a reproduction of the same profile", "continues it (finished stages kept)"),
     ("every command", "an output path that is a file (a folder, for a file output), or cannot be written",
      "refused in one line"),
-    ("every command", "`--lr` <= 0, `--max-steps` 0, `--batch-size` 0, `--gpus` 0, other values out of range",
+    ("every command", "`--lr` <= 0, `--max-steps` 0, `--batch-size` 0, `--gpus` 0, `--seed` -1, other values out of range",
      "one line naming the option and range"),
 ]
 
@@ -344,7 +344,8 @@ def test_compare_claims_its_folder_and_report(tmp_path: Path) -> None:
     assert _main(main, [*cmp, "--output-dir", tmp_path / "c"], )[0] == 0
     assert _main(main, [*cmp, "--output-dir", tmp_path / "c"], )[0] == 0  # its own folder: resumed
     for opt, value, rule in [("--nproc", "0", "must be >= 1"), ("--threads", "0", "must be >= 1"),
-                             ("--max-steps", "0", "must be >= 1"), ("--jobs", "0", "must be >= 1")]:
+                             ("--max-steps", "0", "must be >= 1"), ("--jobs", "0", "must be >= 1"),
+                             ("--seeds", "-1", "must be >= 0")]:
         rc, err, _ = _main(main, [*cmp, "--output-dir", tmp_path / "d", opt, value], )
         assert rc == 2 and f"{opt} {value}: {rule}" in err, err
     assert not (tmp_path / "d").exists()
@@ -385,6 +386,8 @@ def test_reproduce_claims_its_folder_and_checks_options(tmp_path: Path) -> None:
     (_pretrain, ["--max-steps", "0"], "--max-steps 0: must be >= 1"),
     (_finetune, ["--lr", "-1"], "--lr -1.0: must be > 0"),
     (_finetune, ["--max-steps", "0"], "--max-steps 0: must be >= 1"),
+    (_pretrain, ["--seed", "-1"], "--seed -1: must be >= 0"),  # numpy's generators take no negative seed
+    (_finetune, ["--seed", "-1"], "--seed -1: must be >= 0"),
 ])
 def test_degenerate_options_get_one_line(tmp_path: Path, run: Callable[..., Run], argv: list[str],
                                          message: str) -> None:
