@@ -498,6 +498,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     a = parser.parse_args(argv)
     check_options(parser, a, {"max_steps": at_least(1), "nproc": at_least(1), "threads": at_least(1),
                               "jobs": at_least(1), "seeds": non_negative()})
+    if a.ds_config and not Path(a.ds_config).is_file():  # else every run fails on it, one after the other
+        parser.error(f"--ds-config {a.ds_config}: no such file")
     try:
         rows = resolve_rows(a.methods, a.init, a.init_for, a.args_for)
         methods = [r.label for r in rows]

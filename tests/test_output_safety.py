@@ -348,6 +348,9 @@ def test_compare_claims_its_folder_and_report(tmp_path: Path) -> None:
                              ("--seeds", "-1", "must be >= 0")]:
         rc, err, _ = _main(main, [*cmp, "--output-dir", tmp_path / "d", opt, value], )
         assert rc == 2 and f"{opt} {value}: {rule}" in err, err
+    rc, err, _ = _main(main, [*cmp, "--output-dir", tmp_path / "d", "--nproc", "2", "--ds-config",
+                              tmp_path / "missing.json"])  # every run would fail on it, one by one
+    assert rc == 2 and "--ds-config" in err and "missing.json" in err, err
     assert not (tmp_path / "d").exists()
 
 
