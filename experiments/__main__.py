@@ -93,7 +93,8 @@ def claim_outputs(a: argparse.Namespace, profile_name: str, out: Path, report: P
     from skillnet.experiments.report import MARK
     from skillnet.training.outputs import claim_file, claim_output, starts_with
 
-    claim_output(out, option="--out", command="reproduce", identity={"profile": profile_name}, overwrite=None)
+    claim_output(out, option="--out", command="reproduce", identity={"profile": profile_name}, overwrite=None,
+                 adopt=lambda d: any((d / "stages").glob("*.json")))
     claim_file(report, option="--report", overwrite=a.overwrite, own=starts_with(MARK))
     claim_file(report.with_suffix(".html"), option="--report (its .html twin)", overwrite=a.overwrite,
                own=starts_with(MARK.replace("`scripts/reproduce.py`", "<code>scripts/reproduce.py</code>")))

@@ -485,7 +485,7 @@ def claim_compare_dir(a: argparse.Namespace, config: Path, out: Path) -> None:
     from skillnet.training.outputs import claim_file, claim_output, starts_with
 
     claim_output(out, option="--output-dir", command="finetune.compare", identity={"config": str(config)},
-                 overwrite=None)
+                 overwrite=None, adopt=lambda d: any(d.glob("*/seed*/run.log")))
     if a.report:
         claim_file(a.report, option="--report", overwrite=a.overwrite,
                    own=starts_with("Written by `python -m skillnet.finetune.compare"))

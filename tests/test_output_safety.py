@@ -54,12 +54,14 @@ CASES = [
     ("finetune.predict", "`--output` holds earlier predictions", "replaced, atomically"),
     ("finetune.compare", "`--output-dir` holds other files, or a comparison of another config",
      "refused (no `--overwrite`: pick another folder)"),
-    ("finetune.compare", "`--output-dir` holds a comparison of the same config", "continues it (finished runs kept)"),
+    ("finetune.compare", "`--output-dir` holds a comparison of the same config (or one from before folders were "
+     "marked)", "continues it (finished runs kept)"),
     ("finetune.compare, reproduce", "`--report` (`--write`) exists and the command did not write it",
      "refused before anything runs; `--overwrite` replaces it"),
     ("reproduce", "`--out` holds other files, or a reproduction of another profile",
      "refused (no `--overwrite`: pick another folder)"),
-    ("reproduce", "`--out` holds a reproduction of the same profile", "continues it (finished stages kept)"),
+    ("reproduce", "`--out` holds a reproduction of the same profile (or one from before folders were marked)",
+     "continues it (finished stages kept)"),
     ("every command", "an output path that is a file (a folder, for a file output), or cannot be written",
      "refused in one line"),
     ("every command", "`--lr` <= 0, `--max-steps` 0, `--batch-size` 0, `--gpus` 0, `--seed` -1, other values out of range",
@@ -269,21 +271,21 @@ def test_task_convert_claims_its_folder(tmp_path: Path) -> None:
     src.write_text("".join(json.dumps({"sentence": f"第{i}句", "label": str(i % 2)}) + "\n" for i in range(40)))
     conv = ["convert", "chnsenticorp", "--input", src]
     (tmp_path / "afile").write_text("x")
-    rc, err, _ = _main(main, [*conv, "--out", tmp_path / "afile"], )
+    rc, err, _ = _main(main, [*conv, "--out", tmp_path / "afile"])
     assert rc == 2 and "is a file" in err
     other = tmp_path / "other"
     other.mkdir()
     (other / "train.jsonl").write_text("keep me")
-    rc, err, _ = _main(main, [*conv, "--out", other], )
+    rc, err, _ = _main(main, [*conv, "--out", other])
     assert rc == 2 and "--overwrite" in err and (other / "train.jsonl").read_text() == "keep me"
     out = tmp_path / "task"
-    assert _main(main, [*conv, "--out", out], )[0] == 0
+    assert _main(main, [*conv, "--out", out])[0] == 0
     before = _files(out)
-    rc, err, _ = _main(main, [*conv, "--out", out], )  # the same conversion again: rewritten, said so
+    rc, err, _ = _main(main, [*conv, "--out", out])  # the same conversion again: rewritten, said so
     assert rc == 0 and "replacing" in err and _files(out) == before
-    rc, err, _ = _main(main, [*conv, "--out", out, "--seed", "3"], )
+    rc, err, _ = _main(main, [*conv, "--out", out, "--seed", "3"])
     assert rc == 2 and "other settings (seed)" in err and _files(out) == before
-    rc, err, _ = _main(main, ["convert", "chnsenticorp", "--input", f"train={src}", "--out", out, "--overwrite"], )
+    rc, err, _ = _main(main, ["convert", "chnsenticorp", "--input", f"train={src}", "--out", out, "--overwrite"])
     assert rc == 0 and sorted(p.name for p in out.iterdir() if p.suffix) == [".skillnet_output.json", "task.json",
                                                                              "train.jsonl"]  # no stale dev/test
     (tmp_path / "empty.json").write_text("")
@@ -293,7 +295,7 @@ def test_task_convert_claims_its_folder(tmp_path: Path) -> None:
     for opt, value, rule in [("--max-examples", "0", "must be >= 1"), ("--max-eval-examples", "-1", "must be >= 0"),
                              ("--clean-ratio", "2", "must be in [0, 1]"), ("--max-chars", "0", "must be >= 1"),
                              ("--negatives", "0", "must be >= 1")]:
-        rc, err, _ = _main(main, [*conv, "--out", tmp_path / "t", opt, value], )
+        rc, err, _ = _main(main, [*conv, "--out", tmp_path / "t", opt, value])
         assert rc == 2 and f"{opt} {value}" in err and rule in err, err
     assert not (tmp_path / "t").exists()
 
@@ -306,23 +308,23 @@ def test_predict_never_clobbers(ft_run: Path, tmp_path: Path) -> None:
     text = src.read_text()
     pred = ["--model", ft_run / "export", "--input", src, "--no-progress"]
     for extra in (["--output", src], ["--output", src, "--overwrite"]):  # its own input: refused, always
-        rc, err, _ = _main(main, [*pred, *extra], )
+        rc, err, _ = _main(main, [*pred, *extra])
         assert rc == 2 and "input" in err and src.read_text() == text, err
     notes = tmp_path / "notes.jsonl"
     notes.write_text("keep me\n")
-    rc, err, _ = _main(main, [*pred, "--output", notes], )
+    rc, err, _ = _main(main, [*pred, "--output", notes])
     assert rc == 2 and "--overwrite" in err and notes.read_text() == "keep me\n"
     out = tmp_path / "out.jsonl"
-    assert _main(main, [*pred, "--output", out], )[0] == 0
-    assert _main(main, [*pred, "--output", out], )[0] == 0  # its own predictions: replaced
+    assert _main(main, [*pred, "--output", out])[0] == 0
+    assert _main(main, [*pred, "--output", out])[0] == 0  # its own predictions: replaced
     assert "prediction" in json.loads(out.read_text())
-    assert _main(main, [*pred, "--output", notes, "--overwrite"], )[0] == 0 and "prediction" in notes.read_text()
-    rc, err, _ = _main(main, [*pred, "--output", tmp_path], )
+    assert _main(main, [*pred, "--output", notes, "--overwrite"])[0] == 0 and "prediction" in notes.read_text()
+    rc, err, _ = _main(main, [*pred, "--output", tmp_path])
     assert rc == 2 and "is a folder" in err
-    rc, err, _ = _main(main, [*pred, "--output", tmp_path / "o2.jsonl", "--batch-size", "0"], )
+    rc, err, _ = _main(main, [*pred, "--output", tmp_path / "o2.jsonl", "--batch-size", "0"])
     assert rc == 2 and "--batch-size 0: must be >= 1" in err
     rc, err, _ = _main(main, ["--model", ft_run / "export", "--input", tmp_path / "missing.jsonl", "--output",
-                           tmp_path / "o3.jsonl"], )
+                           tmp_path / "o3.jsonl"])
     assert rc == 2 and "missing.jsonl" in err
     assert not (tmp_path / "o2.jsonl").exists() and not (tmp_path / "o3.jsonl").exists()
 
@@ -332,21 +334,25 @@ def test_compare_claims_its_folder_and_report(tmp_path: Path) -> None:
 
     cmp = ["--config", FT_CONFIG, "--methods", "skillnet", "--seeds", "0", "--no-plots", "--dry-run"]
     (tmp_path / "afile").write_text("x")
-    rc, err, _ = _main(main, [*cmp, "--output-dir", tmp_path / "afile"], )
+    rc, err, _ = _main(main, [*cmp, "--output-dir", tmp_path / "afile"])
     assert rc == 2 and "is a file" in err
     other = tmp_path / "other"
     other.mkdir()
     (other / "notes.txt").write_text("keep me")
-    rc, err, _ = _main(main, [*cmp, "--output-dir", other], )
+    rc, err, _ = _main(main, [*cmp, "--output-dir", other])
     assert rc == 2 and _files(other) == {"notes.txt": b"keep me"}, err
-    rc, err, _ = _main(main, [*cmp, "--output-dir", tmp_path / "c", "--report", tmp_path / "afile"], )
+    rc, err, _ = _main(main, [*cmp, "--output-dir", tmp_path / "c", "--report", tmp_path / "afile"])
     assert rc == 2 and "--report" in err and (tmp_path / "afile").read_text() == "x"
-    assert _main(main, [*cmp, "--output-dir", tmp_path / "c"], )[0] == 0
-    assert _main(main, [*cmp, "--output-dir", tmp_path / "c"], )[0] == 0  # its own folder: resumed
+    assert _main(main, [*cmp, "--output-dir", tmp_path / "c"])[0] == 0
+    assert _main(main, [*cmp, "--output-dir", tmp_path / "c"])[0] == 0  # its own folder: resumed
+    old = tmp_path / "before_markers"  # a comparison written before folders were marked still resumes
+    (old / "skillnet" / "seed0").mkdir(parents=True)
+    (old / "skillnet" / "seed0" / "run.log").write_text("$ python -m skillnet.finetune.run ...\n")
+    assert _main(main, [*cmp, "--output-dir", old])[0] == 0
     for opt, value, rule in [("--nproc", "0", "must be >= 1"), ("--threads", "0", "must be >= 1"),
                              ("--max-steps", "0", "must be >= 1"), ("--jobs", "0", "must be >= 1"),
                              ("--seeds", "-1", "must be >= 0")]:
-        rc, err, _ = _main(main, [*cmp, "--output-dir", tmp_path / "d", opt, value], )
+        rc, err, _ = _main(main, [*cmp, "--output-dir", tmp_path / "d", opt, value])
         assert rc == 2 and f"{opt} {value}: {rule}" in err, err
     rc, err, _ = _main(main, [*cmp, "--output-dir", tmp_path / "d", "--nproc", "2", "--ds-config",
                               tmp_path / "missing.json"])  # every run would fail on it, one by one
@@ -359,25 +365,29 @@ def test_reproduce_claims_its_folder_and_checks_options(tmp_path: Path) -> None:
 
     rep = ["--quick", "--dry-run", "--stages", "corpus"]
     (tmp_path / "afile").write_text("x")
-    rc, err, _ = _main(main, [*rep, "--out", tmp_path / "afile"], )
+    rc, err, _ = _main(main, [*rep, "--out", tmp_path / "afile"])
     assert rc == 2 and "is a file" in err
     other = tmp_path / "other"
     other.mkdir()
     (other / "notes.txt").write_text("keep me")
-    rc, err, _ = _main(main, [*rep, "--out", other], )
+    rc, err, _ = _main(main, [*rep, "--out", other])
     assert rc == 2 and "Pick another folder" in err and _files(other) == {"notes.txt": b"keep me"}, err
-    assert _main(main, [*rep, "--out", tmp_path / "r"], )[0] == 0
-    assert _main(main, [*rep, "--out", tmp_path / "r"], )[0] == 0  # its own: continued
-    rc, err, _ = _main(main, ["--profile", "full", "--dry-run", "--stages", "corpus", "--out", tmp_path / "r"], )
+    assert _main(main, [*rep, "--out", tmp_path / "r"])[0] == 0
+    assert _main(main, [*rep, "--out", tmp_path / "r"])[0] == 0  # its own: continued
+    old = tmp_path / "before_markers"  # a reproduction written before folders were marked still resumes
+    (old / "stages").mkdir(parents=True)
+    (old / "stages" / "corpus.json").write_text(json.dumps({"stage": "corpus", "seconds": 1.0}))
+    assert _main(main, [*rep, "--out", old])[0] == 0
+    rc, err, _ = _main(main, ["--profile", "full", "--dry-run", "--stages", "corpus", "--out", tmp_path / "r"])
     assert rc == 2 and "other settings (profile)" in err
-    rc, err, _ = _main(main, [*rep, "--out", tmp_path / "r2", "--report", tmp_path / "afile"], )
+    rc, err, _ = _main(main, [*rep, "--out", tmp_path / "r2", "--report", tmp_path / "afile"])
     assert rc == 2 and "--report" in err and (tmp_path / "afile").read_text() == "x"
-    rc, err, _ = _main(main, ["--estimate", "--write", tmp_path / "afile"], )
+    rc, err, _ = _main(main, ["--estimate", "--write", tmp_path / "afile"])
     assert rc == 2 and "--write" in err and (tmp_path / "afile").read_text() == "x"
-    rc, err, _ = _main(main, ["--estimate", "--write", tmp_path], )
+    rc, err, _ = _main(main, ["--estimate", "--write", tmp_path])
     assert rc == 2 and "is a folder" in err
     for opt, value in [("--gpus", "0"), ("--gpus", "-2"), ("--jobs", "0"), ("--threads", "-1")]:
-        rc, err, _ = _main(main, [*rep, "--out", tmp_path / "d", opt, value], )
+        rc, err, _ = _main(main, [*rep, "--out", tmp_path / "d", opt, value])
         assert rc == 2 and f"{opt} {value}: must be >= 1" in err, err
     assert not (tmp_path / "d").exists()
 

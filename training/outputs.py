@@ -57,12 +57,15 @@ def _writable(path: Path) -> bool:
 
 def claim_output(path: str | Path, *, option: str, command: str, identity: dict[str, Any], overwrite: bool | None,
                  describe: Callable[[Path], str] | None = None, ignore: Iterable[str] = (),
-                 write: bool = True) -> Claim:
+                 write: bool = True, adopt: Callable[[Path], bool] | None = None) -> Claim:
     """Create or take over ``path`` for ``command`` (module docstring). ``identity``: JSON-able settings that
     make two runs the same one (a resume or a redo), e.g. the source checkpoint of an export. ``ignore``:
     names that do not make a folder non-empty (a caller's own log of the command, written first).
     ``write=False``: decide (and raise) without creating or marking anything, e.g. on every rank of a
-    launch before rank 0 claims the folder."""
+    launch before rank 0 claims the folder. ``overwrite=None``: the command has no ``--overwrite`` (it cannot
+    tell its own files from others' to remove them), so a refusal only names another folder. ``adopt``:
+    recognises an unmarked folder as this command's output from before folders were marked (it is marked and
+    taken as its own, not refused)."""
     p = Path(path)
     if p.exists() and not p.is_dir():
         raise OutputError(f"{option} {p}: is a file, not a folder; give a folder path")
@@ -86,6 +89,10 @@ def claim_output(path: str | Path, *, option: str, command: str, identity: dict[
             previous = None
     if previous == mine:
         return Claim(p, "own", previous)
+    if previous is None and adopt is not None and adopt(p):
+        if write:
+            marker.write_text(json.dumps(mine, indent=2, sort_keys=True) + "\n")
+        return Claim(p, "own", None)
     if overwrite:
         if write:
             marker.write_text(json.dumps(mine, indent=2, sort_keys=True) + "\n")
