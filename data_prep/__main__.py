@@ -18,6 +18,7 @@ import os
 import sys
 from pathlib import Path
 
+from skillnet.data_prep.sentences import MODES
 from skillnet.training.cli import HelpFormatter, Parser
 
 
@@ -80,6 +81,21 @@ def build_parser() -> Parser:
         "--whole-word",
         action="store_true",
         help="store word-start flags (jieba segmentation for Chinese) for whole-word masking; slower",
+    )
+    b.add_argument(
+        "--sentence-split",
+        choices=MODES,
+        default="auto",
+        help="which '.' end a sentence (sentence boundaries are where NSP pairs are cut; docs/data_prep.md): "
+        "punct = every '.' except before a digit; latin = not in sys.argv, 3.14, e.g., Mr. Smith, J. Doe, "
+        "Fig. 3; auto = latin for documents without CJK characters, punct for the others",
+    )
+    b.add_argument(
+        "--abbreviations",
+        type=lambda t: tuple(w.strip().lower().rstrip(".") for w in t.split(",") if w.strip()),
+        default=(),
+        metavar="WORD,...",
+        help="more words after which '.' ends no sentence (latin/auto), e.g. 'approx,Inc,z.B'",
     )
     b.add_argument("--workers", type=int, default=1, help="processes on this machine (one core each)")
     b.add_argument(
@@ -244,6 +260,8 @@ def _run(a: argparse.Namespace) -> int:
             vocab=a.vocab,
             lowercase=not a.no_lowercase,
             whole_word=a.whole_word,
+            sentence_split=a.sentence_split,
+            abbreviations=a.abbreviations,
             workers=a.workers,
             num_shards=a.num_shards,
             shard_index=a.shard_index,

@@ -29,6 +29,7 @@ from skillnet.data_prep.corpus import (
     iter_documents,
     plan_units,
 )
+from skillnet.data_prep.sentences import MODES, is_latin, plain_dots
 from skillnet.data_prep.shards import (
     FORMAT_VERSION,
     ShardWriter,
@@ -53,6 +54,8 @@ class BuildConfig:
     vocab: str = ""
     lowercase: bool = True
     whole_word: bool = False
+    sentence_split: str = "auto"  # which "." end a sentence: data_prep/sentences.py
+    abbreviations: tuple[str, ...] = ()  # more words a "." after which ends no sentence (sentences.py)
     workers: int = 1
     num_shards: int = 1
     shard_index: int = 0
@@ -70,9 +73,14 @@ class BuildConfig:
 class Encoder:
     """Documents -> (flat ids, sentence ends, document ends[, word starts]) with vectorised boundaries."""
 
-    def __init__(self, tok: WordPieceTokenizer, whole_word: bool = False) -> None:
+    def __init__(self, tok: WordPieceTokenizer, whole_word: bool = False, sentence_split: str = "auto",
+                 abbreviations: tuple[str, ...] = ()) -> None:
+        if sentence_split not in MODES:
+            raise ValueError(f"sentence_split {sentence_split!r}: one of {', '.join(MODES)}")
         self.tok = tok
         self.whole_word = whole_word
+        self.sentence_split = sentence_split
+        self.abbreviations = tuple(a.lower().rstrip(".") for a in abbreviations)
         v = tok.vocab_size
         self.end_tbl = np.zeros(v, bool)
         self.end_tbl[tok.token_ids(SENTENCE_ENDERS)] = True
@@ -105,19 +113,43 @@ class Encoder:
             flat, lens = self.tok.encode_batch_flat(docs)
         nonempty = lens > 0
         doc_end = np.cumsum(lens[nonempty])
-        sent_end = self.sentence_ends(flat, doc_end)
+        sent_end = self.sentence_ends(flat, doc_end, self.plain_dots(docs, flat, lens))
         doc_end_sent = np.searchsorted(sent_end, doc_end, side="right")
         word_start = None
         if self.whole_word:
             word_start = self._word_starts(docs, pairs, flat)
         return flat, sent_end, doc_end_sent, word_start, np.flatnonzero(~nonempty)
 
-    def sentence_ends(self, flat: np.ndarray, doc_end: np.ndarray) -> np.ndarray:
-        """Cumulative token ends of sentences: after a run of enders/closing quotes that holds an ender."""
+    def plain_dots(self, docs: list[str], flat: np.ndarray, lens: np.ndarray) -> np.ndarray | None:
+        """Positions in ``flat`` of "." tokens that end no sentence, read from the documents' text
+        (sentences.py); None when no document is read that way."""
+        if self.dot_id < 0 or self.sentence_split == "punct":
+            return None
+        dot_pos = np.flatnonzero(flat == self.dot_id)
+        if len(dot_pos) == 0:
+            return None
+        counts = np.bincount(np.searchsorted(np.cumsum(lens), dot_pos, side="right"), minlength=len(docs))
+        first = np.concatenate([[0], np.cumsum(counts)])
+        plain = np.zeros(len(dot_pos), bool)
+        for i in np.flatnonzero(counts).tolist():
+            if not is_latin(docs[i], self.sentence_split):
+                continue
+            flags = plain_dots(docs[i], self.abbreviations)
+            # Every "." is a token of its own (BERT splits punctuation off), so the k-th "." token is the k-th
+            # "." of the text; a document where the counts differ keeps the token rule.
+            if len(flags) == counts[i]:
+                plain[first[i]:first[i + 1]] = flags
+        return dot_pos[plain]
+
+    def sentence_ends(self, flat: np.ndarray, doc_end: np.ndarray, plain: np.ndarray | None = None) -> np.ndarray:
+        """Cumulative token ends of sentences: after a run of enders/closing quotes that holds an ender. ``plain``:
+        positions of "." tokens that are no ender here (``plain_dots``)."""
         n = len(flat)
         if n == 0:
             return np.zeros(0, np.int64)
         e = self.end_tbl[flat]
+        if plain is not None:
+            e[plain] = False
         t = e | self.close_tbl[flat]
         nxt_t = np.empty(n, bool)
         nxt_t[:-1], nxt_t[-1] = t[1:], False
@@ -151,7 +183,8 @@ _STATE: dict = {}
 def _init(cfg: BuildConfig, counters) -> None:
     os.environ["TOKENIZERS_PARALLELISM"] = "false"  # one core per worker; --workers decides parallelism
     tok = WordPieceTokenizer(TokenizerConfig(vocab_file=cfg.vocab, lowercase=cfg.lowercase))
-    _STATE.update(cfg=cfg, tok=tok, enc=Encoder(tok, cfg.whole_word), counters=counters)
+    _STATE.update(cfg=cfg, tok=tok, enc=Encoder(tok, cfg.whole_word, cfg.sentence_split, cfg.abbreviations),
+                  counters=counters)
 
 
 def settings_hash(cfg: BuildConfig, tok: WordPieceTokenizer) -> str:
@@ -160,6 +193,7 @@ def settings_hash(cfg: BuildConfig, tok: WordPieceTokenizer) -> str:
             "read": cfg.read_config().to_json(),
             "tok": tok.fingerprint,
             "ww": cfg.whole_word,
+            "split": [cfg.sentence_split, sorted(cfg.abbreviations)],
             "v": FORMAT_VERSION,
         },
         sort_keys=True,
@@ -227,7 +261,8 @@ def manifest_header(cfg: BuildConfig, tok: WordPieceTokenizer, units: list[Unit]
     plan = hashlib.sha256(json.dumps([u.to_json() for u in units]).encode()).hexdigest()[:16]
     return {
         "tokenizer": desc,
-        "build": {**cfg.read_config().to_json(), "whole_word": cfg.whole_word, "unit_bytes": cfg.unit_bytes},
+        "build": {**cfg.read_config().to_json(), "whole_word": cfg.whole_word, "unit_bytes": cfg.unit_bytes,
+                  "sentence_split": cfg.sentence_split, "abbreviations": sorted(cfg.abbreviations)},
         "plan": {"num_units": len(units), "fingerprint": plan},
     }
 

@@ -57,7 +57,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--part", choices=list(PARTS), default="all",
                    help="nlu: the SkillNet-NLU half (docs/comparison.md with the full profile); nlg: the SkillNet-NLG "
                         "half (docs/nlg.md); all: both and the whole report (docs/report.md)")
-    p.add_argument("--out", default=None, help="where every stage writes (default: runs/reproduce-<profile>)")
+    p.add_argument("--out", default=None,
+                   help="where every stage writes (default: runs/reproduce-<profile>): new or empty, or an earlier "
+                        "reproduction of the same profile (continued); anything else is refused")
     p.add_argument("--report", default=None,
                    help="the report's Markdown path (.html beside it; default: docs/report.md for the full profile, "
                         "<out>/report.md otherwise)")
@@ -76,13 +78,34 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--estimate", action="store_true",
                    help="print the expected GPU-hours of every stage of the profile (from FLOPs; runs nothing)")
     p.add_argument("--write", default=None, metavar="PATH", help="with --estimate: also write it as Markdown to PATH")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace a --report or --write file that the reproduction did not write (never a --out "
+                        "folder: pick another one)")
     p.add_argument("--check", action="store_true",
                    help="exit 1 if a section of the report is empty or not run, or a picture is missing (CI)")
     return p
 
 
+def claim_outputs(a: argparse.Namespace, profile_name: str, out: Path, report: Path) -> None:
+    """--out and the report files (training/outputs.py), before any stage runs, a dry run included (it
+    writes the stages' configs). A reproduction continues in a folder of the same profile; anything else is
+    refused: with no list of what every stage writes, nothing there can be removed safely."""
+    from skillnet.experiments.report import MARK
+    from skillnet.training.outputs import claim_file, claim_output, starts_with
+
+    claim_output(out, option="--out", command="reproduce", identity={"profile": profile_name}, overwrite=None,
+                 adopt=lambda d: any((d / "stages").glob("*.json")))
+    claim_file(report, option="--report", overwrite=a.overwrite, own=starts_with(MARK))
+    claim_file(report.with_suffix(".html"), option="--report (its .html twin)", overwrite=a.overwrite,
+               own=starts_with(MARK.replace("`scripts/reproduce.py`", "<code>scripts/reproduce.py</code>")))
+
+
 def main(argv: list[str] | None = None) -> int:
-    a = build_parser().parse_args(argv)
+    from skillnet.training.outputs import OutputError, at_least, check_options, claim_file, starts_with
+
+    parser = build_parser()
+    a = parser.parse_args(argv)
+    check_options(parser, a, {"gpus": at_least(1), "threads": at_least(1), "jobs": at_least(1)})
     profile = PROFILES["quick" if a.quick else a.profile]
     if a.gpus:
         profile = dataclasses.replace(profile, ranks=a.gpus)
@@ -95,6 +118,13 @@ def main(argv: list[str] | None = None) -> int:
     if a.estimate:
         from skillnet.experiments.estimate import write_estimate
 
+        if a.write:
+            try:
+                claim_file(a.write, option="--write", overwrite=a.overwrite,
+                           own=starts_with("Written by `python scripts/reproduce.py --profile"))
+            except OutputError as e:
+                print(f"error: {e}", file=sys.stderr)
+                return 2
         print(write_estimate(profile, Path(a.write) if a.write else None), end="")
         return 0
     out = Path(a.out or f"runs/reproduce-{profile.name}").resolve()
@@ -104,6 +134,11 @@ def main(argv: list[str] | None = None) -> int:
     bad = [s for s in [*(a.stages or []), *a.redo] if s not in names + ["report"]]
     if bad:
         print(f"error: unknown stage(s) {bad}; stages: {', '.join(names)}, report", file=sys.stderr)
+        return 2
+    try:
+        claim_outputs(a, profile.name, out, report)
+    except OutputError as e:
+        print(f"error: {e}", file=sys.stderr)
         return 2
     r = Runner(out, profile, dry_run=a.dry_run)
     for name in a.redo:

@@ -44,6 +44,10 @@ def seconds(s: float | None) -> str:
     return f"{s / 60:.1f} min" if s >= 90 else f"{s:.0f} s"
 
 
+# How a report begins: what tells a report the reproduction wrote (and may replace) from anyone else's file.
+MARK = "Written by `scripts/reproduce.py`"
+
+
 def build(out: Path, profile: Any, stages: list[Any], report: Path, title: str,
           parts: tuple[str, ...] = ("nlu", "nlg")) -> tuple[Path, list[str]]:
     """Write `report` (.md) and its .html twin; return its path and what is missing from it (see
@@ -56,7 +60,7 @@ def build(out: Path, profile: Any, stages: list[Any], report: Path, title: str,
     total = sum((r or {}).get("seconds", 0.0) for r in records.values())
     doc = Document()
     doc.h(1, title)
-    doc.p(f"Written by `scripts/reproduce.py` (profile `{profile.name}`) from the outputs of its stages in "
+    doc.p(f"{MARK} (profile `{profile.name}`) from the outputs of its stages in "
           f"`{portable(str(out))}`: every number below was measured by that run and read from its files. Machine: {machine()}. "
           f"Total wall time of the stages: {seconds(total)}.")
     if profile.name != "full":

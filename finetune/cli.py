@@ -219,7 +219,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "max_steps": at_least(1), "batch_size": at_least(1), "lr": positive(), "eval_every": non_negative(),
         "early_stopping": non_negative(), "alpha": non_negative(), "temperature": positive(),
         "size_cap": at_least(1), "num_epochs": non_negative(), "threads": at_least(1),
-        "select_min_distinct": in_range(0, 100),
+        "select_min_distinct": in_range(0, 100), "seed": non_negative(),
     })
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")

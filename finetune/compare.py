@@ -62,7 +62,8 @@ def build_parser() -> argparse.ArgumentParser:
                    metavar="LABEL=ARGS", help="extra finetune.run options of one row (repeatable), e.g. "
                    "'s8_frozen=--new-skill s8 --freeze-old-skills' for the adaptation rows of Table 5")
     p.add_argument("--output-dir", dest="output_dir", default="runs/compare",
-                   help="where runs, tables and pictures go")
+                   help="where runs, tables and pictures go: new or empty, or an earlier comparison of the same "
+                        "config (continued); anything else is refused")
     p.add_argument("--max-steps", dest="max_steps", type=int,
                    help="override train.max_steps of the config")
     p.add_argument("--reference", default=None,
@@ -82,7 +83,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "use one thread better than two, so on a 2-core CPU --jobs 2 finishes a comparison "
                         "sooner (bench/compare_jobs.py measures it). Keep 1 on a GPU")
     p.add_argument("--report", default=None, metavar="MD",
-                   help="also write the comparison as this Markdown file, its pictures beside it in img/")
+                   help="also write the comparison as this Markdown file, its pictures beside it in img/ (an "
+                        "existing file is replaced only if a comparison wrote it, or with --overwrite)")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace an existing --report file that a comparison did not write")
     p.add_argument("--title", default="Multi-task methods compared", help="title of the report")
     p.add_argument("--no-plots", action="store_true", help="skip the pictures (no matplotlib needed)")
     p.add_argument("--dry-run", action="store_true", help="print the runs and their commands, run nothing")
@@ -473,8 +477,29 @@ def learned_map_picture(out: Path, rows: list[Row], seeds: list[int], dest: Path
 
 
 # ---------------------------------------------------------------------------------------- main
+def claim_compare_dir(a: argparse.Namespace, config: Path, out: Path) -> None:
+    """--output-dir and --report (training/outputs.py), before any run starts. A comparison of the same config
+    continues in its folder (new rows or seeds included: each run's folder is claimed by its own finetune.run),
+    anything else there is refused; with no way to tell another tool's files from its own, compare has no
+    --overwrite for the folder."""
+    from skillnet.training.outputs import claim_file, claim_output, starts_with
+
+    claim_output(out, option="--output-dir", command="finetune.compare", identity={"config": str(config)},
+                 overwrite=None, adopt=lambda d: any(d.glob("*/seed*/run.log")))
+    if a.report:
+        claim_file(a.report, option="--report", overwrite=a.overwrite,
+                   own=starts_with("Written by `python -m skillnet.finetune.compare"))
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    a = build_parser().parse_args(argv)
+    from skillnet.training.outputs import OutputError, at_least, check_options, non_negative
+
+    parser = build_parser()
+    a = parser.parse_args(argv)
+    check_options(parser, a, {"max_steps": at_least(1), "nproc": at_least(1), "threads": at_least(1),
+                              "jobs": at_least(1), "seeds": non_negative()})
+    if a.ds_config and not Path(a.ds_config).is_file():  # else every run fails on it, one after the other
+        parser.error(f"--ds-config {a.ds_config}: no such file")
     try:
         rows = resolve_rows(a.methods, a.init, a.init_for, a.args_for)
         methods = [r.label for r in rows]
@@ -495,13 +520,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             print("error: the pictures need matplotlib: pip install 'skillnet[plots]' (or pass --no-plots)",
                   file=sys.stderr)
             return 2
-    if a.jobs < 1:
-        print(f"error: --jobs {a.jobs}: give 1 or more", file=sys.stderr)
-        return 2
     if a.jobs > 1 and not a.threads:
         a.threads = max(1, (os.cpu_count() or 1) // a.jobs)
     out = Path(a.output_dir).resolve()
-    out.mkdir(parents=True, exist_ok=True)
+    try:
+        claim_compare_dir(a, config, out)
+    except OutputError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     plan = [(r, s) for s in a.seeds for r in rows]
     failed: list[tuple[str, int]] = []
     t_all = time.time()

@@ -75,9 +75,12 @@ def build_parser() -> argparse.ArgumentParser:
                                 epilog=__doc__.split("\n\n", 1)[1])
     p.add_argument("--model", required=True, help="an export/ or best/<task>/ folder written by finetune.run")
     p.add_argument("--input", required=True, help="JSONL records; each names its task in 'task' unless --task")
-    p.add_argument("--output", required=True, help="JSONL with a 'prediction' field added (written atomically)")
+    p.add_argument("--output", required=True,
+                   help="JSONL with a 'prediction' field added (written atomically); an existing file is replaced "
+                        "only if it holds predictions, or with --overwrite")
+    p.add_argument("--overwrite", action="store_true", help="replace --output whatever it holds (never --input)")
     p.add_argument("--task", help="task of every record that has no 'task' field")
-    p.add_argument("--batch-size", type=int, default=32, help="records per forward pass")
+    p.add_argument("--batch-size", type=int, default=32, help="records per forward pass (>= 1)")
     p.add_argument("--skip-bad", action="store_true", help="count and skip bad records instead of stopping")
     p.add_argument("--no-progress", action="store_true", help="no tqdm bar")
     return p
@@ -129,13 +132,31 @@ def predict_file(pred: Predictor, inp: str, out: str, default_task: str | None =
     return {"written": len(rows), "skipped": skipped, "per_task": per_task}
 
 
+def holds_predictions(path: Path) -> bool:
+    """What predict writes: JSON lines, the first of which has a 'prediction' field."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            first = json.loads(f.readline())
+    except (OSError, ValueError):
+        return False
+    return isinstance(first, dict) and "prediction" in first
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    a = build_parser().parse_args(argv)
+    from skillnet.training.outputs import OutputError, at_least, check_options, claim_file
+
+    parser = build_parser()
+    a = parser.parse_args(argv)
+    check_options(parser, a, {"batch_size": at_least(1)})
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     try:
+        if not Path(a.input).exists():
+            raise FileNotFoundError(f"--input {a.input}: no such file")
+        # Checked before the model loads: a refusal costs nothing, and a run never ends in an unwritable file.
+        claim_file(a.output, option="--output", overwrite=a.overwrite, own=holds_predictions, inputs=[a.input])
         pred = Predictor(a.model)
         stats = predict_file(pred, a.input, a.output, a.task, a.batch_size, a.skip_bad, not a.no_progress)
-    except (TaskDataError, FileNotFoundError) as e:
+    except (TaskDataError, FileNotFoundError, OutputError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     print(json.dumps(stats, ensure_ascii=False), file=sys.stderr)

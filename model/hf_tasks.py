@@ -13,7 +13,15 @@ An export names these classes in its ``auto_map`` (model/hub.py), so plain trans
 
 Which task a class serves when no ``task=`` is given: the config's ``default_task`` when its head fits the
 class, else the one task whose head fits. The class then names that task's labels in ``config.id2label``.
-Passing ``task=`` still runs any task of the model (its labels are then the caller's to map).
+Passing ``task=`` to the model still runs any task of the model (its labels are then the caller's to map).
+
+The standard pipelines (fill-mask, feature-extraction, text-classification, token-classification) are
+served by subclasses that an export registers in ``custom_pipelines`` under the same names (model/hub.py):
+they are transformers' own, plus ``task=`` per call (``clf(text, task="topic")``) or ``task_name=`` when
+built (``pipeline("text-classification", model=p, trust_remote_code=True, task_name="topic")``; the
+pipeline's own ``task`` argument is its kind). The task runs with its skills and head, and the labels are
+that task's; a task the pipeline cannot run (no head of its kind, or not a task of the model) is a
+``ValueError`` naming those it can, instead of the default task's answer.
 """
 
 from __future__ import annotations
@@ -22,7 +30,13 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from transformers import Pipeline
+from transformers import (
+    FeatureExtractionPipeline,
+    FillMaskPipeline,
+    Pipeline,
+    TextClassificationPipeline,
+    TokenClassificationPipeline,
+)
 from transformers.modeling_outputs import (
     MaskedLMOutput,
     QuestionAnsweringModelOutput,
@@ -168,6 +182,62 @@ class SkillNetBertForMaskedLM(SkillNetBertForPreTraining):
         if labels is not None:
             loss = F.cross_entropy(logits.flatten(0, 1), labels.view(-1), ignore_index=-100)
         return MaskedLMOutput(loss=loss, logits=logits)
+
+
+class _TaskPipeline:
+    """Mixin over a transformers pipeline: ``task=`` (a call) or ``task_name=`` (the pipeline) picks the model
+    task it runs. ``heads``: the head types it can use; None: any task of the model (for its skills)."""
+
+    heads: tuple[str, ...] | None = None
+
+    def _sanitize_parameters(self, task: str | None = None, task_name: str | None = None,
+                             **kwargs: Any) -> tuple[dict, dict, dict]:
+        pre, fwd, post = super()._sanitize_parameters(**kwargs)  # type: ignore[misc]
+        chosen = task if task is not None else task_name
+        if chosen is not None:
+            cfg = self.model.config  # type: ignore[attr-defined]
+            fits = [t for t in cfg.tasks if self.heads is None
+                    or (cfg.task_heads or {}).get(t, {}).get("type") in self.heads]
+            if chosen not in fits:
+                kind = f"a head of type {'/'.join(self.heads)}" if self.heads else "skills in this model"
+                raise ValueError(f"task={chosen!r}: this {self.task} pipeline runs tasks with {kind}: "  # type: ignore[attr-defined]
+                                 f"{', '.join(fits) or 'none'}")
+            fwd["task"] = post["task"] = chosen
+        return pre, fwd, post
+
+    def _forward(self, model_inputs: dict[str, Any], task: str | None = None) -> Any:
+        if task is not None:  # every one of these pipelines calls model(**model_inputs)
+            model_inputs = {**model_inputs, "task": task}
+        return super()._forward(model_inputs)  # type: ignore[misc]
+
+    def postprocess(self, model_outputs: Any, task: str | None = None, **kwargs: Any) -> Any:
+        labels = task_labels(self.model.config, task) if task is not None else None  # type: ignore[attr-defined]
+        if not labels:
+            return super().postprocess(model_outputs, **kwargs)  # type: ignore[misc]
+        # The pipeline names classes from config.id2label: the chosen task's for this output only.
+        cfg = self.model.config  # type: ignore[attr-defined]
+        saved = cfg.id2label, cfg.label2id
+        cfg.id2label, cfg.label2id = dict(enumerate(labels)), {x: i for i, x in enumerate(labels)}
+        try:
+            return super().postprocess(model_outputs, **kwargs)  # type: ignore[misc]
+        finally:
+            cfg.id2label, cfg.label2id = saved
+
+
+class SkillNetTextClassificationPipeline(_TaskPipeline, TextClassificationPipeline):
+    heads = SERVES["sequence_classification"]
+
+
+class SkillNetTokenClassificationPipeline(_TaskPipeline, TokenClassificationPipeline):
+    heads = SERVES["token_classification"]
+
+
+class SkillNetFeatureExtractionPipeline(_TaskPipeline, FeatureExtractionPipeline):
+    pass
+
+
+class SkillNetFillMaskPipeline(_TaskPipeline, FillMaskPipeline):
+    pass
 
 
 class SkillNetText2TextPipeline(Pipeline):

@@ -8,7 +8,9 @@
   rewritten to match.
 * **Task classes** (`served_classes`): ``auto_map`` also names the model/hf_tasks.py classes the saved model
   can serve (fill-mask for the pre-trained model; sequence / token classification and QA by the task heads
-  of a fine-tuned one), and SkillNet-BART's config names its text2text pipeline in ``custom_pipelines``.
+  of a fine-tuned one), and ``custom_pipelines`` names the pipelines that take ``task=``: SkillNet-BART's
+  text2text, and SkillNet-BERT's subclasses of transformers' fill-mask, feature-extraction, text- and
+  token-classification pipelines (under those names).
 * **Tokenizer** (`save_tokenizer`): the WordPiece vocab as a `BertTokenizerFast`, so
   ``AutoTokenizer.from_pretrained(folder)`` works offline, and ``config.tokenizer_class`` names it; its
   ``model_max_length`` is the model's positions, so ``truncation=True`` fits the model.
@@ -76,6 +78,25 @@ CUSTOM_PIPELINES: dict[str, dict[str, dict[str, Any]]] = {
     "skillnet-bart": {"text2text-generation": {"impl": "skillnet_hf_tasks.SkillNetText2TextPipeline",
                                                "pt": ["AutoModelForSeq2SeqLM"]}},
 }
+# transformers' own pipelines, registered under their own names by a SkillNet-BERT export that serves their
+# auto class, so that task= / task_name= pick the model task (model/hf_tasks.py): auto class -> (name, class).
+_TASK_PIPELINES = {
+    "AutoModel": ("feature-extraction", "SkillNetFeatureExtractionPipeline"),
+    "AutoModelForMaskedLM": ("fill-mask", "SkillNetFillMaskPipeline"),
+    "AutoModelForSequenceClassification": ("text-classification", "SkillNetTextClassificationPipeline"),
+    "AutoModelForTokenClassification": ("token-classification", "SkillNetTokenClassificationPipeline"),
+}
+
+
+def custom_pipelines(model_type: str, config: dict[str, Any] | None = None) -> dict[str, dict[str, Any]]:
+    """The ``custom_pipelines`` of an export's config.json: task -> {"impl", "pt"}."""
+    out = dict(CUSTOM_PIPELINES.get(model_type, {}))
+    if model_type == "skillnet-bert":
+        for auto, _, _ in served_classes(model_type, config):
+            if auto in _TASK_PIPELINES:
+                name, cls = _TASK_PIPELINES[auto]
+                out[name] = {"impl": f"{_remote_name('hf_tasks')}.{cls}", "pt": [auto]}
+    return out
 
 
 def served_classes(model_type: str, config: dict[str, Any] | None = None) -> list[tuple[str, str, str]]:
@@ -119,8 +140,11 @@ def write_remote_code(folder: str | os.PathLike, model_type: str) -> list[str]:
     cfg_path = folder / "config.json"
     cfg = json.loads(cfg_path.read_text(encoding="utf-8"))
     cfg["auto_map"] = auto_map(model_type, cfg)
-    if model_type in CUSTOM_PIPELINES:
-        cfg["custom_pipelines"] = CUSTOM_PIPELINES[model_type]
+    pipes = custom_pipelines(model_type, cfg)
+    if pipes:
+        cfg["custom_pipelines"] = pipes
+    else:
+        cfg.pop("custom_pipelines", None)
     cfg_path.write_text(json.dumps(cfg, indent=2, sort_keys=True, ensure_ascii=False) + "\n", encoding="utf-8")
     return written
 

@@ -600,7 +600,7 @@ def main(argv: list[str] | None = None) -> int:
         "max_grad_norm": non_negative(), "betas": in_range(0, 1, hi_open=True), "save_every": non_negative(),
         "keep_last": non_negative(), "log_every": non_negative(), "eval_every": non_negative(),
         "eval_batches": at_least(1), "max_seq_len": at_least(8), "synthetic": non_negative(),
-        "data_workers": non_negative(),
+        "data_workers": non_negative(), "seed": non_negative(),
     })
     from skillnet.data_prep.shards import ShardError
     from skillnet.data_prep.tokenizer import TokenizerError

@@ -62,7 +62,10 @@ def write_corpus(d: Path, n_files: int = 4, docs_per_file: int = 30) -> list[tup
     d.mkdir(parents=True, exist_ok=True)
     by_name = {}
     for i in range(n_files):
-        docs = [(" ".join(s) if i % 2 else "".join(s), s) for s in make_docs(docs_per_file, seed=i)]
+        # Sentences run together in every other file, except that an English one starts after a space, as
+        # English text does: "coming.Is" reads as a dotted name, not two sentences (data_prep/sentences.py).
+        docs = [(" ".join(s) if i % 2 else "".join((" " if j and x.isascii() else "") + x for j, x in enumerate(s)),
+                 s) for s in make_docs(docs_per_file, seed=i)]
         body = "\n".join(t for t, _ in docs) + "\n"
         kind = i % 4
         name = f"f{i}." + ["txt", "txt.gz", "txt.zst", "jsonl"][kind]
@@ -399,3 +402,36 @@ def test_whole_word_flags_follow_jieba(tmp_path):
     words = list(jieba.cut("我们今天去北京参观博物馆。"))
     expect = np.concatenate([[True] + [False] * (len(w) - 1) for w in words])
     assert ws.tolist() == expect.tolist()
+
+
+ENGLISH = ("Use sys.argv to read the arguments. Mr. Smith paid 3.14 dollars, e.g. for tea at J. Doe's. "
+           "See Fig. 2 and the U.S. office etc. for more. It works... Really? Yes.")
+ENGLISH_SENTENCES = ["Use sys.argv to read the arguments.", "Mr. Smith paid 3.14 dollars, e.g. for tea at J. Doe's.",
+                     "See Fig. 2 and the U.S. office etc. for more.", "It works...", "Really?", "Yes."]
+
+
+def _sentences(out: Path) -> list[list[str]]:
+    tok = load_tokenizer()
+    return [[tok.decode(s) for s in doc] for doc in iter_documents_ids(out)]
+
+
+def test_english_full_stops_that_end_no_sentence(tmp_path):
+    """Dotted names, decimals, abbreviations and initials keep a sentence whole (data_prep/sentences.py); a
+    Chinese corpus builds byte for byte as with the token rule alone (`--sentence-split punct`)."""
+    tok = load_tokenizer()
+    (tmp_path / "en.txt").write_text(ENGLISH + "\nApple Inc. Sells phones.\n", encoding="utf-8")
+    build(cfg([str(tmp_path / "en.txt")], tmp_path / "auto"))
+    got = _sentences(tmp_path / "auto")
+    assert got[0] == [tok.decode(tok.encode_batch_flat([s])[0]) for s in ENGLISH_SENTENCES]
+    assert len(got[1]) == 2  # "Inc." is no abbreviation by default ...
+    build(cfg([str(tmp_path / "en.txt")], tmp_path / "abbr", abbreviations=("inc",)))
+    assert len(_sentences(tmp_path / "abbr")[1]) == 1  # ... unless named
+    build(cfg([str(tmp_path / "en.txt")], tmp_path / "punct", sentence_split="punct"))
+    assert len(_sentences(tmp_path / "punct")[0]) == 14  # every "." not before a digit ends one: fragments
+    zh = "他用了sys.argv。我们今天去北京。Mr. Wang说：好！价格是3.14元。\n中国的经济发展很快。你想一起去吗？\n"
+    (tmp_path / "zh.txt").write_text(zh * 20, encoding="utf-8")
+    for mode in ("auto", "punct"):
+        build(cfg([str(tmp_path / "zh.txt")], tmp_path / f"zh_{mode}", sentence_split=mode))
+    assert len(_sentences(tmp_path / "zh_auto")[0]) == 6  # a document with CJK keeps the token rule
+    for name in ("shard-000000.bin", "shard-000000.idx"):
+        assert (tmp_path / "zh_auto" / name).read_bytes() == (tmp_path / "zh_punct" / name).read_bytes()

@@ -88,10 +88,20 @@ def ft_run(tmp_path_factory) -> Path:
 
     from tests.test_finetune_e2e import _task, tiny_config
 
-    out = tmp_path_factory.mktemp("ft") / "run"
+    tmp = tmp_path_factory.mktemp("ft")
+    out = tmp / "run"
+    # A second classification task with labels of its own, for task= in the text-classification pipeline.
+    for split in ("train", "dev"):
+        rows = [json.loads(x) for x in (FIX / f"sent_{split}.jsonl").read_text(encoding="utf-8").splitlines()]
+        (tmp / f"length_{split}.jsonl").write_text("".join(
+            json.dumps({"text": r["text"], "label": "long" if len(r["text"]) >= 7 else "short"}, ensure_ascii=False)
+            + "\n" for r in rows), encoding="utf-8")
     d = tiny_config(out)
     d["tasks"] = [_task("sentiment", "classification", "sent", ["s1", "s4", "s7"]),
-                  _task("ner", "ner", "ner", ["s2", "s7"]), _task("mrc", "span", "mrc", ["s2", "s3", "s5", "s7"])]
+                  _task("ner", "ner", "ner", ["s2", "s7"]), _task("mrc", "span", "mrc", ["s2", "s3", "s5", "s7"]),
+                  {**_task("length", "classification", "sent", ["s3", "s7"]),
+                   "train": str(tmp / "length_train.jsonl"), "dev": str(tmp / "length_dev.jsonl")}]
+    d["tasks"][-1].pop("test", None)
     run_cli.run(FinetuneConfig.from_dict(d), tensorboard=False, progress=False)
     return out
 
@@ -164,6 +174,23 @@ with torch.no_grad():
 clf = pipeline("text-classification", model=folder, trust_remote_code=True)
 res["labels"] = [r["label"] for r in clf({_sent_texts()!r})]
 """),
+        ("task_choice", ft, f"""
+clf = pipeline("text-classification", model=folder, trust_remote_code=True)
+res["per_call"] = [r["label"] for r in clf({_sent_texts()!r}, task="length")]
+res["default_after"] = [r["label"] for r in clf({_sent_texts()!r})]
+named = pipeline("text-classification", model=folder, trust_remote_code=True, task_name="length")
+res["per_pipeline"] = [r["label"] for r in named({_sent_texts()!r})]
+res["errors"] = []
+for bad in ("ner", "nope"):
+    try:
+        clf("很好", task=bad)
+    except ValueError as e:
+        res["errors"].append(str(e))
+"""),
+        ("features_task", pt_export, r"""
+fe = pipeline("feature-extraction", model=folder, trust_remote_code=True)
+res["nsp"] = fe("我爱北京天安门", task="nsp")[0]
+"""),
         ("token_classification", ft, f"""
 ner = pipeline("token-classification", model=folder, trust_remote_code=True, aggregation_strategy="simple")
 res["ents"] = [[(e["entity_group"], e["start"], e["end"], e["word"].replace(" ", "")) for e in row]
@@ -229,6 +256,29 @@ def test_text_classification_matches_predict(ft_run, plain):
     cfg = json.loads((folder / "config.json").read_text())
     assert cfg["default_task"] == "sentiment" and set(cfg["label2id"]) == {"pos", "neg"}
     assert plain["text_classification"]["labels"] == want
+
+
+def test_task_picks_the_head_of_a_standard_pipeline(ft_run, pt_export, plain):
+    """task= per call, or task_name= per pipeline, runs that task with its labels; a task the pipeline cannot
+    run is an error naming those it can (issue 29: it used to answer with the default task's labels)."""
+    from skillnet.finetune.predict import Predictor
+    from skillnet.model import SkillNetBertForPreTraining
+    from transformers import AutoTokenizer
+
+    pred = Predictor(ft_run / "export")
+    res = plain["task_choice"]
+    want = pred.predict("length", [{"text": t} for t in _sent_texts()])
+    assert set(want) <= {"long", "short"}
+    assert res["per_call"] == want and res["per_pipeline"] == want
+    assert res["default_after"] == pred.predict("sentiment", [{"text": t} for t in _sent_texts()])
+    assert len(res["errors"]) == 2, res["errors"]
+    assert all("text-classification" in e and "length" in e and "sentiment" in e for e in res["errors"]), res["errors"]
+    assert "'ner'" in res["errors"][0] and "'nope'" in res["errors"][1]
+    tok = AutoTokenizer.from_pretrained(str(pt_export))
+    m = SkillNetBertForPreTraining.from_pretrained(str(pt_export)).eval()
+    with torch.no_grad():
+        want_nsp = m.bert(**tok("我爱北京天安门", return_tensors="pt"), task="nsp").last_hidden_state[0]
+    torch.testing.assert_close(torch.tensor(plain["features_task"]["nsp"]), want_nsp, rtol=1e-4, atol=1e-4)
 
 
 def test_token_classification_entities_match_predict(ft_run, plain):

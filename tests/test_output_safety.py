@@ -1,21 +1,28 @@
 """Nothing a user types loses data: each case below is what a command does with output that already exists,
 a damaged checkpoint or a degenerate option. CASES is also the table in docs/safety.md
-(``SKILLNET_WRITE_DOCS=1 pytest tests/test_output_safety.py -k docs`` rewrites it)."""
+(``SKILLNET_WRITE_DOCS=1 pytest tests/test_output_safety.py -k docs`` rewrites it).
+
+Every command runs through its ``main()`` in this process, as its command line does (exit status, stdout,
+stderr): what is tested is what each command does with its arguments, not the interpreter around it, and a
+traceback is an exception that fails the test. One pre-training run and one fine-tuning run are shared by
+the tests that need one (copied where a test changes it)."""
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import os
-import subprocess
-import sys
+import shutil
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import NamedTuple
 
 import pytest
 import torch
 
 REPO = Path(__file__).resolve().parents[1]
-PT = [sys.executable, str(REPO / "pretrain" / "run.py")]
-TINY = ["--synthetic", "200", "--preset", "tiny", "--max-seq-len", "32", "--no-progress", "--no-tensorboard",
+TINY = ["--synthetic", "64", "--preset", "tiny", "--max-seq-len", "32", "--no-progress", "--no-tensorboard",
         "--log-every", "1"]
 FT_CONFIG = str(REPO / "finetune" / "configs" / "tiny.json")
 
@@ -38,14 +45,70 @@ CASES = [
      "resumes from the newest intact one, with a one-line warning; an error if none is intact"),
     ("pretrain/run.py", "`--resume .../step_N` has no `complete` marker (or is damaged)", "refused"),
     ("pretrain/run.py", "DeepSpeed: a rank's files missing, `latest` naming a missing tag", "that checkpoint is skipped"),
-    ("every command", "an output path that is a file, or cannot be written", "refused in one line"),
-    ("every command", "`--lr` <= 0, `--max-steps` 0, other values out of range", "one line naming the option and range"),
+    ("data_prep.tasks convert", "`--out` holds files a conversion did not write, or one of other settings",
+     "refused; `--overwrite` removes the earlier conversion's files"),
+    ("data_prep.tasks convert", "`--out` holds the same conversion", "rewritten (says so); a failed rerun leaves it whole"),
+    ("data_prep.tasks convert", "no record is kept (empty or wrong-format input)", "exit 1, names why, writes nothing"),
+    ("finetune.predict", "`--output` is its own `--input`", "refused, even with `--overwrite`"),
+    ("finetune.predict", "`--output` exists and holds no predictions", "refused; `--overwrite` replaces it"),
+    ("finetune.predict", "`--output` holds earlier predictions", "replaced, atomically"),
+    ("finetune.compare", "`--output-dir` holds other files, or a comparison of another config",
+     "refused (no `--overwrite`: pick another folder)"),
+    ("finetune.compare", "`--output-dir` holds a comparison of the same config (or one from before folders were "
+     "marked)", "continues it (finished runs kept)"),
+    ("finetune.compare, reproduce", "`--report` (`--write`) exists and the command did not write it",
+     "refused before anything runs; `--overwrite` replaces it"),
+    ("reproduce", "`--out` holds other files, or a reproduction of another profile",
+     "refused (no `--overwrite`: pick another folder)"),
+    ("reproduce", "`--out` holds a reproduction of the same profile (or one from before folders were marked)",
+     "continues it (finished stages kept)"),
+    ("every command", "an output path that is a file (a folder, for a file output), or cannot be written",
+     "refused in one line"),
+    ("every command", "`--lr` <= 0, `--max-steps` 0, `--batch-size` 0, `--gpus` 0, `--seed` -1, other values out of range",
+     "one line naming the option and range"),
 ]
 
 
-def _run(cmd: list[str], cwd: Path, **kw) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
-    return subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=300, env=env, **kw)
+class Run(NamedTuple):
+    rc: int
+    err: str
+    out: str
+
+
+def _main(main: Callable[[list[str]], int], argv: Sequence[object]) -> Run:
+    """``main(argv)`` as its command line runs it: exit status (argparse's SystemExit included), stderr,
+    stdout. An exception escaping it, a traceback on the command line, fails the test."""
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            rc = main([str(a) for a in argv])
+        except SystemExit as e:
+            rc = e.code if isinstance(e.code, int) else 1
+    return Run(rc, err.getvalue(), out.getvalue())
+
+
+def _pretrain(*argv: object) -> Run:
+    from skillnet.pretrain.run import main
+
+    return _main(main, [*TINY, *argv])
+
+
+def _export(*argv: object) -> Run:
+    from skillnet.pretrain.export import main
+
+    return _main(main, argv)
+
+
+def _finetune(*argv: object) -> Run:
+    from skillnet.finetune.run import main
+
+    return _main(main, ["--config", FT_CONFIG, "--no-progress", "--no-tensorboard", *argv])
+
+
+def _data_prep(*argv: object) -> Run:
+    from skillnet.data_prep.__main__ import main
+
+    return _main(main, argv)
 
 
 def _files(d: Path) -> dict[str, bytes]:
@@ -54,83 +117,90 @@ def _files(d: Path) -> dict[str, bytes]:
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """One tiny plain pre-training run with checkpoints at steps 2 and 4 (and an export of it)."""
+    """A folder holding one tiny plain pre-training run, pt/, with checkpoints at steps 2 and 4."""
     d = tmp_path_factory.mktemp("safety")
-    r = _run([*PT, *TINY, "--max-steps", "4", "--save-every", "2", "--keep-last", "3", "--output-dir", "pt"], d)
-    assert r.returncode == 0, r.stderr[-2000:]
+    r = _pretrain("--max-steps", 4, "--save-every", 2, "--keep-last", 3, "--output-dir", d / "pt")
+    assert r.rc == 0, r.err[-2000:]
     return d
 
 
-def _copy_run(runs: Path, dst: Path) -> Path:
-    import shutil
+@pytest.fixture(scope="module")
+def ft_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A finished 2-step fine-tuning run of finetune/configs/tiny.json (its export/ is what predict reads)."""
+    d = tmp_path_factory.mktemp("ft") / "ft"
+    r = _finetune("--output-dir", d, "--max-steps", 2)
+    assert r.rc == 0, r.err[-2000:]
+    return d
 
-    shutil.copytree(runs / "pt", dst)
+
+def _copy_run(src: Path, dst: Path) -> Path:
+    shutil.copytree(src, dst)
     return dst
 
 
 # ---- export --------------------------------------------------------------------------------------------
 def test_export_never_clobbers(runs: Path, tmp_path: Path) -> None:
-    export = [sys.executable, "-m", "skillnet.pretrain.export", "--checkpoint", str(runs / "pt")]
+    run = runs / "pt"
     other = tmp_path / "mine"
     other.mkdir()
     (other / "notes.txt").write_text("keep me")
-    r = _run([*export, "--out", str(other)], tmp_path)
-    assert r.returncode == 2 and "--overwrite" in r.stderr and (other / "notes.txt").read_text() == "keep me"
-    before = _files(runs / "pt")
-    for out in (runs / "pt", runs):  # the run itself, and a folder holding it
-        r = _run([*export, "--out", str(out), "--overwrite"], tmp_path)
-        assert r.returncode == 2 and "run being exported" in r.stderr, r.stderr
-    assert _files(runs / "pt") == before
-    r = _run([*export, "--out", str(tmp_path / "hf")], tmp_path)
-    assert r.returncode == 0, r.stderr
-    r = _run([*export, "--out", str(tmp_path / "hf")], tmp_path)  # the same export again: replaced, said so
-    assert r.returncode == 0 and "replacing the earlier export" in r.stderr
-    r = _run([*export, "--out", str(tmp_path / "hf"), "--tag", "step_00000002"], tmp_path)  # another checkpoint
-    assert r.returncode == 2 and "other settings" in r.stderr
-    r = _run([*export, "--out", str(other), "--overwrite"], tmp_path)
-    assert r.returncode == 0 and not (other / "notes.txt").exists() and (other / "config.json").is_file()
-    r = _run([*export, "--out", str(runs / "pt" / "run_args.json")], tmp_path)  # a file
-    assert r.returncode == 2 and "is a file" in r.stderr
+    r = _export("--checkpoint", run, "--out", other)
+    assert r.rc == 2 and "--overwrite" in r.err and (other / "notes.txt").read_text() == "keep me"
+    before = _files(run)
+    for out in (run, runs):  # the run itself, and a folder holding it
+        r = _export("--checkpoint", run, "--out", out, "--overwrite")
+        assert r.rc == 2 and "run being exported" in r.err, r.err
+    assert _files(run) == before
+    hf = tmp_path / "hf"
+    assert _export("--checkpoint", run, "--out", hf).rc == 0
+    r = _export("--checkpoint", run, "--out", hf)  # the same export again: replaced, said so
+    assert r.rc == 0 and "replacing the earlier export" in r.err
+    r = _export("--checkpoint", run, "--out", hf, "--tag", "step_00000002")  # another checkpoint
+    assert r.rc == 2 and "other settings" in r.err
+    r = _export("--checkpoint", run, "--out", other, "--overwrite")
+    assert r.rc == 0 and not (other / "notes.txt").exists() and (other / "config.json").is_file()
+    r = _export("--checkpoint", run, "--out", run / "run_args.json")  # a file
+    assert r.rc == 2 and "is a file" in r.err
 
 
 # ---- pre-training ----------------------------------------------------------------------------------------
 def test_pretrain_refuses_another_model_in_the_same_dir(runs: Path, tmp_path: Path) -> None:
-    run = _copy_run(runs, tmp_path / "pt")
+    run = _copy_run(runs / "pt", tmp_path / "pt")
     before = _files(run)
-    r = _run([*PT, *TINY, "--preset", "small", "--max-steps", "6", "--output-dir", str(run)], tmp_path)
-    assert r.returncode == 2 and "other settings (preset)" in r.stderr and _files(run) == before, r.stderr
-    r = _run([*PT, *TINY, "--dense", "--max-steps", "6", "--output-dir", str(run)], tmp_path)
-    assert r.returncode == 2 and _files(run) == before
-    r = _run([*PT, *TINY, "--preset", "small", "--max-steps", "1", "--output-dir", str(run), "--overwrite"], tmp_path)
-    assert r.returncode == 0 and '"step": 1' in r.stdout, r.stderr[-2000:]
+    r = _pretrain("--preset", "small", "--max-steps", 6, "--output-dir", run)
+    assert r.rc == 2 and "other settings (preset)" in r.err and _files(run) == before, r.err
+    r = _pretrain("--dense", "--max-steps", 6, "--output-dir", run)
+    assert r.rc == 2 and _files(run) == before
+    r = _pretrain("--preset", "small", "--max-steps", 1, "--output-dir", run, "--overwrite")
+    assert r.rc == 0 and '"step": 1' in r.out, r.err[-2000:]
 
 
 @pytest.mark.parametrize("damage", ["plain.pt", "trainer_rank0.pt", "truncate"])
 def test_a_damaged_latest_checkpoint_falls_back(runs: Path, tmp_path: Path, damage: str) -> None:
-    run = _copy_run(runs, tmp_path / "pt")
+    run = _copy_run(runs / "pt", tmp_path / "pt")
     step4 = run / "checkpoints" / "step_00000004"
     if damage == "truncate":
         data = (step4 / "plain.pt").read_bytes()
         (step4 / "plain.pt").write_bytes(data[: len(data) // 2])
     else:
         (step4 / damage).unlink()
-    r = _run([*PT, *TINY, "--max-steps", "5", "--output-dir", str(run)], tmp_path)
-    assert r.returncode == 0, r.stderr[-2000:]
-    assert "skipped damaged checkpoint(s) step_00000004" in r.stderr and "resumed from" in r.stdout
-    assert "at step 2" in r.stdout and '"step": 5' in r.stdout
+    r = _pretrain("--max-steps", 5, "--output-dir", run)
+    assert r.rc == 0, r.err[-2000:]
+    assert "skipped damaged checkpoint(s) step_00000004" in r.err and "resumed from" in r.out
+    assert "at step 2" in r.out and '"step": 5' in r.out
     # nothing intact at all: one line, no traceback
     for step in (run / "checkpoints").glob("step_*"):
         (step / "trainer_rank0.pt").unlink(missing_ok=True)
-    r = _run([*PT, *TINY, "--max-steps", "6", "--output-dir", str(run)], tmp_path)
-    assert r.returncode == 2 and "no intact checkpoint" in r.stderr and "Traceback" not in r.stderr, r.stderr[-1500:]
+    r = _pretrain("--max-steps", 6, "--output-dir", run)
+    assert r.rc == 2 and "no intact checkpoint" in r.err, r.err[-1500:]
 
 
 def test_resume_of_a_step_without_its_marker_is_refused(runs: Path, tmp_path: Path) -> None:
-    run = _copy_run(runs, tmp_path / "pt")
+    run = _copy_run(runs / "pt", tmp_path / "pt")
     step4 = run / "checkpoints" / "step_00000004"
     (step4 / "complete").unlink()  # `latest` still names it
-    r = _run([*PT, *TINY, "--max-steps", "6", "--output-dir", str(run), "--resume", str(step4)], tmp_path)
-    assert r.returncode == 2 and "no 'complete' marker" in r.stderr and "Traceback" not in r.stderr, r.stderr[-1500:]
+    r = _pretrain("--max-steps", 6, "--output-dir", run, "--resume", step4)
+    assert r.rc == 2 and "no 'complete' marker" in r.err, r.err[-1500:]
 
 
 def test_deepspeed_layout_checks(tmp_path: Path) -> None:
@@ -155,59 +225,187 @@ def test_deepspeed_layout_checks(tmp_path: Path) -> None:
 
 
 # ---- fine-tuning -----------------------------------------------------------------------------------------
-def test_finetune_leaves_a_finished_run_and_refuses_another(tmp_path: Path) -> None:
-    ft = [sys.executable, "-m", "skillnet.finetune.run", "--config", FT_CONFIG, "--output-dir", "ft", "--no-progress",
-          "--no-tensorboard", "--max-steps", "2"]
-    r = _run(ft, tmp_path)
-    assert r.returncode == 0, r.stderr[-2000:]
-    before = _files(tmp_path / "ft")
-    r = _run(ft, tmp_path)  # the same configuration, finished: nothing trains, nothing changes
-    assert r.returncode == 0 and "nothing to do" in r.stderr and _files(tmp_path / "ft") == before
-    r = _run([*ft, "--seed", "1"], tmp_path)  # another run: refused
-    assert r.returncode == 2 and "other settings" in r.stderr and _files(tmp_path / "ft") == before
+def test_finetune_leaves_a_finished_run_and_refuses_another(ft_run: Path, tmp_path: Path) -> None:
+    ft = _copy_run(ft_run, tmp_path / "ft")
+    before = _files(ft)
+    r = _finetune("--output-dir", ft, "--max-steps", 2)  # the same configuration, finished: nothing changes
+    assert r.rc == 0 and "nothing to do" in r.err and _files(ft) == before
+    r = _finetune("--output-dir", ft, "--max-steps", 2, "--seed", 1)  # another run: refused
+    assert r.rc == 2 and "other settings" in r.err and _files(ft) == before
     (tmp_path / "f").write_text("x")
-    r = _run([*ft[:6], "f", *ft[7:]], tmp_path)
-    assert r.returncode == 2 and "is a file" in r.stderr
-    r = _run([*ft, "--seed", "1", "--overwrite"], tmp_path)
-    assert r.returncode == 0 and json.loads((tmp_path / "ft" / "results.json").read_text())
+    r = _finetune("--output-dir", tmp_path / "f", "--max-steps", 2)
+    assert r.rc == 2 and "is a file" in r.err
+    r = _finetune("--output-dir", ft, "--max-steps", 1, "--seed", 1, "--overwrite")
+    assert r.rc == 0 and json.loads((ft / "results.json").read_text()) and _files(ft) != before
 
 
 # ---- data_prep -------------------------------------------------------------------------------------------
 def test_data_prep_build_refuses_another_build_and_empty_input(tmp_path: Path) -> None:
-    dp = [sys.executable, "-m", "skillnet.data_prep", "build", "--no-progress", "--unit-bytes", "40"]
-    (tmp_path / "a.txt").write_text("第一句。第二句！\n另一个文档。很好。\n" * 20, encoding="utf-8")
-    (tmp_path / "b.txt").write_text("完全不同的文本。\n", encoding="utf-8")
-    (tmp_path / "empty.txt").write_text("", encoding="utf-8")
-    assert _run([*dp, "a.txt", "--out", "o"], tmp_path).returncode == 0
-    n_shards = len(list((tmp_path / "o").glob("shard-*.bin")))
-    assert n_shards > 1
-    before = _files(tmp_path / "o")
-    r = _run([*dp, "b.txt", "--out", "o"], tmp_path)
-    assert r.returncode == 2 and "--overwrite" in r.stderr and _files(tmp_path / "o") == before
-    r = _run([*dp, "a.txt", "--out", "o"], tmp_path)  # the same build again: continues, keeps the shards
-    assert r.returncode == 0 and _files(tmp_path / "o").keys() == before.keys()
-    r = _run([*dp, "b.txt", "--out", "o", "--overwrite"], tmp_path)
-    assert r.returncode == 0 and len(list((tmp_path / "o").glob("shard-*.bin"))) == 1  # no stale shard left
-    r = _run([*dp, "empty.txt", "--out", "e"], tmp_path)
-    assert r.returncode == 1 and "no document was kept" in r.stderr
-    r = _run([*dp, "a.txt", "--out", "t", "--max-doc-bytes", "0"], tmp_path)
-    assert r.returncode == 2 and "--max-doc-bytes 0: must be > 0" in r.stderr
-    r = _run([*dp, "a.txt", "--out", "a.txt"], tmp_path)
-    assert r.returncode == 2 and "is a file" in r.stderr
+    dp = ["build", "--no-progress", "--unit-bytes", "40"]
+    a, b, empty, o = tmp_path / "a.txt", tmp_path / "b.txt", tmp_path / "empty.txt", tmp_path / "o"
+    a.write_text("第一句。第二句！\n另一个文档。很好。\n" * 8, encoding="utf-8")
+    b.write_text("完全不同的文本。\n", encoding="utf-8")
+    empty.write_text("", encoding="utf-8")
+    assert _data_prep(*dp, a, "--out", o).rc == 0
+    assert len(list(o.glob("shard-*.bin"))) > 1
+    before = _files(o)
+    r = _data_prep(*dp, b, "--out", o)
+    assert r.rc == 2 and "--overwrite" in r.err and _files(o) == before
+    r = _data_prep(*dp, a, "--out", o)  # the same build again: continues, keeps the shards
+    assert r.rc == 0 and _files(o).keys() == before.keys()
+    r = _data_prep(*dp, b, "--out", o, "--overwrite")
+    assert r.rc == 0 and len(list(o.glob("shard-*.bin"))) == 1  # no stale shard left
+    r = _data_prep(*dp, empty, "--out", tmp_path / "e")
+    assert r.rc == 1 and "no document was kept" in r.err
+    r = _data_prep(*dp, a, "--out", tmp_path / "t", "--max-doc-bytes", 0)
+    assert r.rc == 2 and "--max-doc-bytes 0: must be > 0" in r.err
+    r = _data_prep(*dp, a, "--out", a)
+    assert r.rc == 2 and "is a file" in r.err
+
+
+# ---- the other commands: task conversion, predict, compare, the reproduction ------------------------------
+def test_task_convert_claims_its_folder(tmp_path: Path) -> None:
+    from skillnet.data_prep.tasks.__main__ import main
+
+    src = tmp_path / "in.json"
+    src.write_text("".join(json.dumps({"sentence": f"第{i}句", "label": str(i % 2)}) + "\n" for i in range(40)))
+    conv = ["convert", "chnsenticorp", "--input", src]
+    (tmp_path / "afile").write_text("x")
+    rc, err, _ = _main(main, [*conv, "--out", tmp_path / "afile"])
+    assert rc == 2 and "is a file" in err
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "train.jsonl").write_text("keep me")
+    rc, err, _ = _main(main, [*conv, "--out", other])
+    assert rc == 2 and "--overwrite" in err and (other / "train.jsonl").read_text() == "keep me"
+    out = tmp_path / "task"
+    assert _main(main, [*conv, "--out", out])[0] == 0
+    before = _files(out)
+    rc, err, _ = _main(main, [*conv, "--out", out])  # the same conversion again: rewritten, said so
+    assert rc == 0 and "replacing" in err and _files(out) == before
+    rc, err, _ = _main(main, [*conv, "--out", out, "--seed", "3"])
+    assert rc == 2 and "other settings (seed)" in err and _files(out) == before
+    rc, err, _ = _main(main, ["convert", "chnsenticorp", "--input", f"train={src}", "--out", out, "--overwrite"])
+    assert rc == 0 and sorted(p.name for p in out.iterdir() if p.suffix) == [".skillnet_output.json", "task.json",
+                                                                             "train.jsonl"]  # no stale dev/test
+    (tmp_path / "empty.json").write_text("")
+    rc, err, _ = _main(main, ["convert", "chnsenticorp", "--input", tmp_path / "empty.json", "--out", tmp_path / "e"],
+                    )
+    assert rc == 1 and "no record" in err
+    for opt, value, rule in [("--max-examples", "0", "must be >= 1"), ("--max-eval-examples", "-1", "must be >= 0"),
+                             ("--clean-ratio", "2", "must be in [0, 1]"), ("--max-chars", "0", "must be >= 1"),
+                             ("--negatives", "0", "must be >= 1")]:
+        rc, err, _ = _main(main, [*conv, "--out", tmp_path / "t", opt, value])
+        assert rc == 2 and f"{opt} {value}" in err and rule in err, err
+    assert not (tmp_path / "t").exists()
+
+
+def test_predict_never_clobbers(ft_run: Path, tmp_path: Path) -> None:
+    from skillnet.finetune.predict import main
+
+    src = tmp_path / "in.jsonl"
+    src.write_text(json.dumps({"text": "很好", "task": "sentiment"}, ensure_ascii=False) + "\n")
+    text = src.read_text()
+    pred = ["--model", ft_run / "export", "--input", src, "--no-progress"]
+    for extra in (["--output", src], ["--output", src, "--overwrite"]):  # its own input: refused, always
+        rc, err, _ = _main(main, [*pred, *extra])
+        assert rc == 2 and "input" in err and src.read_text() == text, err
+    notes = tmp_path / "notes.jsonl"
+    notes.write_text("keep me\n")
+    rc, err, _ = _main(main, [*pred, "--output", notes])
+    assert rc == 2 and "--overwrite" in err and notes.read_text() == "keep me\n"
+    out = tmp_path / "out.jsonl"
+    assert _main(main, [*pred, "--output", out])[0] == 0
+    assert _main(main, [*pred, "--output", out])[0] == 0  # its own predictions: replaced
+    assert "prediction" in json.loads(out.read_text())
+    assert _main(main, [*pred, "--output", notes, "--overwrite"])[0] == 0 and "prediction" in notes.read_text()
+    rc, err, _ = _main(main, [*pred, "--output", tmp_path])
+    assert rc == 2 and "is a folder" in err
+    rc, err, _ = _main(main, [*pred, "--output", tmp_path / "o2.jsonl", "--batch-size", "0"])
+    assert rc == 2 and "--batch-size 0: must be >= 1" in err
+    rc, err, _ = _main(main, ["--model", ft_run / "export", "--input", tmp_path / "missing.jsonl", "--output",
+                           tmp_path / "o3.jsonl"])
+    assert rc == 2 and "missing.jsonl" in err
+    assert not (tmp_path / "o2.jsonl").exists() and not (tmp_path / "o3.jsonl").exists()
+
+
+def test_compare_claims_its_folder_and_report(tmp_path: Path) -> None:
+    from skillnet.finetune.compare import main
+
+    cmp = ["--config", FT_CONFIG, "--methods", "skillnet", "--seeds", "0", "--no-plots", "--dry-run"]
+    (tmp_path / "afile").write_text("x")
+    rc, err, _ = _main(main, [*cmp, "--output-dir", tmp_path / "afile"])
+    assert rc == 2 and "is a file" in err
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "notes.txt").write_text("keep me")
+    rc, err, _ = _main(main, [*cmp, "--output-dir", other])
+    assert rc == 2 and _files(other) == {"notes.txt": b"keep me"}, err
+    rc, err, _ = _main(main, [*cmp, "--output-dir", tmp_path / "c", "--report", tmp_path / "afile"])
+    assert rc == 2 and "--report" in err and (tmp_path / "afile").read_text() == "x"
+    assert _main(main, [*cmp, "--output-dir", tmp_path / "c"])[0] == 0
+    assert _main(main, [*cmp, "--output-dir", tmp_path / "c"])[0] == 0  # its own folder: resumed
+    old = tmp_path / "before_markers"  # a comparison written before folders were marked still resumes
+    (old / "skillnet" / "seed0").mkdir(parents=True)
+    (old / "skillnet" / "seed0" / "run.log").write_text("$ python -m skillnet.finetune.run ...\n")
+    assert _main(main, [*cmp, "--output-dir", old])[0] == 0
+    for opt, value, rule in [("--nproc", "0", "must be >= 1"), ("--threads", "0", "must be >= 1"),
+                             ("--max-steps", "0", "must be >= 1"), ("--jobs", "0", "must be >= 1"),
+                             ("--seeds", "-1", "must be >= 0")]:
+        rc, err, _ = _main(main, [*cmp, "--output-dir", tmp_path / "d", opt, value])
+        assert rc == 2 and f"{opt} {value}: {rule}" in err, err
+    rc, err, _ = _main(main, [*cmp, "--output-dir", tmp_path / "d", "--nproc", "2", "--ds-config",
+                              tmp_path / "missing.json"])  # every run would fail on it, one by one
+    assert rc == 2 and "--ds-config" in err and "missing.json" in err, err
+    assert not (tmp_path / "d").exists()
+
+
+def test_reproduce_claims_its_folder_and_checks_options(tmp_path: Path) -> None:
+    from skillnet.experiments.__main__ import main
+
+    rep = ["--quick", "--dry-run", "--stages", "corpus"]
+    (tmp_path / "afile").write_text("x")
+    rc, err, _ = _main(main, [*rep, "--out", tmp_path / "afile"])
+    assert rc == 2 and "is a file" in err
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "notes.txt").write_text("keep me")
+    rc, err, _ = _main(main, [*rep, "--out", other])
+    assert rc == 2 and "Pick another folder" in err and _files(other) == {"notes.txt": b"keep me"}, err
+    assert _main(main, [*rep, "--out", tmp_path / "r"])[0] == 0
+    assert _main(main, [*rep, "--out", tmp_path / "r"])[0] == 0  # its own: continued
+    old = tmp_path / "before_markers"  # a reproduction written before folders were marked still resumes
+    (old / "stages").mkdir(parents=True)
+    (old / "stages" / "corpus.json").write_text(json.dumps({"stage": "corpus", "seconds": 1.0}))
+    assert _main(main, [*rep, "--out", old])[0] == 0
+    rc, err, _ = _main(main, ["--profile", "full", "--dry-run", "--stages", "corpus", "--out", tmp_path / "r"])
+    assert rc == 2 and "other settings (profile)" in err
+    rc, err, _ = _main(main, [*rep, "--out", tmp_path / "r2", "--report", tmp_path / "afile"])
+    assert rc == 2 and "--report" in err and (tmp_path / "afile").read_text() == "x"
+    rc, err, _ = _main(main, ["--estimate", "--write", tmp_path / "afile"])
+    assert rc == 2 and "--write" in err and (tmp_path / "afile").read_text() == "x"
+    rc, err, _ = _main(main, ["--estimate", "--write", tmp_path])
+    assert rc == 2 and "is a folder" in err
+    for opt, value in [("--gpus", "0"), ("--gpus", "-2"), ("--jobs", "0"), ("--threads", "-1")]:
+        rc, err, _ = _main(main, [*rep, "--out", tmp_path / "d", opt, value])
+        assert rc == 2 and f"{opt} {value}: must be >= 1" in err, err
+    assert not (tmp_path / "d").exists()
 
 
 # ---- degenerate options ----------------------------------------------------------------------------------
-@pytest.mark.parametrize("cmd, message", [
-    ([*PT, "--synthetic", "10", "--lr", "-1"], "--lr -1.0: must be > 0"),
-    ([*PT, "--synthetic", "10", "--lr", "0"], "--lr 0.0: must be > 0"),
-    ([*PT, "--synthetic", "10", "--max-steps", "0"], "--max-steps 0: must be >= 1"),
-    ([sys.executable, "-m", "skillnet.finetune.run", "--config", FT_CONFIG, "--lr", "-1"], "--lr -1.0: must be > 0"),
-    ([sys.executable, "-m", "skillnet.finetune.run", "--config", FT_CONFIG, "--max-steps", "0"],
-     "--max-steps 0: must be >= 1"),
+@pytest.mark.parametrize("run, argv, message", [
+    (_pretrain, ["--lr", "-1"], "--lr -1.0: must be > 0"),
+    (_pretrain, ["--lr", "0"], "--lr 0.0: must be > 0"),
+    (_pretrain, ["--max-steps", "0"], "--max-steps 0: must be >= 1"),
+    (_finetune, ["--lr", "-1"], "--lr -1.0: must be > 0"),
+    (_finetune, ["--max-steps", "0"], "--max-steps 0: must be >= 1"),
+    (_pretrain, ["--seed", "-1"], "--seed -1: must be >= 0"),  # numpy's generators take no negative seed
+    (_finetune, ["--seed", "-1"], "--seed -1: must be >= 0"),
 ])
-def test_degenerate_options_get_one_line(tmp_path: Path, cmd: list[str], message: str) -> None:
-    r = _run(cmd, tmp_path)
-    assert r.returncode == 2 and message in r.stderr and "Traceback" not in r.stderr, r.stderr[-1500:]
+def test_degenerate_options_get_one_line(tmp_path: Path, run: Callable[..., Run], argv: list[str],
+                                         message: str) -> None:
+    r = run(*argv, "--output-dir", tmp_path / "out")
+    assert r.rc == 2 and r.err.strip().splitlines()[-1].endswith(message), r.err[-1500:]  # argparse: usage, error
     assert not any(tmp_path.iterdir())  # nothing written
 
 

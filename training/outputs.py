@@ -10,6 +10,10 @@ Every command that writes a folder claims it first (``claim_output``):
   one line naming the folder and what it holds, unless ``--overwrite`` is given;
 * a path that is a file, or a folder that cannot be written, is refused in one line too.
 
+A command that writes one file (predictions, a report) claims it with ``claim_file``: an existing file is
+replaced only when it is what the command writes (its own test, e.g. the report's "Written by" line) or with
+``--overwrite``; a folder, an unwritable place or one of the command's inputs is refused.
+
 ``check_options`` turns a value outside an option's range (``--lr -1``, ``--max-steps 0``) into one line
 naming the option and the range, through the command's own parser (exit status 2, as argparse does).
 """
@@ -26,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 __all__ = ["MARKER", "OutputError", "Claim", "claim_output", "replace_dir", "check_options", "Rule",
-           "positive", "non_negative", "at_least", "in_range", "remove_own"]
+           "positive", "non_negative", "at_least", "in_range", "remove_own", "claim_file", "starts_with"]
 
 MARKER = ".skillnet_output.json"
 
@@ -51,14 +55,17 @@ def _writable(path: Path) -> bool:
     return p.is_dir() and os.access(p, os.W_OK | os.X_OK)
 
 
-def claim_output(path: str | Path, *, option: str, command: str, identity: dict[str, Any], overwrite: bool,
+def claim_output(path: str | Path, *, option: str, command: str, identity: dict[str, Any], overwrite: bool | None,
                  describe: Callable[[Path], str] | None = None, ignore: Iterable[str] = (),
-                 write: bool = True) -> Claim:
+                 write: bool = True, adopt: Callable[[Path], bool] | None = None) -> Claim:
     """Create or take over ``path`` for ``command`` (module docstring). ``identity``: JSON-able settings that
     make two runs the same one (a resume or a redo), e.g. the source checkpoint of an export. ``ignore``:
     names that do not make a folder non-empty (a caller's own log of the command, written first).
     ``write=False``: decide (and raise) without creating or marking anything, e.g. on every rank of a
-    launch before rank 0 claims the folder."""
+    launch before rank 0 claims the folder. ``overwrite=None``: the command has no ``--overwrite`` (it cannot
+    tell its own files from others' to remove them), so a refusal only names another folder. ``adopt``:
+    recognises an unmarked folder as this command's output from before folders were marked (it is marked and
+    taken as its own, not refused)."""
     p = Path(path)
     if p.exists() and not p.is_dir():
         raise OutputError(f"{option} {p}: is a file, not a folder; give a folder path")
@@ -82,6 +89,10 @@ def claim_output(path: str | Path, *, option: str, command: str, identity: dict[
             previous = None
     if previous == mine:
         return Claim(p, "own", previous)
+    if previous is None and adopt is not None and adopt(p):
+        if write:
+            marker.write_text(json.dumps(mine, indent=2, sort_keys=True) + "\n")
+        return Claim(p, "own", None)
     if overwrite:
         if write:
             marker.write_text(json.dumps(mine, indent=2, sort_keys=True) + "\n")
@@ -94,8 +105,39 @@ def claim_output(path: str | Path, *, option: str, command: str, identity: dict[
         diff = sorted(k for k in set(ident) | set(previous.get("identity", {}))
                       if ident.get(k) != previous.get("identity", {}).get(k))
         what = f"an earlier `{command}` with other settings ({', '.join(diff)})"
-    raise OutputError(f"{option} {p}: holds {what}; nothing was changed. Pick another folder, or add --overwrite "
-                      f"to replace it")
+    way_out = "Pick another folder" + (", or add --overwrite to replace it" if overwrite is not None else "")
+    raise OutputError(f"{option} {p}: holds {what}; nothing was changed. {way_out}")
+
+
+def starts_with(text: str, within: int = 4096) -> Callable[[Path], bool]:
+    """The ``own`` test of ``claim_file`` for a file whose first ``within`` characters hold ``text`` (a
+    report's "Written by `command`" line)."""
+    def own(path: Path) -> bool:
+        try:
+            with open(path, encoding="utf-8", errors="replace") as f:
+                return text in f.read(within)
+        except OSError:
+            return False
+    return own
+
+
+def claim_file(path: str | Path, *, option: str, overwrite: bool, own: Callable[[Path], bool] | None = None,
+               inputs: Iterable[str | Path] = ()) -> Path:
+    """Check that the single output file ``path`` may be written (module docstring); create its folder. An
+    input of the command (``inputs``) is refused even with ``overwrite``: it would be read and lost at once."""
+    p = Path(path)
+    if p.is_dir():
+        raise OutputError(f"{option} {p}: is a folder, not a file; give a file path")
+    if not _writable(p.parent):
+        raise OutputError(f"{option} {p}: its folder cannot be written (permissions, or a file in the way); "
+                          f"give a path you can write")
+    if p.exists() and any(Path(i).exists() and p.samefile(i) for i in inputs):
+        raise OutputError(f"{option} {p}: is also this command's input; give another file")
+    if p.exists() and not overwrite and not (own is not None and own(p)):
+        raise OutputError(f"{option} {p}: exists and was not written by this command; nothing was changed. "
+                          f"Give another path, or add --overwrite to replace it")
+    p.parent.mkdir(parents=True, exist_ok=True)
+    return p
 
 
 def replace_dir(tmp: Path, out: Path) -> None:

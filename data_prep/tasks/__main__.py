@@ -13,6 +13,16 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from skillnet.training.cli import Parser
+from skillnet.training.outputs import (
+    Claim,
+    OutputError,
+    at_least,
+    check_options,
+    claim_output,
+    in_range,
+    non_negative,
+    remove_own,
+)
 
 from .generation import (
     POETRY_COLLECTIONS,
@@ -149,7 +159,10 @@ def build_parser() -> argparse.ArgumentParser:
                     "package splits (valid -> dev). csc: train is synthetic, dev/test are the real SIGHAN-2015 pairs "
                     "split 50/50 by hash; poetry-*: hash split on the poem text.")
     c.add_argument("format", choices=list(FORMATS), metavar="FORMAT", help="one of: " + ", ".join(FORMATS))
-    c.add_argument("--out", required=True, type=Path, help="output directory")
+    c.add_argument("--out", required=True, type=Path,
+                   help="output directory: new or empty, or an earlier conversion with the same settings (rewritten)")
+    c.add_argument("--overwrite", action="store_true",
+                   help="replace what --out holds (another conversion's files go first; other files stay)")
     c.add_argument("--input", action="append", metavar="[SPLIT=]PATH",
                    help="input file; SPLIT is train, dev, test or unlabelled; repeat per split (public formats)")
     c.add_argument("--name", help="task name stored in task.json (default: the format)")
@@ -219,14 +232,46 @@ Every line is one JSON object; "id" (string or integer) is optional everywhere.
 Full description: docs/task_data.md"""
 
 
+# What a conversion writes in --out (--overwrite removes these, and nothing else there).
+TASK_FILES = ("train.jsonl", "dev.jsonl", "test.jsonl", "unlabelled.jsonl", "task.json")
+
+
+def claim_task_dir(a: argparse.Namespace) -> Claim:
+    """--out for this conversion (training/outputs.py): the same conversion again rewrites its files, anything
+    else there is refused unless --overwrite."""
+    ident = {k: v for k, v in vars(a).items() if k not in ("out", "overwrite", "command")}
+    ident["input"] = [f"{s}={Path(p).resolve()}" if e else str(Path(v).resolve())
+                      for v in a.input or () for s, e, p in [v.partition("=")]]
+    if a.data_path:
+        ident["data_path"] = str(Path(a.data_path).resolve())
+    return claim_output(a.out, option="--out", command="data_prep.tasks convert", identity=ident,
+                        overwrite=a.overwrite)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    a = build_parser().parse_args(argv)
+    ap = build_parser()
+    a = ap.parse_args(argv)
+    if a.command == "convert":
+        check_options(ap, a, {
+            "max_examples": at_least(1), "max_eval_examples": non_negative(), "max_chars": at_least(1),
+            "questions_per_sentence": at_least(1), "limit_lines": at_least(1), "negatives": at_least(1),
+            "max_positives": at_least(1), "clean_ratio": in_range(0, 1), "max_answer_chars": at_least(1),
+        })
     try:
         if a.command == "schema":
             print(SCHEMA_TEXT)
             return 0
         if a.command == "convert":
+            claim = claim_task_dir(a)
             conv = run_convert(a)
+            if not any(conv.splits.values()):
+                print(conv.summary(), file=sys.stderr)
+                print(f"error: no record was kept from the input (empty, another format, or every record "
+                      f"dropped: see the counts above); nothing was written to {a.out}", file=sys.stderr)
+                return 1
+            if claim.state != "new":  # only now: a conversion that fails leaves the earlier one whole
+                print(f"[tasks] {a.out}: replacing the earlier conversion's files", file=sys.stderr)
+                remove_own(a.out, TASK_FILES)
             spec = write_task_dir(conv, a.out)
             print(conv.summary())
             print(f"wrote {', '.join(f'{a.out / f} ({spec.counts[s]})' for s, f in spec.files.items())} "
@@ -245,6 +290,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         if report.label_list is not None:
             print(f"labels ({len(report.label_list)}): {', '.join(report.label_list)}")
         return 0
+    except OutputError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     except (TaskDataError, ValueError, FileNotFoundError, KeyError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
