@@ -168,6 +168,9 @@ def build_parser() -> Parser:
     t.add_argument("--min-frequency", type=int, default=2, help="rarer pieces are not added")
     t.add_argument("--max-bytes", type=_size, default=None, help="read at most this much text")
     t.add_argument("--no-lowercase", action="store_true", help="keep case (a cased vocab)")
+    t.add_argument("--overwrite", action="store_true",
+                   help="write into an --out that holds other files (a vocab.txt there is replaced); without it "
+                   "such a folder is refused, and one of an earlier identical run is written again")
 
     vb = sub.add_parser(
         "vocab",
@@ -187,6 +190,9 @@ def build_parser() -> Parser:
     vb.add_argument("--min-count", type=int, default=1,
                     help="keep entries used at least this often (default: %(default)s: lossless on the inputs)")
     vb.add_argument("--no-lowercase", action="store_true", help="keep case (use with a cased vocab)")
+    vb.add_argument("--overwrite", action="store_true",
+                    help="write into an --out that holds other files (vocab.txt and vocab_report.json there are "
+                    "replaced); without it such a folder is refused, and one of an earlier identical run is redone")
 
     c = sub.add_parser(
         "sample-corpus",
@@ -196,6 +202,8 @@ def build_parser() -> Parser:
     )
     c.add_argument("--out", required=True, help="output text file")
     c.add_argument("--max-docs", type=int, default=None, help="keep only the first N documents")
+    c.add_argument("--overwrite", action="store_true",
+                   help="replace an --out file this command did not write; without it such a file is refused")
 
     return ap
 
@@ -205,9 +213,15 @@ def main(argv: list[str] | None = None) -> int:
 
     ap = build_parser()
     a = ap.parse_args(argv)
-    if a.cmd == "build":
-        check_options(ap, a, {"workers": at_least(1), "num_shards": at_least(1), "shard_index": at_least(0),
-                              "unit_bytes": positive(), "max_doc_bytes": positive()})
+    rules = {
+        "build": {"workers": at_least(1), "num_shards": at_least(1), "shard_index": at_least(0),
+                  "unit_bytes": positive(), "max_doc_bytes": positive()},
+        "sample-corpus": {"max_docs": at_least(1)},
+        "vocab": {"min_count": at_least(1)},
+        "train-tokenizer": {"vocab_size": at_least(6), "min_frequency": at_least(1), "max_bytes": positive(),
+                            "max_doc_bytes": positive()},
+    }
+    check_options(ap, a, rules.get(a.cmd, {}))
     from skillnet.data_prep.corpus import BadInputError
     from skillnet.data_prep.shards import ShardError
     from skillnet.data_prep.tokenizer import TokenizerError
@@ -228,9 +242,29 @@ def _why_empty(bad: dict, a: argparse.Namespace) -> str:
     return "the input holds no text"
 
 
+def _is_bad_input_report(path: Path) -> bool:
+    """A --report-json file of an earlier build: a JSON object with exactly the bad-input report's keys."""
+    try:
+        d = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return isinstance(d, dict) and set(d) == {"counts", "bytes", "examples"}
+
+
+def _claim_folder(a: argparse.Namespace, identity: dict) -> None:
+    """--out of a command that writes a few files into a folder: its own earlier output is redone, anything
+    else is refused without --overwrite (training/outputs.py)."""
+    from skillnet.training.outputs import claim_output
+
+    claim_output(a.out, option="--out", command=f"data_prep {a.cmd}", identity=identity, overwrite=a.overwrite)
+
+
 def _run(a: argparse.Namespace) -> int:
     if a.cmd == "vocab":
         from skillnet.data_prep.vocab import build_compact_vocab, format_report
+
+        _claim_folder(a, {"inputs": a.inputs, "check": a.check, "base": a.base, "min_count": a.min_count,
+                          "lowercase": not a.no_lowercase})
 
         rep = build_compact_vocab(a.inputs, a.out, check=a.check, base_vocab=a.base or None,
                                   min_count=a.min_count, lowercase=not a.no_lowercase)
@@ -239,14 +273,23 @@ def _run(a: argparse.Namespace) -> int:
               f"--vocab {Path(a.out) / 'vocab.txt'}")
         return 0
     if a.cmd == "sample-corpus":
-        from skillnet.data_prep.sample_corpus import write_sample_corpus
+        from skillnet.data_prep.sample_corpus import packaged_chinese_docs, write_sample_corpus
+        from skillnet.training.outputs import claim_file, starts_with
 
+        docs = packaged_chinese_docs()
+        claim_file(a.out, option="--out", overwrite=a.overwrite, own=starts_with(docs[0] + "\n") if docs else None)
         path, n = write_sample_corpus(a.out, a.max_docs)
         print(f"{n:,} documents, {path.stat().st_size / 1e6:.1f} MB -> {path}")
         return 0
     if a.cmd == "build":
         from skillnet.data_prep.build import BuildConfig, build
         from skillnet.data_prep.corpus import BadInputReport
+
+        if a.report_json:  # checked before the build: an hour of tokenising must not end on an unwritable path
+            from skillnet.training.outputs import claim_file
+
+            claim_file(a.report_json, option="--report-json", overwrite=a.overwrite, own=_is_bad_input_report,
+                       inputs=a.inputs)
 
         if a.no_fast_cjk:  # read by the tokenizer in every worker process
             os.environ["SKILLNET_FAST_CJK"] = "0"
@@ -334,6 +377,8 @@ def _run(a: argparse.Namespace) -> int:
         from skillnet.data_prep.corpus import ReadConfig, iter_texts
         from skillnet.data_prep.tokenizer import train_wordpiece
 
+        _claim_folder(a, {"inputs": a.inputs, "vocab_size": a.vocab_size, "min_frequency": a.min_frequency,
+                          "max_bytes": a.max_bytes, "lowercase": not a.no_lowercase})
         rc = ReadConfig(a.fmt, a.doc_separator, a.text_field, a.max_doc_bytes)
         path = train_wordpiece(
             iter_texts(a.inputs, rc, a.max_bytes),

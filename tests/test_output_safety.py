@@ -62,6 +62,10 @@ CASES = [
      "refused (no `--overwrite`: pick another folder)"),
     ("reproduce", "`--out` holds a reproduction of the same profile (or one from before folders were marked)",
      "continues it (finished stages kept)"),
+    ("data_prep vocab, train-tokenizer", "`--out` holds files the command did not write (a vocab.txt of one's own)",
+     "refused, nothing changed; `--overwrite` writes there; the same run again is redone"),
+    ("data_prep sample-corpus, build `--report-json`", "the output file exists and the command did not write it",
+     "refused before any work; `--overwrite` replaces it; its own earlier file is replaced"),
     ("every command", "an output path that is a file (a folder, for a file output), or cannot be written",
      "refused in one line"),
     ("every command", "`--lr` <= 0, `--max-steps` 0, `--batch-size` 0, `--gpus` 0, `--seed` -1, other values out of range",
@@ -261,6 +265,36 @@ def test_data_prep_build_refuses_another_build_and_empty_input(tmp_path: Path) -
     assert r.rc == 2 and "--max-doc-bytes 0: must be > 0" in r.err
     r = _data_prep(*dp, a, "--out", a)
     assert r.rc == 2 and "is a file" in r.err
+
+
+def test_data_prep_vocab_tokenizer_corpus_and_report_never_clobber(tmp_path: Path) -> None:
+    corpus = tmp_path / "corpus.txt"
+    assert _data_prep("sample-corpus", "--out", corpus, "--max-docs", 40).rc == 0
+    assert _data_prep("sample-corpus", "--out", corpus, "--max-docs", 30).rc == 0  # its own file: replaced
+    mine = tmp_path / "notes.txt"
+    mine.write_text("my own notes\n", encoding="utf-8")
+    r = _data_prep("sample-corpus", "--out", mine)
+    assert r.rc == 2 and "--overwrite" in r.err and mine.read_text(encoding="utf-8") == "my own notes\n"
+    assert _data_prep("sample-corpus", "--out", tmp_path / "c2.txt", "--max-docs", 0).rc == 2
+    for cmd, extra in (("vocab", []), ("train-tokenizer", ["--vocab-size", "300", "--min-frequency", "1"])):
+        own = tmp_path / f"own_{cmd}"
+        own.mkdir()
+        (own / "vocab.txt").write_text("[PAD]\nmine\n", encoding="utf-8")
+        r = _data_prep(cmd, corpus, *extra, "--out", own)
+        assert r.rc == 2 and "--overwrite" in r.err and (own / "vocab.txt").read_text() == "[PAD]\nmine\n", r.err
+        out = tmp_path / f"new_{cmd}"
+        assert _data_prep(cmd, corpus, *extra, "--out", out).rc == 0
+        assert _data_prep(cmd, corpus, *extra, "--out", out).rc == 0  # the same run again: redone
+        assert _data_prep(cmd, corpus, *extra, "--out", own, "--overwrite").rc == 0
+        assert (own / "vocab.txt").read_text() != "[PAD]\nmine\n"
+    report = tmp_path / "report.json"
+    report.write_text('{"mine": 1}', encoding="utf-8")
+    r = _data_prep("build", corpus, "--out", tmp_path / "shards", "--no-progress", "--report-json", report)
+    assert r.rc == 2 and "--report-json" in r.err and not (tmp_path / "shards").exists()
+    r = _data_prep("build", corpus, "--out", tmp_path / "shards", "--no-progress", "--report-json", tmp_path / "r2.json")
+    assert r.rc == 0 and json.loads((tmp_path / "r2.json").read_text()).keys() == {"counts", "bytes", "examples"}
+    r = _data_prep("build", corpus, "--out", tmp_path / "shards", "--no-progress", "--report-json", tmp_path / "r2.json")
+    assert r.rc == 0  # its own report of the same build: rewritten
 
 
 # ---- the other commands: task conversion, predict, compare, the reproduction ------------------------------
