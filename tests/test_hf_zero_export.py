@@ -10,16 +10,16 @@ import sys
 import pytest
 import torch
 
-from tests.fixtures.pretrain.helpers import REPO, build_shards, launch, subprocess_env
+from tests.fixtures.pretrain.helpers import REPO, launch, subprocess_env
 from tests.test_hf_pipelines import _mlm_reference, run_plain
 
 pytestmark = pytest.mark.slow
 
 
-def test_zero2_pretraining_requeued_on_one_rank_exports_for_fill_mask_and_features(tmp_path):
+def test_zero2_pretraining_requeued_on_one_rank_exports_for_fill_mask_and_features(tmp_path, default_shards):
     """Trained on 2 ranks to step 12, stopped (SIGTERM), requeued on 1 rank to step 24: every step reads
     16 samples, none twice within an epoch, and the export of the resharded run serves transformers."""
-    shards = build_shards(tmp_path / "data")
+    shards = default_shards
     run = tmp_path / "run"
     args = ["--ds_config", "ds_configs/zero2.json", "--shards", str(shards), "--preset", "tiny",
             "--max_seq_len", "32", "--max_steps", "24", "--lr", "5e-3", "--log_every", "4",

@@ -18,11 +18,11 @@ from safetensors.torch import load_file
 
 from tests.fixtures.pretrain.helpers import (
     REPO,
-    build_shards,
     launch,
     losses_by_step,
     read_log,
 )
+from tests.fixtures.warm import launch_fixture
 
 pytestmark = pytest.mark.slow
 
@@ -30,8 +30,8 @@ N = 12  # steps before the interruption; the straight run does 2N
 
 
 @pytest.fixture(scope="module")
-def shards(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return build_shards(tmp_path_factory.mktemp("pt_shards"))
+def shards(default_shards: Path) -> Path:
+    return default_shards
 
 
 def _args(shards: Path, out: Path, ds_config: str, max_steps: int, *extra: str) -> list[str]:
@@ -96,11 +96,13 @@ def _straight_and_split(
     group_signal=False: every rank raises SIGTERM in itself after step N. True: rank 0 sends SIGTERM to
     the whole process group after step N (the `deepspeed` runner, launch.py and all ranks), as Slurm's
     scancel / time limit and Ctrl-C do; the launcher then also terminates its children.
+    The straight run is only the reference: its ranks start warm (tests/fixtures/warm.py); the interrupted
+    and the resumed runs are the user's `deepspeed` command.
     """
     split = tmp / "split"
     if straight is None:
         straight = tmp / "straight"
-        launch("pretrain/run.py", _args(shards, straight, ds_config, 2 * N))
+        launch_fixture("pretrain/run.py", _args(shards, straight, ds_config, 2 * N))
     hook = ["--sigterm_at_step", str(N)] + (["--sigterm_group"] if group_signal else [])
     first = launch("pretrain/run.py", _args(shards, split, ds_config, 2 * N, *hook), check=not group_signal)
     assert '"stopped_by_signal": true' in first.stdout, first.stdout[-2000:] + first.stderr[-3000:]
