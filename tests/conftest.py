@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 
@@ -8,6 +9,16 @@ import pytest
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+@pytest.fixture(scope="session")
+def default_shards(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The default tiny shards of tests/fixtures/pretrain/helpers.py (`build_shards` with no options: the real
+    data_prep CLI), built once per session for the test files that read them (they never write there)."""
+    from tests.fixtures.pretrain.helpers import build_shards
+
+    return build_shards(tmp_path_factory.mktemp("pt_shards_default"))
+
 
 # `slow` means over this many seconds as measured (setup + call); `make test-fast` leaves those out.
 SLOW_SECONDS = 20.0

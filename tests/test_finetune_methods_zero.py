@@ -8,15 +8,13 @@ show that the sparse-update mechanism holds for each method's own parts (gates, 
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 from safetensors.torch import load_file
 
-from tests.fixtures.pretrain.helpers import REPO, launch, subprocess_env
+from tests.fixtures.warm import launch_fixture
 
 pytestmark = pytest.mark.slow
 FIX = Path(__file__).resolve().parent / "fixtures" / "finetune"
@@ -71,11 +69,9 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, Path
     tests/fixtures/finetune/runs.py): the interpreter and launcher start once, not once per method."""
     tmp = tmp_path_factory.mktemp("methods_zero")
     cfgs = {m: _config(tmp, m) for m in METHODS}
-    r = subprocess.run([sys.executable, RUNS, str(tmp / "plain"), *map(str, cfgs.values())], cwd=REPO,
-                       capture_output=True, text=True, timeout=900, env=subprocess_env())
-    assert r.returncode == 0, r.stderr[-3000:]
-    launch(RUNS, [str(tmp / "zero"), "--ds_config", "ds_configs/cpu_fp32.json", *map(str, cfgs.values())],
-           timeout=900)
+    launch_fixture(RUNS, [str(tmp / "plain"), *map(str, cfgs.values())], nprocs=0, timeout=900)
+    launch_fixture(RUNS, [str(tmp / "zero"), "--ds_config", "ds_configs/cpu_fp32.json", *map(str, cfgs.values())],
+                   timeout=900)
     return tmp, cfgs
 
 

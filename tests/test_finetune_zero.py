@@ -9,15 +9,14 @@ the same weights, and a skill no task uses stays bit-identical to its initial va
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 from safetensors.torch import load_file
 
-from tests.fixtures.pretrain.helpers import REPO, launch, subprocess_env
+from tests.fixtures.pretrain.helpers import launch
+from tests.fixtures.warm import launch_fixture
 
 pytestmark = pytest.mark.slow
 FIX = Path(__file__).resolve().parent / "fixtures" / "finetune"
@@ -54,10 +53,9 @@ def test_zero2_two_ranks_match_plain_and_keep_unused_skills(tmp_path):
     cfg = _config(tmp_path, tmp_path / "init")
 
     plain = tmp_path / "plain"
-    r = subprocess.run([sys.executable, "-m", "skillnet.finetune.run", "--config", str(cfg), "--output-dir", str(plain),
-                        "--no-progress", "--no-tensorboard"], cwd=REPO, capture_output=True, text=True,
-                       timeout=600, env=subprocess_env())
-    assert r.returncode == 0, r.stderr[-3000:]
+    # The plain reference run starts warm (tests/fixtures/warm.py); the ZeRO-2 run is the user's command.
+    launch_fixture("finetune/run.py", ["--config", str(cfg), "--output-dir", str(plain), "--no-progress",
+                                       "--no-tensorboard"], nprocs=0, timeout=600)
     zero = tmp_path / "zero"
     launch("finetune/run.py", ["--config", str(cfg), "--output-dir", str(zero), "--ds_config",
                                "ds_configs/cpu_fp32.json", "--no-progress", "--no-tensorboard"])

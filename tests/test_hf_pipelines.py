@@ -21,6 +21,7 @@ import pytest
 import torch
 
 from tests.fixtures.pretrain.helpers import subprocess_env
+from tests.fixtures.warm import launch_fixture
 
 pytestmark = pytest.mark.slow  # ~30 s: a pre-training, two fine-tuning runs and a plain interpreter
 
@@ -74,10 +75,9 @@ def pt_export(tmp_path_factory) -> Path:
     from skillnet.pretrain.export import export
 
     tmp = tmp_path_factory.mktemp("pt")
-    r = subprocess.run([sys.executable, "pretrain/run.py", "--synthetic", "64", "--preset", "tiny", "--max_steps", "2",
-                        "--output_dir", str(tmp / "run"), "--no_progress", "--no_tensorboard"],
-                       cwd=REPO, capture_output=True, text=True, timeout=600, env=subprocess_env())
-    assert r.returncode == 0, r.stderr[-2000:]
+    # `python pretrain/run.py ...`, started warm (tests/fixtures/warm.py): only its export is under test here.
+    launch_fixture("pretrain/run.py", ["--synthetic", "64", "--preset", "tiny", "--max_steps", "2", "--output_dir",
+                                       str(tmp / "run"), "--no_progress", "--no_tensorboard"], nprocs=0, timeout=600)
     return export(tmp / "run", tmp / "hf")
 
 

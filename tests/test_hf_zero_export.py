@@ -1,5 +1,9 @@
 """`deepspeed pretrain/run.py --ds_config ds_configs/zero2.json`, then `export`: the folder passes the
-fill-mask and feature-extraction rows of issue 19 in an environment that cannot see the project."""
+fill-mask and feature-extraction rows of issue 19 in an environment that cannot see the project.
+
+The two runs' ranks start warm (tests/fixtures/warm.py: the environment DeepSpeed's launcher gives each rank,
+without its ~20 s start-up); the `deepspeed` command itself is run in tests/test_pretrain_zero.py (a SIGTERM to
+the whole launch, a killed rank, two nodes) and tests/test_pretrain_dense_bart.py."""
 
 from __future__ import annotations
 
@@ -10,23 +14,24 @@ import sys
 import pytest
 import torch
 
-from tests.fixtures.pretrain.helpers import REPO, build_shards, launch, subprocess_env
+from tests.fixtures.pretrain.helpers import REPO, subprocess_env
+from tests.fixtures.warm import launch_fixture
 from tests.test_hf_pipelines import _mlm_reference, run_plain
 
 pytestmark = pytest.mark.slow
 
 
-def test_zero2_pretraining_requeued_on_one_rank_exports_for_fill_mask_and_features(tmp_path):
+def test_zero2_pretraining_requeued_on_one_rank_exports_for_fill_mask_and_features(tmp_path, default_shards):
     """Trained on 2 ranks to step 12, stopped (SIGTERM), requeued on 1 rank to step 24: every step reads
     16 samples, none twice within an epoch, and the export of the resharded run serves transformers."""
-    shards = build_shards(tmp_path / "data")
+    shards = default_shards
     run = tmp_path / "run"
     args = ["--ds_config", "ds_configs/zero2.json", "--shards", str(shards), "--preset", "tiny",
             "--max_seq_len", "32", "--max_steps", "24", "--lr", "5e-3", "--log_every", "4",
             "--output_dir", str(run), "--no_progress", "--no_tensorboard", "--log_samples"]
-    first = launch("pretrain/run.py", [*args, "--sigterm_at_step", "12"])
+    first = launch_fixture("pretrain/run.py", [*args, "--sigterm_at_step", "12"])
     assert '"stopped_by_signal": true' in first.stdout
-    second = launch("pretrain/run.py", args, nprocs=1)
+    second = launch_fixture("pretrain/run.py", args, nprocs=1)
     assert "global batch 16 kept as micro-batch 8 x accumulation 2 x 1 rank(s)" in second.stdout, second.stdout
     assert '"world_size": 1' in second.stdout and '"grad_accum": 2' in second.stdout
     per_step: dict[int, list[int]] = {}

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.fixtures.pretrain.helpers import launch
+from tests.fixtures.warm import launch_fixture
 
 pytestmark = pytest.mark.slow
 
@@ -23,7 +23,7 @@ USED, UNUSED = (1, 5), (0, 2, 3, 4)
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict]:
     out = tmp_path_factory.mktemp("bart_zero")
-    launch("tests/fixtures/bart_zero/sparse_step.py", [str(out)], timeout=900)
+    launch_fixture("tests/fixtures/bart_zero/sparse_step.py", [str(out)], timeout=900)
     res: dict[str, dict] = {}
     for name in ("sparse", "dense", "moe"):
         res[name] = {"init": torch.load(out / f"{name}_init.pt"),

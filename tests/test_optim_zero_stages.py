@@ -16,12 +16,11 @@ trainer clearing it, s2 (MLM) was stepped again in the NSP step with its MLM gra
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import pytest
 
-from tests.fixtures.pretrain.helpers import REPO, launch, subprocess_env
+from tests.fixtures.pretrain.helpers import REPO
+from tests.fixtures.warm import launch_fixture
 
 pytestmark = pytest.mark.slow
 
@@ -50,16 +49,8 @@ def reports(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[dict]]:
         path.write_text(json.dumps(ds))
         configs.append(str(path))
     out = tmp / "out"
-    r = subprocess.run(
-        [sys.executable, FIXTURE, str(out), "plain"],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env=subprocess_env(),
-    )
-    assert r.returncode == 0, r.stderr[-3000:]
-    launch(FIXTURE, [str(out), *configs], timeout=900)
+    launch_fixture(FIXTURE, [str(out), "plain"], nprocs=0, timeout=300)
+    launch_fixture(FIXTURE, [str(out), *configs], timeout=900)
     res = {"plain": [json.loads((out / "plain_rank0.json").read_text())]}
     for name in RUNS:
         res[name] = [json.loads((out / f"{name}_rank{rank}.json").read_text()) for rank in (0, 1)]

@@ -26,8 +26,8 @@ from tests.fixtures.pretrain.helpers import build_shards, launch, losses_by_step
 
 
 @pytest.fixture(scope="module")
-def shards(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return build_shards(tmp_path_factory.mktemp("pt_shards_dense"))
+def shards(default_shards: Path) -> Path:
+    return default_shards
 
 
 @pytest.fixture(scope="module")

@@ -17,7 +17,8 @@ from typing import Any
 import pytest
 import torch
 
-from tests.fixtures.pretrain.helpers import REPO, launch
+from tests.fixtures.pretrain.helpers import REPO
+from tests.fixtures.warm import launch_fixture
 
 pytestmark = pytest.mark.slow
 
@@ -38,7 +39,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
         path.write_text(json.dumps(ds))
         configs.append(str(path))
     for phase, ranks in (("a", 2), ("b", 1), ("c", 3)):
-        launch(FIXTURE, [str(out), phase, *configs], nprocs=ranks, timeout=900)
+        launch_fixture(FIXTURE, [str(out), phase, *configs], nprocs=ranks, timeout=900)
     return out
 
 

@@ -14,14 +14,14 @@ from safetensors.torch import load_file
 from skillnet.pretrain import export as export_mod
 from skillnet.pretrain import run as run_mod
 
-from tests.fixtures.pretrain.helpers import REPO, build_shards, free_port, losses_by_step, subprocess_env
+from tests.fixtures.pretrain.helpers import REPO, free_port, losses_by_step, subprocess_env
 
 N = 6
 
 
 @pytest.fixture(scope="module")
-def shards(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return build_shards(tmp_path_factory.mktemp("pt_shards_single"))
+def shards(default_shards: Path) -> Path:
+    return default_shards
 
 
 def _argv(shards: Path, out: Path, *extra: str) -> list[str]:

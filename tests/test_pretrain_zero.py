@@ -10,6 +10,7 @@ from __future__ import annotations
 import glob
 import json
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -18,11 +19,11 @@ from safetensors.torch import load_file
 
 from tests.fixtures.pretrain.helpers import (
     REPO,
-    build_shards,
     launch,
     losses_by_step,
     read_log,
 )
+from tests.fixtures.warm import launch_fixture
 
 pytestmark = pytest.mark.slow
 
@@ -30,8 +31,8 @@ N = 12  # steps before the interruption; the straight run does 2N
 
 
 @pytest.fixture(scope="module")
-def shards(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return build_shards(tmp_path_factory.mktemp("pt_shards"))
+def shards(default_shards: Path) -> Path:
+    return default_shards
 
 
 def _args(shards: Path, out: Path, ds_config: str, max_steps: int, *extra: str) -> list[str]:
@@ -71,11 +72,12 @@ SHM = "/dev/shm/deepspeed_allreduce_buffer_*"
 
 @pytest.fixture(scope="module")
 def straight_fp32(shards: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """2N steps straight on 2 ranks with ds_configs/cpu_fp32.json: the reference of several tests. Also
-    records the shared-memory files the launch left behind (``shm_left.json``)."""
+    """2N steps straight on 2 ranks with ds_configs/cpu_fp32.json: the reference of several tests (its ranks
+    start warm, tests/fixtures/warm.py: the runs compared with it are the user's `deepspeed` command). Also
+    records the shared-memory files the run's ranks left behind (``shm_left.json``)."""
     out = tmp_path_factory.mktemp("straight") / "run"
     before = set(glob.glob(SHM))
-    launch("pretrain/run.py", _args(shards, out, CPU_FP32, 2 * N))
+    launch_fixture("pretrain/run.py", _args(shards, out, CPU_FP32, 2 * N))
     (out / "shm_left.json").write_text(json.dumps(sorted(set(glob.glob(SHM)) - before)))
     return out
 
@@ -89,25 +91,28 @@ def test_a_two_rank_launch_leaves_no_shared_memory_buffers(straight_fp32: Path) 
 
 
 def _straight_and_split(
-    shards: Path, tmp: Path, ds_config: str, group_signal: bool, straight: Path | None = None
+    shards: Path, tmp: Path, ds_config: str, group_signal: bool, straight: Path | None = None,
+    start: Callable[..., subprocess.CompletedProcess[str]] = launch,
 ) -> tuple[Path, Path, subprocess.CompletedProcess[str]]:
     """2N straight; N then SIGTERM; resume to 2N.
 
     group_signal=False: every rank raises SIGTERM in itself after step N. True: rank 0 sends SIGTERM to
     the whole process group after step N (the `deepspeed` runner, launch.py and all ranks), as Slurm's
     scancel / time limit and Ctrl-C do; the launcher then also terminates its children.
+    The straight run is only the reference: its ranks start warm (tests/fixtures/warm.py); the interrupted
+    and the resumed runs are started by ``start``: the user's `deepspeed` command unless the caller says.
     """
     split = tmp / "split"
     if straight is None:
         straight = tmp / "straight"
-        launch("pretrain/run.py", _args(shards, straight, ds_config, 2 * N))
+        launch_fixture("pretrain/run.py", _args(shards, straight, ds_config, 2 * N))
     hook = ["--sigterm_at_step", str(N)] + (["--sigterm_group"] if group_signal else [])
-    first = launch("pretrain/run.py", _args(shards, split, ds_config, 2 * N, *hook), check=not group_signal)
+    first = start("pretrain/run.py", _args(shards, split, ds_config, 2 * N, *hook), check=not group_signal)
     assert '"stopped_by_signal": true' in first.stdout, first.stdout[-2000:] + first.stderr[-3000:]
     root = split / "checkpoints"
     assert (root / "latest").read_text().strip() == f"step_{N:08d}"
     assert (root / f"step_{N:08d}" / "trainer_rank1.pt").is_file()
-    launch("pretrain/run.py", _args(shards, split, ds_config, 2 * N))
+    start("pretrain/run.py", _args(shards, split, ds_config, 2 * N))
     return straight, split, first
 
 
@@ -134,7 +139,10 @@ def test_activation_checkpointing_on_zero2_ranks_trains_as_without(shards: Path,
 def test_zero2_two_ranks_learns_resumes_and_keeps_replicas_identical(
     shards: Path, tmp_path: Path, straight_fp32: Path
 ) -> None:
-    straight, split, _ = _straight_and_split(shards, tmp_path, CPU_FP32, group_signal=False, straight=straight_fp32)
+    # Each rank stops itself (no launcher in the signal's path): warm ranks. The ZeRO-1 test below interrupts
+    # the user's `deepspeed` command as a whole.
+    straight, split, _ = _straight_and_split(shards, tmp_path, CPU_FP32, group_signal=False, straight=straight_fp32,
+                                             start=launch_fixture)
     recs = read_log(straight)
     mlm = [r["mlm/loss"] for r in recs if "mlm/loss" in r]
     assert len(mlm) >= 8 and "nsp/loss" in json.dumps(recs), "both objectives must be sampled"

@@ -10,7 +10,8 @@ import json
 
 import pytest
 
-from tests.fixtures.pretrain.helpers import REPO, launch
+from tests.fixtures.pretrain.helpers import REPO
+from tests.fixtures.warm import launch_fixture
 
 pytestmark = pytest.mark.slow
 
@@ -22,7 +23,7 @@ MLM = ("s2", "s7")
 @pytest.fixture(scope="module")
 def reports(tmp_path_factory: pytest.TempPathFactory) -> list[dict]:
     out = tmp_path_factory.mktemp("zero_checks")
-    launch("tests/fixtures/pretrain/zero_checks.py", [str(out)], timeout=900)
+    launch_fixture("tests/fixtures/pretrain/zero_checks.py", [str(out)], timeout=900)
     return [json.loads((out / f"report_rank{r}.json").read_text()) for r in (0, 1)]
 
 
