@@ -20,6 +20,33 @@ def default_shards(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return build_shards(tmp_path_factory.mktemp("pt_shards_default"))
 
 
+@pytest.fixture(scope="session")
+def pt_export(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny sparse pre-training (`python pretrain/run.py ...`, started warm: tests/fixtures/warm.py) and its
+    export, shared by the files that read it (HF pipelines, plain exports)."""
+    from skillnet.pretrain.export import export
+
+    from tests.fixtures.warm import launch_fixture
+
+    tmp = tmp_path_factory.mktemp("pt")
+    launch_fixture("pretrain/run.py", ["--synthetic", "64", "--preset", "tiny", "--max_steps", "2", "--output_dir",
+                                       str(tmp / "run"), "--no_progress", "--no_tensorboard"], nprocs=0, timeout=600)
+    return export(tmp / "run", tmp / "hf")
+
+
+@pytest.fixture(scope="session")
+def gen_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny SkillNet-BART fine-tuning run (tests/test_finetune_generation.py's config), read-only for its users."""
+    from skillnet.finetune import run as run_cli
+    from skillnet.finetune.config import FinetuneConfig
+
+    from tests.test_finetune_generation import gen_config
+
+    out = tmp_path_factory.mktemp("gen") / "gen"
+    run_cli.run(FinetuneConfig.from_dict(gen_config(out)), tensorboard=False, progress=False)
+    return out
+
+
 # `slow` means over this many seconds as measured (setup + call); `make test-fast` leaves those out.
 SLOW_SECONDS = 20.0
 _unmarked_slow: dict[str, float] = {}

@@ -21,7 +21,6 @@ import pytest
 import torch
 
 from tests.fixtures.pretrain.helpers import subprocess_env
-from tests.fixtures.warm import launch_fixture
 
 pytestmark = pytest.mark.slow  # ~30 s: a pre-training, two fine-tuning runs and a plain interpreter
 
@@ -68,17 +67,6 @@ def run_plain_many(tmp: Path, jobs: list[tuple[str, Path, str]]) -> dict[str, di
 
 def run_plain(tmp: Path, folder: Path, body: str) -> dict:
     return run_plain_many(tmp, [("job", folder, body)])["job"]
-
-
-@pytest.fixture(scope="module")
-def pt_export(tmp_path_factory) -> Path:
-    from skillnet.pretrain.export import export
-
-    tmp = tmp_path_factory.mktemp("pt")
-    # `python pretrain/run.py ...`, started warm (tests/fixtures/warm.py): only its export is under test here.
-    launch_fixture("pretrain/run.py", ["--synthetic", "64", "--preset", "tiny", "--max_steps", "2", "--output_dir",
-                                       str(tmp / "run"), "--no_progress", "--no_tensorboard"], nprocs=0, timeout=600)
-    return export(tmp / "run", tmp / "hf")
 
 
 @pytest.fixture(scope="module")
@@ -129,18 +117,6 @@ def _ner_records() -> list[dict]:
 
 def _gen_sources() -> list[str]:
     return [json.loads(x)["source"] for x in (FIX / "gen_fix_dev.jsonl").read_text(encoding="utf-8").splitlines()[:3]]
-
-
-@pytest.fixture(scope="module")
-def gen_run(tmp_path_factory) -> Path:
-    from skillnet.finetune import run as run_cli
-    from skillnet.finetune.config import FinetuneConfig
-
-    from tests.test_finetune_generation import gen_config
-
-    out = tmp_path_factory.mktemp("gen") / "gen"
-    run_cli.run(FinetuneConfig.from_dict(gen_config(out)), tensorboard=False, progress=False)
-    return out
 
 
 @pytest.fixture(scope="module")

@@ -17,10 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests import test_hf_pipelines as hf
 from tests.test_hf_pipelines import FIX, run_plain_many
-
-pt_export, gen_run = hf.pt_export, hf.gen_run  # fixtures: a tiny pre-training export, a tiny SkillNet-BART run
 
 pytestmark = pytest.mark.slow  # a pre-training, two fine-tuning runs, seven exports and a plain interpreter
 
