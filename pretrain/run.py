@@ -756,6 +756,8 @@ def main(argv: list[str] | None = None) -> int:
                     "step": result.step,
                     "stopped_by_signal": result.stopped_by_signal,
                     "checkpoint": result.checkpoint,
+                    # this rank's peak of allocated GPU memory (what experiments/memory.py predicts)
+                    **({"peak_device_bytes": torch.cuda.max_memory_allocated()} if torch.cuda.is_available() else {}),
                 }
             ),
             flush=True,

@@ -109,5 +109,6 @@ if want profile; then
     "$OUT/profile.pstats" > "$OUT/profile.txt" 2>&1
   head -n 60 "$OUT/profile.txt"
 fi
-"$PY" scripts/gpu_summary.py "$OUT" --steps "$STEPS" --seq "$SEQ" | tee -a "$OUT/summary.txt"
+"$PY" scripts/gpu_summary.py "$OUT" --steps "$STEPS" --seq "$SEQ" --preset "$PRESET" --ds-config "$ds_json" \
+  | tee -a "$OUT/summary.txt"
 exit "$tests_rc"

@@ -66,6 +66,22 @@ def pipeline_figures(out: Path, name: str = "pipeline") -> dict[str, Any] | None
             "steps": recs[-1]["step"]}
 
 
+def _memory_line(out: Path, name: str, ds_json: str, preset: str, seq: int, micro: int) -> list[str]:
+    """The arm's measured peak of allocated GPU memory (rank 0's end event) against experiments/memory.py's
+    prediction for the same DeepSpeed JSON, preset, micro-batch and sequence on one GPU."""
+    end = next((json.loads(x) for x in (out / f"{name}.txt").read_text().splitlines()
+                if x.startswith('{"event": "end"')), None)
+    if not end or "peak_device_bytes" not in end:
+        return []
+    from skillnet.experiments.memory import deepspeed_setup, predict  # noqa: PLC0415
+
+    pred = predict(deepspeed_setup(REPO / ds_json, "bert", preset, seq, micro_batch=micro, world_size=1,
+                                   device="cuda"))["peak"]
+    got = end["peak_device_bytes"]
+    return [f"  peak GPU memory {got / 2**30:.2f} GiB; memory model {pred / 2**30:.2f} GiB (measured / predicted "
+            f"{got / pred:.2f}; target 0.85-1.15: {_mark(0.85 <= got / pred <= 1.15)})"]
+
+
 def _profile_lines(out: Path, name: str) -> list[str]:
     summary = out / name / "profile" / "summary_rank0.txt"
     if not summary.is_file():
@@ -79,6 +95,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--steps", type=int, default=60, help="pipeline steps run (default: %(default)s)")
     ap.add_argument("--seq", type=int, default=512, help="pipeline sequence length (default: %(default)s)")
     ap.add_argument("--preset", default="base", help="pipeline preset (default: %(default)s)")
+    ap.add_argument("--ds-config", default="ds_configs/a100_bf16.json",
+                    help="the pipeline arms' DeepSpeed JSON, for the memory model (default: %(default)s)")
     a = ap.parse_args(argv)
     out: Path = a.out
     lines = ["== summary (targets from the GPU-speed issue)"]
@@ -130,6 +148,8 @@ def main(argv: list[str] | None = None) -> int:
                      f"{a.seq}): {padded:,.0f} padded tokens/s ({p['tokens_per_s']:,.0f} non-padding), "
                      f"{p['seconds_per_step'] * 1e3:.0f} ms/step over {p['windows']} windows")
         lines += _profile_lines(out, name)
+        if name != "pipeline_dense":
+            lines += _memory_line(out, name, a.ds_config, a.preset, a.seq, p["micro"])
         if name == "pipeline_dense":
             for other in ("pipeline", "pipeline_compile"):
                 if figs[other]:
