@@ -11,8 +11,8 @@ learned map in evaluation, one dense FFN) is therefore a stock BERT or BART with
 exactly. A stock config has one FFN width per stack, so a narrower layer (one without skills) is
 zero-padded to the widest: zero rows of W1 and b1 give act(0) = 0, and zero columns of W2 add nothing.
 
-What has no such form is refused with `NotFlattenable`: a router that picks FFNs per token (MoE), task
-extras inside the layers (PALs), and per-skill LayerNorm over more than one skill (an average of k LayerNorms
+What has no such form is refused with `NotFlattenable`: a router that picks FFNs per token (a token gate),
+task extras inside the layers (a projected attention beside each layer), and per-skill LayerNorm over more than one skill (an average of k LayerNorms
 is not one LayerNorm).
 """
 

@@ -328,7 +328,9 @@ def test_compare_jobs_two_gives_the_same_results_as_one_at_a_time(compared, tmp_
                 assert a[t]["dev"] == b[t]["dev"] and a[t]["test"] == b[t]["test"], (m, seed, t)
             log = (tmp_path / "jobs" / m / f"seed{seed}" / "run.log").read_text()
             assert "(in process)" in log and "--threads 1" in log
-    assert compare_cli.main([*base, "--output-dir", str(tmp_path / "bad"), "--jobs", "0"]) == 2
+    with pytest.raises(SystemExit) as bad:  # the shared option check: argparse's one-line error, exit 2
+        compare_cli.main([*base, "--output-dir", str(tmp_path / "bad"), "--jobs", "0"])
+    assert bad.value.code == 2 and "--jobs 0: must be >= 1" in capsys.readouterr().err
 
 
 def test_paired_test_is_scipys_and_undefined_without_spread():
