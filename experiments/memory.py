@@ -440,7 +440,10 @@ def measure_cpu_step(arch: str, preset: str, tasks: list[str], micro_batch: int,
         torch.nn.utils.clip_grad_norm_([p for p in model.parameters() if p.grad is not None], 1.0)
         opt.step()
         opt.zero_grad(set_to_none=True)
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux
+    # This process image's own high-water mark (VmHWM). ru_maxrss would not do: Linux carries it across
+    # exec from the forking parent, so under a large parent (a long pytest run) it reads the parent's RSS.
+    peak = next((int(x.split()[1]) * 1024 for x in Path("/proc/self/status").read_text().splitlines()
+                 if x.startswith("VmHWM:")), resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
     return {"peak_above_baseline": peak - base, "baseline": base}
 
 

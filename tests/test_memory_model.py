@@ -127,3 +127,14 @@ def test_write_replaces_only_the_memory_section(tmp_path: Path) -> None:
         assert cells[1].startswith(("yes", "no")) and len(cells) == 14
         sizes = [int(c.removeprefix(">= ")) for c in cells[2:]]
         assert all(with_ckpt >= without for without, with_ckpt in zip(sizes[::2], sizes[1::2]))
+
+
+def test_a_measured_step_does_not_read_its_parents_memory() -> None:
+    """Linux carries ru_maxrss across exec from the forking parent: under a long pytest run (a large parent)
+    the measured CPU step read the parent's RSS (1347 MB for a 389 MB step). The measurement reads its own
+    process image's high-water mark instead."""
+    big = bytearray(800_000_000)
+    big[::4096] = b"\x01" * len(big[::4096])  # resident, not just reserved
+    measured = M.measure_in_subprocess("bert", "tiny", ["mlm"], 2, 32)["peak_above_baseline"]
+    del big
+    assert measured < 200e6, f"measured {measured / 1e6:.0f} MB for a tiny BERT step"
