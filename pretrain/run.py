@@ -233,6 +233,14 @@ def build_parser() -> argparse.ArgumentParser:
         "the layers' elementwise work, and the first steps of each objective pay the compilation",
     )
     t.add_argument(
+        "--zero-comm",
+        choices=("auto", "json"),
+        default="auto",
+        help="auto: on one rank, ZeRO-1/2's overlap_comm and contiguous_gradients are turned off (nothing to "
+        "reduce across ranks; they only copy every gradient and synchronise the device each step); json: keep "
+        "the DeepSpeed JSON's values (default: %(default)s)",
+    )
+    t.add_argument(
         "--profile-steps",
         metavar="FIRST:LAST",
         default=None,
@@ -647,6 +655,7 @@ def main(argv: list[str] | None = None) -> int:
             sigterm_at_step=args.sigterm_at_step,
             sigterm_group=args.sigterm_group,
             compile=args.compile,
+            zero_comm=args.zero_comm,
             new_schedule=args.new_schedule,
             profile_steps=parse_profile_steps(args.profile_steps),
         )

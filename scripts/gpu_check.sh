@@ -6,7 +6,8 @@
 #
 #   bash scripts/gpu_check.sh                       # all parts; writes runs/gpu_check/{*.txt,*.json,summary.txt}
 #   PARTS="bench_pretrain pipeline" bash scripts/gpu_check.sh   # a subset: tests skill_ffn generate
-#                              # bench_pretrain pipeline pipeline_compile pipeline_dense (default: all), profile
+#                              # bench_pretrain pipeline pipeline_compile pipeline_dense (default: all),
+#                              # pipeline_json (the JSON's ZeRO communication options kept on one GPU), profile
 #   STEPS=60 PRESET=base SEQ=512 bash scripts/gpu_check.sh        # the pipeline arm's size (defaults shown)
 #   DTYPES=bf16 bash scripts/gpu_check.sh           # the benches' dtypes (default: fp16, and bf16 where supported)
 #   PART_TIMEOUT=900                                # seconds each part may run before it is stopped (default)
@@ -84,8 +85,9 @@ from skillnet.model import SkillNetBertConfig as C
 c = C.preset('$PRESET'); ks = [len(c.task_skill_names(o)) for o in ('mlm', 'nsp')]
 print(round(sum(ks) / len(ks) * c.intermediate_size))" 2>/dev/null)
 echo "{\"intermediate_size\": ${dense_width:-3072}}" > "$OUT/dense_width.json"
-# The profiled window: after the warm-up windows, before the end (steps are 1-based).
-prof_first=$(( STEPS * 2 / 3 )); prof_last=$(( prof_first + 4 ))
+# The profiled steps are the run's last five: the profiler's overhead and its trace export then fall in the
+# last logged window, which the summary leaves out (steps are 1-based).
+prof_first=$(( STEPS - 4 )); prof_last=$STEPS
 run_pipeline() {  # NAME ARGS...: the real pipeline, as a user launches it (launcher, trainer, loader workers)
   local name=$1; shift
   rm -rf "${OUT:?}/$name"
@@ -97,6 +99,8 @@ run_pipeline() {  # NAME ARGS...: the real pipeline, as a user launches it (laun
 }
 want pipeline && run_pipeline pipeline --profile_steps "$prof_first:$prof_last"
 want pipeline_compile && run_pipeline pipeline_compile --compile
+# The JSON's overlap_comm / contiguous_gradients kept on one GPU (the default turns them off there).
+want pipeline_json && run_pipeline pipeline_json --zero_comm json
 want pipeline_dense && run_pipeline pipeline_dense --dense --model_config "$OUT/dense_width.json"
 if want profile; then
   # The same run's host side under cProfile (one process, no launcher): where the host spends a step.

@@ -58,8 +58,10 @@ def pipeline_figures(out: Path, name: str = "pipeline") -> dict[str, Any] | None
         return None
     # The first windows hold the warm-up (kernel selection, allocator, first batches, compilation); a
     # profiled window is slower by the profiler's own cost: neither is counted.
+    # gpu_check.sh profiles the last five steps, so a profiled run's last window holds the profiler and its
+    # trace export.
     prof = (out / name / "profile").is_dir()
-    later = [r for r in recs[2:] if not (prof and r is recs[-2])] or recs[-1:]
+    later = [r for r in recs[2:] if not (prof and r is recs[-1])] or recs[-1:]
     sec = statistics.mean(r["seconds_per_step"] for r in later)
     return {"micro": start["micro_batch_size"] * start["grad_accum"], "seconds_per_step": sec,
             "tokens_per_s": statistics.mean(r["tokens_per_s"] for r in later), "windows": len(later),
@@ -135,7 +137,8 @@ def main(argv: list[str] | None = None) -> int:
                          f"{b['masked_over_fused_mlm']:.2f}, NSP {b['masked_over_fused_nsp']:.2f} (target <= 1.1: {_mark(ok)})")
     else:
         lines.append("pre-training step bench: not run")
-    arms = {"pipeline": "SkillNet", "pipeline_compile": "SkillNet --compile", "pipeline_dense": "dense BERT"}
+    arms = {"pipeline": "SkillNet", "pipeline_compile": "SkillNet --compile",
+            "pipeline_json": "SkillNet --zero_comm json", "pipeline_dense": "dense BERT"}
     figs = {n: pipeline_figures(out, n) for n in arms}
     for name, label in arms.items():
         p = figs[name]
@@ -151,7 +154,7 @@ def main(argv: list[str] | None = None) -> int:
         if name != "pipeline_dense":
             lines += _memory_line(out, name, a.ds_config, a.preset, a.seq, p["micro"])
         if name == "pipeline_dense":
-            for other in ("pipeline", "pipeline_compile"):
+            for other in ("pipeline", "pipeline_compile", "pipeline_json"):
                 if figs[other]:
                     lines.append(f"  {other} / dense pipeline: {figs[other]['padded'] / padded:.3f}")
             continue

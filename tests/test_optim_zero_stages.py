@@ -16,6 +16,7 @@ trainer clearing it, s2 (MLM) was stepped again in the NSP step with its MLM gra
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -32,7 +33,11 @@ RUNS = {  # name -> zero_optimization overrides of ds_configs/cpu_fp32.json
     "zero3": {"stage": 3},
     "zero3_subgroups": {"stage": 3, "sub_group_size": 20000},
     "zero2_bf16": {"stage": 2},
+    "zero2_one_rank": {"stage": 2},
 }
+# One rank, accumulating the two micro-batches the two ranks read: ZeRO-1/2's communication options are off
+# there (TrainConfig.zero_comm), which changes DeepSpeed's gradient path (no contiguous buffer).
+ONE_RANK = {"zero2_one_rank"}
 BF16 = {"zero2_bf16"}  # also "bf16": {"enabled": true}, as ds_configs/a100_bf16.json (CPU: emulated, slow)
 
 
@@ -46,15 +51,26 @@ def reports(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[dict]]:
         ds = {**base, "zero_optimization": {**base["zero_optimization"], **zero}}
         if name in BF16:
             ds["bf16"] = {"enabled": True}
+        if name in ONE_RANK:
+            ds["gradient_accumulation_steps"] = 2
         path.write_text(json.dumps(ds))
         configs.append(str(path))
     out = tmp / "out"
     launch_fixture(FIXTURE, [str(out), "plain"], nprocs=0, timeout=300)
-    launch_fixture(FIXTURE, [str(out), *configs], timeout=900)
+    launch_fixture(FIXTURE, [str(out), *[c for c in configs if Path(c).stem not in ONE_RANK]], timeout=900)
+    launch_fixture(FIXTURE, [str(out), *[c for c in configs if Path(c).stem in ONE_RANK]], nprocs=1, timeout=300)
     res = {"plain": [json.loads((out / "plain_rank0.json").read_text())]}
     for name in RUNS:
-        res[name] = [json.loads((out / f"{name}_rank{rank}.json").read_text()) for rank in (0, 1)]
+        ranks = (0,) if name in ONE_RANK else (0, 1)
+        res[name] = [json.loads((out / f"{name}_rank{rank}.json").read_text()) for rank in ranks]
     return res
+
+
+def test_one_rank_runs_without_zero_communication(reports: dict[str, list[dict]]) -> None:
+    """The JSON (cpu_fp32.json) keeps contiguous gradients; on one rank the trainer turns them and overlap
+    off, and the loss path, step counts and untouched skills (tests below) are those of every other run."""
+    assert reports["zero2_one_rank"][0]["zero_comm"] == [False, False]
+    assert reports["zero2"][0]["zero_comm"] == [False, True]
 
 
 def test_the_runs_use_the_intended_zero_stage(reports: dict[str, list[dict]]) -> None:

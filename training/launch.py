@@ -13,7 +13,7 @@ import torch
 
 from . import dist as D
 from .checkpoint import CheckpointManager
-from .config import TrainConfig, load_ds_config, resolve_ds_config
+from .config import TrainConfig, load_ds_config, resolve_ds_config, single_rank_comm_off
 from .reshard import saved_geometry
 
 __all__ = ["prepare"]
@@ -29,6 +29,13 @@ def prepare(config: TrainConfig) -> tuple[TrainConfig, dict[str, Any] | None]:
     _, world = D.init_distributed()
     if config.ds_config:
         raw = load_ds_config(config.ds_config)
+        note = ("comm", str(config.output_dir))
+        if single_rank_comm_off(raw, config, world) and D.rank() == 0 and note not in _RESHARD_NOTED:
+            _RESHARD_NOTED.add(note)
+            print(f"[trainer] one rank: ZeRO-{raw['zero_optimization'].get('stage')}'s overlap_comm and "
+                  f"contiguous_gradients off (nothing to reduce across ranks; they would only copy every "
+                  f"gradient and synchronise the device each step; pre-training's --zero-comm json keeps the JSON's)",
+                  flush=True)
         saved = _resumed_on_other_world(config, world)
         if saved is None:
             ds, cfg = resolve_ds_config(raw, config, world, source=str(config.ds_config))
@@ -39,9 +46,9 @@ def prepare(config: TrainConfig) -> tuple[TrainConfig, dict[str, Any] | None]:
             raw, config, world, source=str(config.ds_config), global_batch=saved["global_batch"]
         )
         ds["checkpoint"] = {**ds.get("checkpoint", {}), "load_universal": True}
-        note = (str(config.output_dir), world)
-        if D.rank() == 0 and note not in _RESHARD_NOTED:  # prepare runs twice (the caller's, Trainer's)
-            _RESHARD_NOTED.add(note)
+        noted = (str(config.output_dir), world)
+        if D.rank() == 0 and noted not in _RESHARD_NOTED:  # prepare runs twice (the caller's, Trainer's)
+            _RESHARD_NOTED.add(noted)
             print(
                 f"[trainer] resuming a checkpoint of {saved['world_size']} rank(s) on {world}: global batch "
                 f"{saved['global_batch']} kept as micro-batch {cfg.micro_batch_size} x accumulation "
@@ -61,7 +68,7 @@ def prepare(config: TrainConfig) -> tuple[TrainConfig, dict[str, Any] | None]:
     return cfg, None
 
 
-_RESHARD_NOTED: set[tuple[str, int]] = set()
+_RESHARD_NOTED: set[tuple[str, Any]] = set()  # what prepare (run twice) has printed
 
 
 def _resumed_on_other_world(config: TrainConfig, world: int) -> dict[str, Any] | None:

@@ -1,0 +1,42 @@
+"""scripts/gpu_summary.py reads the pipeline arms' logs as gpu_check.sh writes them (CPU: no GPU needed)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def summary():  # noqa: ANN201
+    spec = importlib.util.spec_from_file_location("gpu_summary", REPO / "scripts" / "gpu_summary.py")
+    mod = importlib.util.module_from_spec(spec)
+    assert spec.loader is not None
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _arm(out: Path, name: str, window_ms: list[float], profiled: bool) -> None:
+    (out / name).mkdir(parents=True)
+    recs = [{"step": 10 * (i + 1), "tokens_per_s": 1e3 / ms, "seconds_per_step": ms / 1e3, "split": "train"}
+            for i, ms in enumerate(window_ms)]
+    (out / name / "log.jsonl").write_text("\n".join(json.dumps(r) for r in recs) + "\n")
+    (out / f"{name}.txt").write_text('{"event": "start", "micro_batch_size": 64, "grad_accum": 1}\n')
+    if profiled:
+        (out / name / "profile").mkdir()
+
+
+@pytest.mark.parametrize("profiled", [False, True])
+def test_pipeline_windows_leave_out_the_warm_up_and_the_profiled_end(summary, tmp_path: Path, profiled: bool) -> None:
+    """gpu_check.sh profiles a run's last five steps: their window (profiler, trace export) is not counted,
+    nor are the first two (warm-up)."""
+    _arm(tmp_path, "pipeline", [900, 300, 100, 110, 120, 1000 if profiled else 130], profiled)
+    fig = summary.pipeline_figures(tmp_path, "pipeline")
+    want = [100, 110, 120] + ([] if profiled else [130])
+    assert fig["windows"] == len(want)
+    assert fig["seconds_per_step"] == pytest.approx(sum(want) / len(want) / 1e3)
+    assert fig["micro"] == 64 and fig["steps"] == 60
