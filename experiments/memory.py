@@ -370,7 +370,7 @@ def deepspeed_setup(path: str | Path, arch: str = "bert", preset: str = "base", 
     # as the trainer runs it: on one rank ZeRO-1/2 reduce without overlap (TrainConfig.zero_comm)
     from skillnet.training.config import TrainConfig, single_rank_comm_off
 
-    overlap = bool(z.get("overlap_comm")) and not single_rank_comm_off(ds, TrainConfig(), world)
+    overlap = bool(z.get("overlap_comm")) and not single_rank_comm_off(ds, TrainConfig(), kw.get("world_size", world))
     base = dict(arch=arch, preset=preset, dtype=dtype, zero=int(z.get("stage", 0)), offload=off, world_size=world,
                 micro_batch=micro, seq_len=seq_len, reduce_bucket=int(z.get("reduce_bucket_size", 5e8)),
                 allgather_bucket=int(z.get("allgather_bucket_size", 5e8)), overlap_comm=overlap,
