@@ -404,10 +404,10 @@ class SkillNetBertForMultiTask(SkillNetBertPreTrainedModel):
         """Register a new task: its skills (in the config), a freshly initialised head and whatever else the
         backbone's task extras give each task."""
         self.config.set_task(task, skills, head)
-        self.heads.add_task(task, self.config, head).to(self.device).apply(self._init_weights)
-        for extras in self.bert.task_extras():
-            if task not in extras.task_modules():
-                extras.add_task(task).to(self.device).apply(self._init_weights)
+        new = [self.heads.add_task(task, self.config, head)]
+        new += [extras.add_task(task) for extras in self.bert.task_extras() if task not in extras.task_modules()]
+        for module in new:  # as the rest of the model: its device, dtype and mode (eval: no dropout)
+            module.to(device=self.device, dtype=self.dtype).apply(self._init_weights).train(self.training)
 
     def _head(self, task: str) -> nn.Module:
         if task not in self.heads:

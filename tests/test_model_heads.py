@@ -116,3 +116,23 @@ def test_pretraining_objectives_use_their_skills():
     assert any(".skills.0." in n for n in grads) and not any(".skills.1." in n for n in grads)
     with pytest.raises(ValueError, match="'mlm' or 'nsp'"):
         p(task="ner", input_ids=x)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_add_task_matches_the_models_mode_and_dtype(dtype):
+    """A task added to a model in eval mode (serving, adding a task to a loaded export) must not run its
+    new head and PALs in training mode (dropout on every prediction), and a model cast to bf16 must not
+    get an fp32 head (a dtype error at the first forward)."""
+    torch.manual_seed(0)
+    m = SkillNetBertForMultiTask(SkillNetBertConfig.preset(
+        "tiny", task_heads={"sentiment": HEADS["sentiment"]}, pals_dim=12, hidden_dropout_prob=0.5)).to(dtype).eval()
+    m.add_task("topic", ["s4"], {"type": "classification", "num_labels": 3})
+    assert [n for n, mod in m.named_modules() if mod.training] == []
+    assert {p.dtype for p in m.parameters()} == {dtype}
+    x, am = _x()
+    with torch.no_grad():
+        a, b = (m(task="topic", input_ids=x, attention_mask=am).logits for _ in range(2))
+    assert torch.equal(a, b)
+    m.train()
+    m.add_task("intent", ["s4"], {"type": "classification", "num_labels": 2})
+    assert m.heads["intent"].training
