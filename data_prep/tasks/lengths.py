@@ -17,8 +17,9 @@ from typing import Any
 
 import numpy as np
 
-# Fine-tuning's own floor on max_seq_len (finetune/config.py).
+# Fine-tuning's own floor on max_seq_len, and its value when a task config gives none (finetune/config.py).
 MIN_SEQ_LEN = 8
+DEFAULT_MAX_SEQ_LEN = 128
 # A share of cut examples above this is worth a warning: the model then misses part of what the labels
 # were made from for more than one example in ten.
 WARN_CUT_SHARE = 0.10
