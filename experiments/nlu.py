@@ -12,6 +12,7 @@ from skillnet.experiments.runner import (
     Runner,
     check_floor,
     compare,
+    mlm_heldout,
     paper_ratio_caps,
     paths,
     pt_args,
@@ -27,6 +28,7 @@ def stage_dense_pt(r: Runner) -> dict[str, Any]:
             "--micro-batch-size", str(r.p.pt_batch), "--output-dir", str(P["dense"])]
     r.run([PY, "pretrain/run.py", *args])
     r.run([PY, "-m", "skillnet.pretrain.export", "--checkpoint", str(P["dense"]), "--out", str(P["dense_hf"])])
+    mlm_heldout(r, P["dense_hf"], P["dense"])
     return check_floor(r, P["dense"])
 
 
@@ -36,6 +38,7 @@ def stage_sparse_pt(r: Runner) -> dict[str, Any]:
             "--output-dir", str(P["sparse"])]
     r.run(r.deepspeed("pretrain/run.py", args, r.p.pt_batch))
     r.run([PY, "-m", "skillnet.pretrain.export", "--checkpoint", str(P["sparse"]), "--out", str(P["sparse_hf"])])
+    mlm_heldout(r, P["sparse_hf"], P["sparse"])
     return check_floor(r, P["sparse"])
 
 

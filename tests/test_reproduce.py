@@ -28,6 +28,9 @@ def test_dry_run_lists_every_stage_command(tmp_path):
         assert f") {st.name}:" in r.stdout
     assert "deepspeed --num_gpus 2 pretrain/run.py" in r.stdout
     assert "skillnet.finetune.compare" in r.stdout
+    # the MLM floor is measured on text held out of pre-training (#32)
+    assert "sample-corpus" in r.stdout and "--held-out" in r.stdout and "shards_heldout" in r.stdout
+    assert r.stdout.count("skillnet.pretrain.heldout") == 2
     assert not (tmp_path / "stages" / "corpus.json").exists()  # a dry run records nothing as done
 
 
