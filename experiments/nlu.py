@@ -68,6 +68,12 @@ def model_positions(r: Runner) -> int:
     return int(SkillNetBertConfig.preset("base" if not r.p.bert else "tiny", **r.p.bert).max_position_embeddings)
 
 
+def explicit_seq_len(r: Runner, name: str, task: dict[str, Any]) -> int | None:
+    """The task's max_seq_len where the profile's nlu_seq_len or its own config names one (a user's choice)."""
+    v = r.p.nlu_seq_len.get(name, task.get("max_seq_len"))
+    return None if v is None else int(v)
+
+
 def task_seq_len(r: Runner, name: str, task: dict[str, Any]) -> int:
     """The task's max_seq_len: the profile's nlu_seq_len or the task config's own when either names one (a
     user's choice wins), else the length that holds 95% of its training examples (data_prep/tasks/lengths.py)
@@ -79,9 +85,9 @@ def task_seq_len(r: Runner, name: str, task: dict[str, Any]) -> int:
         record_lengths,
     )
 
-    explicit = r.p.nlu_seq_len.get(name, task.get("max_seq_len"))
+    explicit = explicit_seq_len(r, name, task)
     if explicit is not None:
-        return int(explicit)
+        return explicit
     positions = model_positions(r)
     spec_path = paths(r.out)["tasks"] / name / "task.json"
     if not spec_path.is_file():
@@ -101,11 +107,15 @@ def task_seq_len(r: Runner, name: str, task: dict[str, Any]) -> int:
 def stage_nlu_tasks(r: Runner) -> dict[str, Any]:
     P = paths(r.out)
     counts = {}
-    items = [(n, f, e) for n, (f, e, _) in NLU_TASKS.items()] + [NLU_NEW_TASK[:3]]
+    items = [(n, f, e, t) for n, (f, e, t) in NLU_TASKS.items()] + [NLU_NEW_TASK]
+    # The converters warn when a task is cut at the longest length it can get (its own, else the model's
+    # positions): then no fitted length (task_seq_len) can help, and the report must say why.
+    longest = {name: explicit_seq_len(r, name, t) or model_positions(r) for name, _, _, t in items}
     r.run_many([([PY, "-m", "skillnet.data_prep.tasks", "convert", fmt, "--out", str(P["tasks"] / name),
-                  "--max-examples", str(r.p.nlu_train), "--max-eval-examples", str(r.p.nlu_eval), *extra],
-                 P["tasks"] / name / "task.json") for name, fmt, extra in items], r.p.jobs)
-    for name, _, _ in items:
+                  "--max-examples", str(r.p.nlu_train), "--max-eval-examples", str(r.p.nlu_eval), *extra,
+                  "--max-seq-len", str(longest[name])],
+                 P["tasks"] / name / "task.json") for name, fmt, extra, _ in items], r.p.jobs)
+    for name, _, _, _ in items:
         if (P["tasks"] / name / "task.json").exists():
             counts[name] = json.loads((P["tasks"] / name / "task.json").read_text()).get("counts")
     return {"counts": counts}

@@ -308,3 +308,19 @@ def test_nlu_lengths_are_measured_when_task_json_has_none(tmp_path):
     cfg = json.loads(nlu_config(r, {"domain": NLU_TASKS["domain"][2]}, 10, "nlu").read_text())
     # lengths 12..61 ([CLS] + text + [SEP]): 95th percentile 59.55 -> 60 -> 64
     assert cfg["tasks"][0]["max_seq_len"] == 64
+
+
+@pytest.mark.parametrize("name,positions", [("full", 128), ("scale", 512)])
+def test_task_converters_warn_at_the_longest_length_the_task_can_get(tmp_path, name, positions):
+    """The reproduction's converters check truncation at the model's positions (or the profile's own length):
+    a task cut even there is cut in fine-tuning, whatever its fitted length."""
+    import dataclasses
+
+    from skillnet.experiments.nlu import stage_nlu_tasks
+
+    r = Runner(tmp_path, dataclasses.replace(PROFILES[name], nlu_seq_len={"domain": 48}), dry_run=True)
+    stage_nlu_tasks(r)
+    lengths = {c.split("--out ")[1].split()[0].rsplit("/", 1)[-1]: c.split("--max-seq-len ")[1].split()[0]
+               for c in r.commands if "data_prep.tasks convert" in c}
+    assert lengths == {"sentiment": str(positions), "ner": str(positions), "domain": "48",
+                       "qa_match": str(positions), "span": str(positions), "answer_select": str(positions)}
