@@ -133,7 +133,8 @@ class Runner:
 #   context-free baseline by MLM_MARGIN or by three standard errors of the baseline's own measurement,
 #   whichever is larger. 0.02 is two more masked tokens in a hundred predicted from context than any
 #   context-free guess gets: small enough for a small model early in training, larger than the spread of
-#   the measurement over the full profile's ~10k held-out masked tokens (one standard error ~0.0035).
+#   the measurement over the full profile's held-out text (measured: 751 windows, 9,591 masked tokens,
+#   copy 0.101, baseline 0.133, one standard error 0.0035: floor 0.153; a 75-step BERT scored 0.041).
 MLM_MARGIN = 0.02
 HELDOUT_MLM = "heldout_mlm.json"  # in the pre-training run's folder, written by the stage (mlm_heldout)
 FLOORS: dict[str, tuple[str, float, str]] = {  # stage -> (what is measured, floor, what the floor means)
