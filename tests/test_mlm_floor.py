@@ -6,6 +6,7 @@ training batches; the old floor (0.10 over the training log) passed a 1k-step BE
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -33,12 +34,13 @@ def test_sample_corpus_holds_out_every_nth_document(tmp_path: Path) -> None:
 class _Guesser(torch.nn.Module):
     """A 'model' with no context: at each position, all its mass on `guess(input_ids)`."""
 
-    def __init__(self, vocab: int, guess) -> None:
+    def __init__(self, vocab: int, guess: Callable[[torch.Tensor], torch.Tensor]) -> None:
         super().__init__()
         self.config = SimpleNamespace()
         self.vocab, self.guess = vocab, guess
 
-    def forward(self, input_ids, attention_mask=None, token_type_ids=None):
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
+                token_type_ids: torch.Tensor | None = None) -> SimpleNamespace:
         return SimpleNamespace(prediction_logits=torch.nn.functional.one_hot(self.guess(input_ids), self.vocab).float())
 
 
