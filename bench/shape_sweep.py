@@ -77,6 +77,7 @@ def flops_per_step(width: int, layers: int, tasks: list[dict[str, Any]], batch: 
 
 def _task_mix(run_dir: Path) -> list[dict[str, Any]]:
     """The NLU tasks of the reproduction with their sampling share (proportional, alpha 1: by train size)."""
+    from skillnet.data_prep.tasks.lengths import fitting_length
     from skillnet.experiments.nlu import NLU_TASKS
 
     tasks = []
@@ -89,8 +90,11 @@ def _task_mix(run_dir: Path) -> list[dict[str, Any]]:
         n = counts.get("train")
         if not isinstance(n, int):
             raise SystemExit(f"error: {spec} has no train count")
-        tasks.append({"name": name, "config": tc, "train": n, "seq": tc["max_seq_len"], "skills": len(tc["skills"]),
-                      "seqs": 1 + tc.get("num_negatives", 0)})
+        # the reproduction's length (experiments/nlu.py task_seq_len) at this sweep's 128 positions
+        seq = fitting_length((json.loads(spec.read_text(encoding="utf-8")).get("lengths") or {}).get("train") or {},
+                             positions=128) if "max_seq_len" not in tc else tc["max_seq_len"]
+        tasks.append({"name": name, "config": {**tc, "max_seq_len": seq}, "train": n, "seq": seq,
+                      "skills": len(tc["skills"]), "seqs": 1 + tc.get("num_negatives", 0)})
     total = sum(t["train"] for t in tasks)
     for t in tasks:
         t["share"] = t["train"] / total

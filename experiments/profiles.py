@@ -76,6 +76,9 @@ class Profile:
     # per-task models costing (number of tasks) x as much.
     nlg_task_steps: int | None = None
     nlg_adapt_steps: int | None = None  # the new NLG task (NLG Table 4); default adapt_steps
+    # max_seq_len of NLU tasks, by name, where it must not be fitted to the data (experiments/nlu.py
+    # task_seq_len: the length that holds 95% of a task's training examples, at most the model's positions)
+    nlu_seq_len: dict[str, int] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.nlg_task_steps is not None and self.task_specific_budget != "full":

@@ -117,13 +117,17 @@ def tail(doc: Document, out: Path, stages: list[Any], records: dict[str, Any], f
             verdict = ("passed" if rec["floor_passed"] else
                        "**below the floor**" + ("" if rec["floor_enforced"] else
                                                " (not enforced in this run: its fine-tuning went on from it)"))
-            floors.append([s.name, f"`{rec['floor_key']}`", "-" if v is None else f"{v:.3f}", f"{rec['floor']}",
-                           verdict])
+            base = rec.get("heldout_baseline_acc")
+            floors.append([s.name, f"`{rec['floor_key']}`", "-" if v is None else f"{v:.3f}",
+                           "-" if base is None else f"{base:.3f} ({rec.get('heldout_masked') or 0:,} masked tokens)",
+                           f"{rec['floor']:g}", verdict])
     if floors:
-        doc.p("Before any fine-tuning, each pre-trained model's accuracy over its last logged steps is checked "
-              "against a floor below which it has not left the initialisation plateau (the derivation is in "
-              "`skillnet.experiments.runner.FLOORS`):")
-        doc.table(["stage", "log key", "last logged", "floor", "verdict"], floors)
+        doc.p("Before any fine-tuning, each pre-trained model is checked against a floor below which it has not "
+              "left the initialisation plateau (the derivation is in `skillnet.experiments.runner.FLOORS`): the "
+              "BERTs on text held out of pre-training (one corpus document in 100), masked as in pre-training, "
+              "where they must beat copying the input and guessing the most frequent character at [MASK] (the "
+              "baseline column) by a margin; BART over its last logged training steps:")
+        doc.table(["stage", "measured", "value", "context-free baseline", "floor", "verdict"], floors)
     doc.h(2, "Wall time of every stage")
     doc.table(["stage", "what", "wall time"], [[s.name, s.title, seconds((records[s.name] or {}).get("seconds"))]
                                               for s in stages])

@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from skillnet.data_prep.tasks.lengths import WARN_CUT_SHARE
 from skillnet.experiments.tables import (
     NLU_ROWS,
     NLU_STAND_INS,
@@ -141,6 +142,8 @@ def baselines(doc: Document, nlu: dict[str, Any], run_dir: Path, findings: list[
     lex = baseline_scores(run_dir, nlu, "lexical_test")
     names = baseline_scores(run_dir, nlu, "lexical_name")
     size = baseline_scores(run_dir, nlu, "test_examples")
+    seq = baseline_scores(run_dir, nlu, "max_seq_len")
+    cut = {t: 100.0 * n / size[t] for t, n in baseline_scores(run_dir, nlu, "test_truncated").items() if size.get(t)}
     if not triv:
         return
 
@@ -150,10 +153,20 @@ def baselines(doc: Document, nlu: dict[str, Any], run_dir: Path, findings: list[
     doc.p("Non-neural baselines on the same test splits: the trivial predictor (majority class; all-`O` for "
           "NER; the context's first character for spans; random choice for matching) and, where the task type "
           "has one, a baseline fit on the train split (" + "; ".join(sorted({f"{n}" for n in names.values()}))
-          + ", character 1-2-grams, scikit-learn). The last row is each test split's size.")
+          + ", character 1-2-grams, scikit-learn). The last rows are each test split's size, the task's "
+          "max_seq_len (the length that holds 95% of its training examples, unless the model's positions are "
+          "fewer) and the share of test examples longer than it, which every model reads cut.")
     doc.table(["baseline", *tasks], [["trivial", *[cell(triv, t) for t in tasks]],
                                      ["TF-IDF", *[cell(lex, t) for t in tasks]],
-                                     ["test examples", *[f"{size[t]:,}" if t in size else "-" for t in tasks]]])
+                                     ["test examples", *[f"{size[t]:,}" if t in size else "-" for t in tasks]],
+                                     ["max_seq_len", *[str(seq[t]) if t in seq else "-" for t in tasks]],
+                                     ["test examples cut", *[f"{cut[t]:.1f}%" if t in cut else "-" for t in tasks]]])
+    long = {t: v for t, v in cut.items() if v > 100 * WARN_CUT_SHARE}
+    if long:
+        findings.append("Cut by max_seq_len: " + ", ".join(
+            f"{t} ({v:.1f}% of its test examples are longer than {seq.get(t, '?')} tokens)" for t, v in long.items())
+            + ". Their models read the start of those examples only (TF-IDF reads them whole); where the length "
+              "is the model's positions, no longer length is possible without pre-training more positions.")
     below_triv = at_or_below(nlu, triv)
     if below_triv:
         findings.append("At or below the trivial baseline: " + ", ".join(f"`{m}` on {t}" for m, t in below_triv)

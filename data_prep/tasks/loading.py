@@ -50,6 +50,8 @@ class TaskSpec:
     license: str = ""
     notes: str = ""
     report: dict[str, int] = field(default_factory=dict)
+    # split -> statistics of its records' tokenised lengths (lengths.length_stats), for choosing max_seq_len
+    lengths: dict[str, dict[str, int]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
