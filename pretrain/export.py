@@ -383,8 +383,10 @@ def build_parser() -> Parser:
         "MoE and PALs cannot be written so and are refused",
     )
     p.add_argument("--onnx", action="store_true",
-                   help="with --plain (BERT tasks): also model.onnx (fp32) and model_int8.onnx (dynamic int8), each "
-                   "measured against the sparse model (needs the deploy extra: onnx, onnxscript, onnxruntime)")
+                   help="with --plain: also model.onnx (fp32) and model_int8.onnx (dynamic int8) for a BERT task, or "
+                   "ort/ (encoder and decoder graphs, fp32 and int8, and seq2seq.py to decode them) for a BART "
+                   "task, each measured against the sparse model (needs the deploy extra: onnx, onnxscript, "
+                   "onnxruntime)")
     p.add_argument("--features", action="store_true",
                    help="with --plain: a BertModel of the task's skills (features), whatever the task's head")
     p.add_argument("--test", help="with --plain: JSONL records of the task to measure the equality (and a CRF's "

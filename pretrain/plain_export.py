@@ -7,7 +7,9 @@ The folder loads with ``transformers`` alone, without ``trust_remote_code`` and 
 candidate), ``BertForTokenClassification`` (NER: the CRF's emissions; crf.json and the card hold the
 transitions and the Viterbi lines that decode as ``predict`` does), ``BertForQuestionAnswering`` (span),
 ``BertForMaskedLM`` (a pre-trained model's tasks), ``BertModel`` (``--features``: any task) or
-``BartForConditionalGeneration`` (SkillNet-BART, with the task's generation config).
+``BartForConditionalGeneration`` (SkillNet-BART, with the task's generation config). ``--onnx`` adds ONNX
+graphs (pretrain/plain_onnx.py): ``model.onnx`` / ``model_int8.onnx`` for a BERT task; ``ort/`` for a BART task
+(encoder and decoder, fp32 and int8, and ``seq2seq.py``, which decodes them with numpy and onnxruntime).
 
 The export measures what it claims: it runs the sparse and the plain model on the task's test records (the
 fine-tuning run's test file, else its dev file, else ``--test``; a few fixed sentences without task data) and
@@ -234,6 +236,59 @@ def measure_onnx(sparse: Any, flat: Any, task: str, pred: Any, recs: list[dict[s
     return res
 
 
+# Beam width of the beam-search equality check when the task's own config decodes greedily (the tiny
+# reproduction's tasks do): both decoders are then checked on the test inputs.
+_CHECK_BEAMS = 4
+
+
+@torch.no_grad()
+def measure_bart_onnx(sparse: Any, flat: Any, task: str, pred: Any, recs: list[dict[str, Any]], prefix: str, tok: Any,
+                      folder: Path, metric: str | None = None) -> dict[str, Any]:
+    """``ort/``: the task's BART as ONNX encoder and decoder graphs, fp32 and int8 (pretrain/plain_onnx.py),
+    decoded by ``ort/seq2seq.py``. For each: the largest teacher-forced logit difference from the sparse
+    model (on the sparse model's own outputs), whether generation gives the sparse model's tokens on every
+    test input (with the task's generation config, and with beam search of `_CHECK_BEAMS` beams when that
+    config is greedy), and with labelled test records the task's metric of sparse, plain, ONNX fp32 and int8."""
+    from skillnet.pretrain.onnx_seq2seq import OrtSeq2Seq
+    from skillnet.pretrain.plain_onnx import ORT_DIR, OrtAsGenerator, export_bart_onnx
+
+    gen = flat.model.generation_config.to_dict()
+    export_bart_onnx(flat.model, flat.widths, folder / ORT_DIR)
+    runners = {k: OrtSeq2Seq(folder / ORT_DIR, int8=k == "int8", generation_config=gen) for k in ("fp32", "int8")}
+    sources = [prefix + r["source"] for r in recs] or [prefix + t for t in _PROBE_TEXTS]
+    settings = [{}] if (gen.get("num_beams") or 1) > 1 else [{}, {"num_beams": _CHECK_BEAMS}]
+    res: dict[str, Any] = {"inputs": len(sources), "decoders": [s.get("num_beams", gen.get("num_beams") or 1)
+                                                                  for s in settings]}
+    # the sparse model's tokens and teacher-forced logits once, then each graph against them
+    want, ref, encs = [], [], []
+    for s in sources:
+        enc = tok(s, return_tensors="pt", truncation=True)
+        encs.append((enc["input_ids"], enc["attention_mask"]))
+        want.append([sparse.generate(input_ids=encs[-1][0], attention_mask=encs[-1][1], task=task,
+                                     generation_config=flat.model.generation_config, **st) for st in settings])
+        ref.append(sparse(input_ids=encs[-1][0], attention_mask=encs[-1][1], decoder_input_ids=want[-1][0],
+                          task=task).logits)
+    for k, r in runners.items():
+        worst, equal = 0.0, [0] * len(settings)
+        for (ids, am), ws, lg in zip(encs, want, ref):
+            for j, st in enumerate(settings):
+                equal[j] += ws[j].tolist() == r.generate(ids.numpy(), am.numpy(), **st).tolist()
+            got = r.logits(ws[0].numpy(), r.encode(ids.numpy(), am.numpy()), am.numpy())
+            worst = max(worst, float((lg - torch.from_numpy(got)).abs().max()))
+        res[k] = {"max_abs_diff": worst, "generate_equal": equal}
+    if pred is None or not any(r.get("target") is not None for r in recs):
+        return res
+    from skillnet.pretrain.plain_onnx import task_score
+
+    labelled = [r for r in recs if r.get("target") is not None]
+    td = pred.tasks[task]
+    metric = metric or td.cfg.metric or td.codec.metric
+    scores = {"sparse": task_score(sparse, pred, task, labelled, metric),
+              **{k: task_score(OrtAsGenerator(r), pred, task, labelled, metric) for k, r in runners.items()}}
+    res.update(metric=metric, scores=scores, int8_score_drop=scores["sparse"] - scores["int8"])
+    return res
+
+
 def export_plain(source: str | Path, out: str | Path, task: str, features: bool = False, test: str | None = None,
                  overwrite: bool = False, onnx: bool = False) -> Path:
     """Write `task` of the SkillNet export `source` as a stock transformers folder `out` (module docstring)."""
@@ -254,8 +309,6 @@ def export_plain(source: str | Path, out: str | Path, task: str, features: bool 
         raise OutputError(f"--out {out}: is (or holds) the export being read ({folder}); give another folder")
     sparse, pred = _load_source(folder)
     bart = sparse.config.model_type == "skillnet-bart"
-    if bart and onnx:
-        raise ValueError("--onnx: only SkillNet-BERT tasks are exported to ONNX so far (BART generation is not)")
     flat = plain_bart(sparse, task) if bart else plain_bert(sparse, task, features)
     claim_output(out, option="--out", command="export", overwrite=overwrite,
                  identity={"source": _where(folder), "task": task, "plain": True, "features": features})
@@ -283,6 +336,9 @@ def export_plain(source: str | Path, out: str | Path, task: str, features: bool 
         sources = [prefix + r["source"] for r in recs[:_PROBE_RECORDS // 4]] or [prefix + t for t in _PROBE_TEXTS]
         facts["prefix"] = prefix
         facts["equality"] = measure_bart(sparse, flat.model, task, sources, tok)
+        if onnx:
+            # the task's metric as its fine-tuning run chose it (the Predictor's config may hold the type's default)
+            facts["onnx"] = measure_bart_onnx(sparse, flat, task, pred, recs, prefix, tok, tmp, meta.get("metric"))
     else:
         facts["equality"] = measure_bert(sparse, flat.model, task, flat.head, pred, recs, tok)
         if flat.head == "token_crf":
@@ -292,7 +348,7 @@ def export_plain(source: str | Path, out: str | Path, task: str, features: bool 
             facts["crf_transitions"] = _read(tmp / "crf.json")
         if meta.get("type"):
             facts["task_type"] = meta["type"]
-    if onnx:
+    if onnx and not bart:
         facts["onnx"] = measure_onnx(sparse, flat, task, pred, recs, tok, tmp)
     _write(tmp / "plain_export.json", facts)
     (tmp / "README.md").write_text(render_plain_card(facts), encoding="utf-8")
@@ -338,6 +394,39 @@ def _usage(f: dict[str, Any]) -> list[str]:
                 'print(fill("今天天气很[MASK]。")[0]["token_str"])']
     return [p, "from transformers import pipeline", 'fe = pipeline("feature-extraction", model=folder)',
             'h = fe("这家酒店的服务很好")[0]  # one vector per token']
+
+
+def _onnx_scores(ox: dict[str, Any]) -> str:
+    """The card's line of test scores: each arm that was scored, and the int8 drop."""
+    names = {"sparse": "sparse", "plain": "plain", "fp32": "ONNX fp32", "int8": "int8"}
+    arms = ", ".join(f"{n} {ox['scores'][k]:.4f}" for k, n in names.items() if k in ox["scores"])
+    return f"Test {ox['metric']}: {arms} (int8 drop {ox['int8_score_drop']:.4f})."
+
+
+def _bart_onnx_card(f: dict[str, Any], ox: dict[str, Any]) -> list[str]:
+    """The card's ONNX section of a BART task: what the graphs are, what was measured, how to serve them."""
+    def beams(n: int) -> str:
+        return "greedy search" if n == 1 else f"beam search ({n} beams)"
+
+    eq = "; ".join(f"{k}: " + ", ".join(f"{beams(n)} {e}/{ox['inputs']}" for n, e in zip(ox["decoders"], v["generate_equal"]))
+                   for k, v in ((k, ox[k]) for k in ("fp32", "int8")))
+    lines = ["## ONNX", "",
+             "`ort/encoder.onnx` and `ort/decoder.onnx` (fp32; torch.onnx's dynamo exporter), `ort/*_int8.onnx` (ONNX "
+             "Runtime's dynamic int8), and `ort/seq2seq.py`, greedy and beam search over them with numpy and "
+             "onnxruntime only (transformers' decoding rules for this generation config). The decoder graph takes "
+             "all tokens so far (no past key values). The graphs keep each layer's own FFN width "
+             f"({f['ffn_widths']}): no layer computes zero padding.", "",
+             f"Largest teacher-forced logit difference from the sparse model on {f['measured_on']}: "
+             f"{ox['fp32']['max_abs_diff']:.2e} (fp32), {ox['int8']['max_abs_diff']:.2e} (int8). Generated tokens equal "
+             f"to the sparse model's, per input: {eq}."]
+    if isinstance(ox.get("scores"), dict):
+        lines.append(_onnx_scores(ox))
+    lines += ["", "```python", 'import sys; sys.path.insert(0, f"{folder}/ort")', "from seq2seq import OrtSeq2Seq",
+              "from transformers import AutoTokenizer  # or any tokenizer that reads tokenizer.json",
+              'model = OrtSeq2Seq(f"{folder}/ort")  # int8=True: the quantised graphs',
+              f'ids = model.generate(**AutoTokenizer.from_pretrained(folder)({f.get("prefix", "")!r} + "输入文本", '
+              'return_tensors="np"))[0]', "```"]
+    return lines
 
 
 def render_plain_card(f: dict[str, Any]) -> str:
@@ -387,15 +476,15 @@ def render_plain_card(f: dict[str, Any]) -> str:
         lines += ["", "The transitions (`crf.json`; row = from, column = to; moves IOB2 forbids carry -10000 on top):",
                   "", "```json", json.dumps(f["crf_transitions"], ensure_ascii=False), "```"]
     ox = f.get("onnx")
-    if ox:
+    if ox and f["class"].startswith("Bart"):
+        lines += ["", *_bart_onnx_card(f, ox)]
+    elif ox:
         lines += ["", "## ONNX", "",
                   f"`model.onnx` (fp32) and `model_int8.onnx` (dynamic int8): largest difference from the sparse "
                   f"model {ox['fp32']['max_abs_diff']:.2e} (fp32) and {ox['int8']['max_abs_diff']:.2e} (int8) on "
                   f"{f['measured_on']}."]
         if isinstance(ox.get("scores"), dict):
-            sc = ox["scores"]
-            lines.append(f"Test {ox['metric']}: sparse {sc['sparse']:.4f}, plain {sc['plain']:.4f}, ONNX fp32 "
-                         f"{sc['fp32']:.4f}, int8 {sc['int8']:.4f} (int8 drop {ox['int8_score_drop']:.4f}).")
+            lines.append(_onnx_scores(ox))
         lines += ["", "```python", "import onnxruntime as ort",
                   'session = ort.InferenceSession(f"{folder}/model_int8.onnx")',
                   'logits = session.run(None, dict(tok("这家酒店的服务很好", return_tensors="np")))[0]', "```"]

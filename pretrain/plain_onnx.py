@@ -100,8 +100,112 @@ class StockAsTask(nn.Module):
         return self.sparse_heads[task].predict(out, batch)
 
 
-def task_score(model: nn.Module, pred: Any, task: str, recs: list[dict[str, Any]]) -> float:
-    """The task's own metric on `recs` (those with labels), predicted by `model`."""
+def task_score(model: nn.Module, pred: Any, task: str, recs: list[dict[str, Any]], metric: str | None = None) -> float:
+    """The task's own metric (`metric`, else the task config's) on `recs` (those with labels), predicted by `model`."""
     td = pred.tasks[task]
-    metric = td.cfg.metric or td.codec.metric
+    metric = metric or td.cfg.metric or td.codec.metric
     return float(td.score_records(recs, td.predict_records(model, recs, 32))[metric])
+
+
+# ---- SkillNet-BART: encoder and decoder graphs, generation in pretrain/onnx_seq2seq.py -------------------
+ORT_DIR = "ort"  # the BART graphs' subfolder of a plain export (beside the stock transformers files)
+
+
+class _BartEncoder(nn.Module):
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.encoder = model.get_encoder()
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        return self.encoder(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+
+
+class _BartDecoder(nn.Module):
+    """All decoder positions' logits for the tokens so far (no cache: one graph for every step)."""
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, decoder_input_ids: torch.Tensor, encoder_hidden_states: torch.Tensor,
+                encoder_attention_mask: torch.Tensor) -> torch.Tensor:
+        return self.model(attention_mask=encoder_attention_mask, encoder_outputs=(encoder_hidden_states,),
+                          decoder_input_ids=decoder_input_ids, use_cache=False).logits
+
+
+@torch.no_grad()
+def trim_padding(model: nn.Module, widths: list[int]) -> nn.Module:
+    """A copy of a plain BART whose layers have their own FFN widths again (`widths`: encoder layers, then
+    decoder layers, as plain_export.json's ``ffn_widths``). The zero-padded units contribute exactly 0, so
+    dropping them changes no output; a stock config cannot say this (one width per stack), a module or an
+    ONNX graph can, and then a layer without skills costs its own width instead of the skill layers'."""
+    import copy
+
+    out = copy.deepcopy(model)
+    layers = [*out.model.encoder.layers, *out.model.decoder.layers]
+    if len(layers) != len(widths):
+        raise ValueError(f"{len(widths)} widths for {len(layers)} layers")
+    for layer, w in zip(layers, widths):
+        if w == layer.fc1.out_features:
+            continue
+        if layer.fc2.weight[:, w:].abs().max() != 0:
+            raise ValueError(f"units past width {w} are not zero: this is not a zero-padded layer")
+        fc1, fc2 = nn.Linear(layer.fc1.in_features, w), nn.Linear(w, layer.fc2.out_features)
+        fc1.weight.copy_(layer.fc1.weight[:w]), fc1.bias.copy_(layer.fc1.bias[:w])
+        fc2.weight.copy_(layer.fc2.weight[:, :w]), fc2.bias.copy_(layer.fc2.bias)
+        layer.fc1, layer.fc2 = fc1, fc2
+    return out.eval()
+
+
+def export_bart_onnx(model: nn.Module, widths: list[int], folder: Path) -> dict[str, Path]:
+    """Write ``encoder.onnx`` / ``decoder.onnx``, their dynamic int8 twins ``*_int8.onnx`` and the numpy
+    generation module ``seq2seq.py`` into ``folder`` (created). The graphs are traced from the trimmed model
+    (`trim_padding`), so no layer computes padding."""
+    import shutil
+
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    folder.mkdir(parents=True, exist_ok=True)
+    trimmed = trim_padding(model, widths)
+    # Distinct example sizes, so the exporter cannot take two dynamic dimensions for one.
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(5, model.config.vocab_size, (2, 7), generator=g)
+    am = torch.ones_like(ids)
+    am[1, 5:] = 0
+    dec = torch.randint(5, model.config.vocab_size, (2, 3), generator=g)
+    with torch.no_grad():
+        hidden = _BartEncoder(trimmed)(ids, am)
+    batch, src, tgt = torch.export.Dim("batch"), torch.export.Dim("src"), torch.export.Dim("tgt")
+    paths = {"encoder": folder / "encoder.onnx", "decoder": folder / "decoder.onnx"}
+    torch.onnx.export(_BartEncoder(trimmed), args=(), kwargs={"input_ids": ids, "attention_mask": am},
+                      f=str(paths["encoder"]), dynamo=True, verbose=False,
+                      dynamic_shapes={"input_ids": {0: batch, 1: src}, "attention_mask": {0: batch, 1: src}},
+                      output_names=["last_hidden_state"])
+    torch.onnx.export(_BartDecoder(trimmed), args=(),
+                      kwargs={"decoder_input_ids": dec, "encoder_hidden_states": hidden, "encoder_attention_mask": am},
+                      f=str(paths["decoder"]), dynamo=True, verbose=False,
+                      dynamic_shapes={"decoder_input_ids": {0: batch, 1: tgt},
+                                      "encoder_hidden_states": {0: batch, 1: src},
+                                      "encoder_attention_mask": {0: batch, 1: src}},
+                      output_names=["logits"])
+    for k in ("encoder", "decoder"):
+        paths[f"{k}_int8"] = folder / f"{k}_int8.onnx"
+        quantize_dynamic(str(paths[k]), str(paths[f"{k}_int8"]), weight_type=QuantType.QInt8)
+    shutil.copyfile(Path(__file__).with_name("onnx_seq2seq.py"), folder / "seq2seq.py")
+    return paths
+
+
+class OrtAsGenerator(nn.Module):
+    """`OrtSeq2Seq` behind the interface the generation codec predicts with (``model.generate(**batch, task=,
+    num_beams=, max_new_tokens=, suppress_tokens=)`` returning a tensor), so the task's own ``predict`` and
+    metric score the ONNX graphs."""
+
+    def __init__(self, runner: Any) -> None:
+        super().__init__()
+        self.runner = runner
+        self._device = nn.Parameter(torch.zeros(()))  # the codecs read the device from the parameters
+
+    def generate(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None, task: str | None = None,
+                 **settings: Any) -> torch.Tensor:
+        mask = None if attention_mask is None else attention_mask.cpu().numpy()
+        return torch.from_numpy(self.runner.generate(input_ids.cpu().numpy(), mask, **settings))
