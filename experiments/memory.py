@@ -71,6 +71,10 @@ class Setup:
     prefetch_bucket: int = 50_000_000  # ZeRO-3
     overlap_comm: bool = False
     trained_objectives: tuple[str, ...] | None = None  # plain PyTorch: tasks whose parameters have moments
+    # Rank 0 of pretrain/run.py (SkillNet-BERT): its SkillStatistics callback keeps every skill's start weights
+    # in fp32 host memory for skill_drift (not under ZeRO-3). Measured at BERT-base on 2 CPU ranks
+    # (bench/real_size.py): rank 0 peaked 1.6 GB above rank 1, the size of that copy.
+    drift_reference: bool = False
 
     @property
     def a(self) -> int:
@@ -293,7 +297,7 @@ def model_states(s: Setup) -> dict[str, int]:
         tasks = s.trained_objectives or tuple(objectives(s.arch, s.preset))
         trained = _union_activated(s, tasks)
         st.update(params=4 * P, master=0, moments=8 * trained, grads=0, grads32=0, buckets=0, step_temp=0)
-        return st
+        return _with_drift_reference(s, st, c)
     st["params"] = a * (part if s.zero == 3 else P)
     if s.zero == 3:
         st["params"] += a * (c["largest_layer"] + s.prefetch_bucket)
@@ -307,6 +311,14 @@ def model_states(s: Setup) -> dict[str, int]:
     if s.offload:
         st["host"] = st.pop("master") + st.pop("moments") + st.pop("grads32")
         st.update(master=0, moments=0, grads32=0)
+    return _with_drift_reference(s, st, c)
+
+
+def _with_drift_reference(s: Setup, st: dict[str, int], c: dict[str, Any]) -> dict[str, int]:
+    if s.drift_reference and s.zero != 3:
+        # host memory: on a GPU the callback moves the copy to the device only while it takes under 1/8 of the
+        # free memory (training/skill_stats.py), so it never decides whether a step fits
+        st["host"] = st.get("host", 0) + 4 * sum(c["skills"].values())
     return st
 
 

@@ -5,6 +5,7 @@ measured CPU training step (±15%). The real-size runs (BERT-base / BART-base th
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -138,3 +139,18 @@ def test_a_measured_step_does_not_read_its_parents_memory() -> None:
     measured = M.measure_in_subprocess("bert", "tiny", ["mlm"], 2, 32)["peak_above_baseline"]
     del big
     assert measured < 200e6, f"measured {measured / 1e6:.0f} MB for a tiny BERT step"
+
+
+def test_drift_reference_is_the_skill_statistics_copy() -> None:
+    """Rank 0 of pre-training keeps SkillStatistics' start weights of every skill (host memory, fp32): the
+    model's term is the size of exactly that copy, and it is absent under ZeRO-3 (no drift there)."""
+    from skillnet.model import SkillNetBertConfig, SkillNetBertForPreTraining, skill_parameters
+    from skillnet.training import SkillStatistics
+
+    copy = SkillStatistics(skill_parameters(SkillNetBertForPreTraining(SkillNetBertConfig.preset("tiny"))))._tensors()
+    for stage, offload in ((None, False), (2, False), (2, True), (3, False)):
+        s = M.Setup(preset="tiny", dtype="fp32", zero=stage, offload=offload, world_size=1 if stage is None else 2)
+        plain, rank0 = M.model_states(s), M.model_states(replace(s, drift_reference=True))
+        expected = 0 if stage == 3 else sum(t.numel() * t.element_size() for t in copy.values())
+        assert rank0.get("host", 0) - plain.get("host", 0) == expected
+        assert M.predict(replace(s, drift_reference=True))["peak"] == M.predict(s)["peak"]  # host, not device
