@@ -19,7 +19,7 @@ model's terms one by one. One run (BERT, ZeRO-2, 128) is also exported (``export
 
     python bench/real_size.py                     # every configuration (about an hour on 2 cores)
     python bench/real_size.py --only bert-z2-128  # a subset (names: see --list)
-    python bench/real_size.py --json --write      # + one JSON line last, docs/scale.md's 'realsize' section
+    python bench/real_size.py --json --write      # + one JSON line last, docs/scale.md's 'real_size' section
 
 Results accumulate in ``--work`` (default runs/real_size/results.json): a configuration measured before is
 not run again unless ``--rerun``; ``--write`` writes every configuration in the file. Memory safety (a shared
@@ -46,7 +46,7 @@ from typing import Any
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 REPO = Path(__file__).resolve().parent.parent
-DOC = REPO / "docs" / "scale.md"
+DOC = "docs/scale.md"
 MB = 1e6
 TOLERANCE = 0.15
 MICRO_BATCH = 2
@@ -365,12 +365,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--only", nargs="+", help="configuration names (see --list)")
     p.add_argument("--list", action="store_true", help="print the configuration names and exit")
     p.add_argument("--rerun", action="store_true", help="measure again configurations already in the results")
-    p.add_argument("--work", type=Path, default=REPO / "runs" / "real_size", help="runs and results.json")
-    p.add_argument("--timeout", type=float, default=1500, help="seconds per launch")
-    p.add_argument("--min-free-gb", type=float, default=14, help="launch only with this much memory available")
+    p.add_argument("--work", type=Path, default=REPO / "runs" / "real_size", help="runs and results.json (default: runs/real_size)")
+    p.add_argument("--timeout", type=float, default=1500, help="seconds per launch (default: %(default)s)")
+    p.add_argument("--min-free-gb", type=float, default=14, help="launch only with this much memory available (default: %(default)s)")
     p.add_argument("--no-export", action="store_true", help="skip the export / fill-mask check")
     p.add_argument("--json", action="store_true", help="print one JSON line last")
-    p.add_argument("--write", action="store_true", help=f"rewrite the 'realsize' section of {DOC.name}")
+    p.add_argument("--write", action="store_true", help=f"rewrite the 'real_size' section of {DOC}")
     a = p.parse_args(argv)
     todo = configs()
     if a.list:
@@ -413,7 +413,7 @@ def main(argv: list[str] | None = None) -> int:
     if a.write:
         from skillnet.experiments.benchdoc import write_section
 
-        write_section(DOC, "realsize", body)
+        write_section(REPO / DOC, "real_size", body)
     if a.json:
         done = [r for r in (summarize(c, results["raw"][c.name]) for c in configs() if c.name in results["raw"])
                 if "error" not in r]
