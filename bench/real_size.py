@@ -50,8 +50,13 @@ DOC = "docs/scale.md"
 MB = 1e6
 TOLERANCE = 0.15
 MICRO_BATCH = 2
-# BERT: 3 steps, so that seed 0's objective draws (mlm, mlm, nsp) run both objectives; BART runs one task
+# BERT at 128: 3 steps, so that seed 0's objective draws (mlm, mlm, nsp) run both objectives; at 512 (minutes a
+# step on 2 shared cores) and for BART (one task) 2 steps: the first warms up, the second is timed
 STEPS = {"bert": 3, "bart": 2}
+
+
+def steps(c: Config) -> int:
+    return STEPS[c.arch] if c.seq <= 128 else 2
 ZERO = {"z2": ("ds_configs/zero2.json", 2, False), "z3": ("ds_configs/zero3.json", 3, False),
         "z2off": ("ds_configs/zero2_offload.json", 2, True)}
 # the SkillNet-BART task: the one with the most skills per token (the model's largest step)
@@ -124,14 +129,15 @@ def launch(c: Config, work: Path, timeout: float, min_free: float) -> dict[str, 
            "bench/real_size_rank.py", str(out)]
     if c.arch == "bert":
         cmd += ["bert", "pretrain/run.py", "--ds-config", str(ds), "--synthetic", "64", "--preset", "base",
-                "--max-seq-len", str(c.seq), "--max-steps", str(STEPS["bert"]), "--log-every", "1", "--output-dir",
+                "--max-seq-len", str(c.seq), "--max-steps", str(steps(c)), "--log-every", "1", "--output-dir",
                 str(run / "run"), "--overwrite", "--no-progress", "--no-tensorboard"]
     else:
-        cmd += ["bart", "--preset", "base", "--task", BART_TASK, "--seq-len", str(c.seq), "--steps", str(STEPS["bart"]),
+        cmd += ["bart", "--preset", "base", "--task", BART_TASK, "--seq-len", str(c.seq), "--steps", str(steps(c)),
                 "--ds-config", str(ds), "--output-dir", str(run / "run")]
     if c.ckpt:
         cmd.append("--gradient-checkpointing")
     t0 = time.time()
+    (run / "launch.json").write_text(json.dumps({"cmd": _shown(cmd), "start": t0}))
     with open(run / "launch.log", "w") as log:
         proc = subprocess.Popen(cmd, cwd=REPO, env=_rank_env(), stdout=log, stderr=subprocess.STDOUT,
                                 start_new_session=True)
@@ -149,6 +155,18 @@ def launch(c: Config, work: Path, timeout: float, min_free: float) -> dict[str, 
         return {**res, "error": f"exit {rc}: {tail}"}
     res["ranks"] = [json.loads((out / f"rank{r}.json").read_text()) for r in (0, 1)]
     return res
+
+
+def collect(c: Config, work: Path) -> dict[str, Any] | None:
+    """The records of a launch that finished without the driver waiting for it (a driver stopped while its
+    launch ran on), from its launch.json and the ranks' files; None if there are none."""
+    run = work / c.name
+    files = [run / "probe" / f"rank{r}.json" for r in (0, 1)]
+    if not ((run / "launch.json").is_file() and all(f.is_file() for f in files)):
+        return None
+    info = json.loads((run / "launch.json").read_text())
+    return {"cmd": info["cmd"], "wall_s": round(max(f.stat().st_mtime for f in files) - info["start"], 1),
+            "ranks": [json.loads(f.read_text()) for f in files], "collected": True}
 
 
 def _shown(cmd: list[str]) -> str:
@@ -298,8 +316,9 @@ def render(results: dict[str, Any]) -> str:
         "## Real size on 2 CPU ranks: measured memory and step time",
         "",
         "Written by `python bench/real_size.py --json --write`. Each row is one 2-rank `deepspeed` launch on this "
-        f"machine's CPU, fp32, micro-batch {MICRO_BATCH} per rank, {STEPS['bert']} (BERT) or {STEPS['bart']} (BART) "
-        "optimizer steps: SkillNet-BERT `base` "
+        f"machine's CPU, fp32, micro-batch {MICRO_BATCH} per rank, {STEPS['bert']} optimizer steps (BERT at "
+        "sequence 128) or 2 (BERT at 512, BART; the table's step time is the median after the first): "
+        "SkillNet-BERT `base` "
         "(7 skills per layer) through `pretrain/run.py` (sparse MLM+NSP, synthetic full-length samples), "
         "SkillNet-BART `base` through the fine-tuning `Trainer` on one generation task "
         f"(`{BART_TASK}`, source and target of the full length). Peak = the rank's resident high-water mark "
@@ -390,8 +409,9 @@ def main(argv: list[str] | None = None) -> int:
     for c in todo:
         if "ranks" in results["raw"].get(c.name, {}) and not a.rerun:
             continue
-        print(f"[real_size] {c.name} ...", file=sys.stderr, flush=True)
-        results["raw"][c.name] = launch(c, a.work, a.timeout, a.min_free_gb)
+        found = None if a.rerun else collect(c, a.work)
+        print(f"[real_size] {c.name} {'(collected)' if found else '...'}", file=sys.stderr, flush=True)
+        results["raw"][c.name] = found or launch(c, a.work, a.timeout, a.min_free_gb)
         from skillnet.experiments.benchdoc import machine_line
 
         results["machine"] = machine_line()
