@@ -125,7 +125,8 @@ def launch(c: Config, work: Path, timeout: float, min_free: float) -> dict[str, 
     run.mkdir(parents=True)
     ds = _ds_json(c, run)
     out = run / "probe"
-    cmd = ["nice", "-n", "10", "deepspeed", "--num_gpus", "2", "--master_port", str(_free_port()),
+    port = _free_port()
+    cmd = ["nice", "-n", "10", "deepspeed", "--num_gpus", "2", "--master_port", str(port),
            "bench/real_size_rank.py", str(out)]
     if c.arch == "bert":
         cmd += ["bert", "pretrain/run.py", "--ds-config", str(ds), "--synthetic", "64", "--preset", "base",
@@ -148,7 +149,7 @@ def launch(c: Config, work: Path, timeout: float, min_free: float) -> dict[str, 
             proc.wait()
             _clean_shm()
             return {"error": f"not finished within {timeout:.0f} s (killed)", "cmd": _shown(cmd)}
-    res: dict[str, Any] = {"cmd": _shown(cmd), "wall_s": round(time.time() - t0, 1)}
+    res: dict[str, Any] = {"cmd": _shown(cmd), "wall_s": round(time.time() - t0, 1), "shm_files": _drop_shm(port)}
     if rc != 0:
         _clean_shm()
         tail = (run / "launch.log").read_text(errors="replace")[-1500:]
@@ -165,8 +166,19 @@ def collect(c: Config, work: Path) -> dict[str, Any] | None:
     if not ((run / "launch.json").is_file() and all(f.is_file() for f in files)):
         return None
     info = json.loads((run / "launch.json").read_text())
+    port = int(info["cmd"].split("--master_port ")[1].split()[0])
     return {"cmd": info["cmd"], "wall_s": round(max(f.stat().st_mtime for f in files) - info["start"], 1),
-            "ranks": [json.loads(f.read_text()) for f in files], "collected": True}
+            "ranks": [json.loads(f.read_text()) for f in files], "collected": True, "shm_files": _drop_shm(port)}
+
+
+def _drop_shm(port: int) -> list[int]:
+    """Sizes of the shared-memory allreduce buffers this launch's ranks left in /dev/shm (DeepSpeed does not
+    remove them), which are then removed: they are this launch's alone (its port is in their names)."""
+    files = sorted(Path("/dev/shm").glob(f"deepspeed_allreduce_buffer_*_{port}_*"))
+    sizes = [f.stat().st_size for f in files]
+    for f in files:
+        f.unlink(missing_ok=True)
+    return sizes
 
 
 def _shown(cmd: list[str]) -> str:
@@ -358,6 +370,15 @@ def render(results: dict[str, Any]) -> str:
     if saves:
         lines += ["", "Activation checkpointing at base size (ZeRO-2, peak above baseline, the larger rank):", "",
                   md_table(["model", "seq", "off MB", "on MB", "saved MB", "step time on/off"], saves)]
+    if done:
+        shm = max(k["shmem_mb"] for r in done for k in r["ranks"])
+        sizes = sorted({b for c in configs() for b in results["raw"].get(c.name, {}).get("shm_files", [])})
+        lines += ["", "DeepSpeed's shared-memory allreduce buffer (`/dev/shm/deepspeed_allreduce_buffer_*`, one per rank, "
+                      f"{', '.join(f'{b / MB:.1f}' for b in sizes) or '?'} MB each as measured, created when the process "
+                      "group starts, before the baseline; the bench removes them after each launch, DeepSpeed does not) "
+                      "is not in the peaks above: with gloo "
+                      f"the ranks never map it (their largest RssShmem in any step: {shm:.3f} MB). It does take host "
+                      "memory, as tmpfs, outside every process."]
     lines += ["", "Sparse updates: in every step, the skills whose weights changed on some rank (hash of each rank's "
                   "copy: the full tensor under ZeRO-2, the partition under ZeRO-3) are among the skills the step's "
                   "objective activated; the others stayed bit-identical."]
