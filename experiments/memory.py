@@ -347,18 +347,28 @@ def _predict_task(s: Setup, task: str) -> dict[str, Any]:
     bl = blocks(s, task)
     acts = sum(b.saved for b in bl)
     # Plain PyTorch allocates each gradient when its block's backward runs (and frees them all after the
-    # step); DeepSpeed's gradient buffers are in the model states.
-    per_block_grads = s.zero is None
+    # step); so does DeepSpeed's fp32 ZeRO-1/2 (`lazy`): its gradients are the parameters' own .grad tensors,
+    # made as the backward reaches them and freed after the step (stage_1_and_2.py, the path where the gradient
+    # accumulation dtype is the compute dtype). Measured at BERT-base on 2 CPU ranks (bench/real_size.py): the
+    # resident set after a step is the parameters, master copy and moments only, and at sequence 512 the peak
+    # (top of the backward) sits one gradient partition below the static count. A rank holds at most its
+    # partition of them: the worst rank is the one whose partition the backward fills first. Mixed precision
+    # (a flat fp32 partition buffer), offload and ZeRO-3 keep their buffers in the model states.
+    lazy = s.zero in (1, 2) and not s.mixed and not s.offload
+    per_block_grads = s.zero is None or lazy
+    cap = st["grads"] if lazy else math.inf
     gbytes = 4 if s.zero is None else s.a
     live, grads, sweep, at = acts, 0, 0, ""
     for b in bl:
-        here = live + grads * per_block_grads + b.grads * gbytes * per_block_grads + b.temp
+        here = live + min(grads + b.grads * gbytes, cap) * per_block_grads + b.temp
         if here > sweep:
             sweep, at = here, b.name
         live -= b.saved
         grads += b.grads * gbytes
-    fwd_bwd = static + st["buckets"] + sweep
-    step = static + (grads if per_block_grads else 0) + st["step_temp"]
+    fwd_bwd = static - (st["grads"] if lazy else 0) + st["buckets"] + sweep
+    # At the step, fp32 ZeRO-1/2 flattens the partition's gradients into one new tensor for the optimizer while
+    # the per-parameter ones still exist: a second partition (measured: BERT-base at sequence 128 peaks there).
+    step = static + (grads if s.zero is None else 0) + st["step_temp"] + (st["grads"] if lazy else 0)
     peak = max(fwd_bwd, step)
     return {"task": task, "skills_per_token": skills_per_token(s.arch, s.preset, task), "peak": peak,
             "states": st, "activations": acts, "backward_peak_at": at if fwd_bwd >= step else "optimizer step",
