@@ -154,3 +154,19 @@ def test_drift_reference_is_the_skill_statistics_copy() -> None:
         expected = 0 if stage == 3 else sum(t.numel() * t.element_size() for t in copy.values())
         assert rank0.get("host", 0) - plain.get("host", 0) == expected
         assert M.predict(replace(s, drift_reference=True))["peak"] == M.predict(s)["peak"]  # host, not device
+
+
+def test_fp32_zero2_gradients_live_from_the_backward_to_the_step() -> None:
+    """fp32 ZeRO-1/2: the gradient partition fills during the backward (at most the partition, at the top only what
+    the top blocks produced) and the step adds its flattened copy; mixed precision keeps the static buffers."""
+    s = M.Setup(preset="base", dtype="fp32", zero=2, world_size=2, micro_batch=2, seq_len=512, device="cpu")
+    r, st = M.predict(replace(s, objective="nsp")), M.model_states(s)
+    static = st["params"] + st["master"] + st["moments"]
+    assert r["step"] == static + 2 * st["grads"] + st["step_temp"]
+    top = M.blocks(s, "nsp")
+    # the sweep's peak (at the top of the backward here) holds far less than the whole partition
+    assert r["backward_peak_at"] == "layer 11" and r["sweep"] < sum(b.saved for b in top) + st["grads"] / 4
+    assert r["peak"] == static + st["buckets"] + r["sweep"]
+    for mixed in (replace(s, dtype="fp16"), replace(s, offload=True), replace(s, zero=3)):
+        m, ms = M.predict(replace(mixed, objective="nsp")), M.model_states(mixed)
+        assert m["step"] == sum(ms[k] for k in ("params", "master", "moments", "grads", "grads32", "step_temp"))
