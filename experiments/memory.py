@@ -69,6 +69,8 @@ class Setup:
     reduce_bucket: int = 500_000_000  # elements (DeepSpeed's default)
     allgather_bucket: int = 500_000_000
     prefetch_bucket: int = 50_000_000  # ZeRO-3
+    max_live_parameters: int = 1_000_000_000  # ZeRO-3: stage3_max_live_parameters (DeepSpeed's default)
+    max_reuse_distance: int = 1_000_000_000  # ZeRO-3: stage3_max_reuse_distance (DeepSpeed's default)
     overlap_comm: bool = False
     trained_objectives: tuple[str, ...] | None = None  # plain PyTorch: tasks whose parameters have moments
     # Rank 0 of pretrain/run.py (SkillNet-BERT): its SkillStatistics callback keeps every skill's start weights
@@ -365,7 +367,7 @@ def _predict_task(s: Setup, task: str) -> dict[str, Any]:
             sweep, at = here, b.name
         live -= b.saved
         grads += b.grads * gbytes
-    fwd_bwd = static - (st["grads"] if lazy else 0) + st["buckets"] + sweep
+    fwd_bwd = static - (st["grads"] if lazy else 0) + st["buckets"] + sweep + _zero3_retained(s, task)
     # At the step, fp32 ZeRO-1/2 flattens the partition's gradients into one new tensor for the optimizer while
     # the per-parameter ones still exist: a second partition (measured: BERT-base at sequence 128 peaks there).
     step = static + (grads if s.zero is None else 0) + st["step_temp"] + (st["grads"] if lazy else 0)
@@ -373,6 +375,22 @@ def _predict_task(s: Setup, task: str) -> dict[str, Any]:
     return {"task": task, "skills_per_token": skills_per_token(s.arch, s.preset, task), "peak": peak,
             "states": st, "activations": acts, "backward_peak_at": at if fwd_bwd >= step else "optimizer step",
             "sweep": sweep, "step": step, "host": st.get("host", 0)}
+
+
+def _zero3_retained(s: Setup, task: str) -> int:
+    """ZeRO-3: gathered parameters beyond the one layer `model_states` counts. Once the first step has recorded
+    the order in which modules fetch their parameters, DeepSpeed keeps a gathered parameter until its next use
+    when that use is within ``stage3_max_reuse_distance`` elements, up to ``stage3_max_live_parameters``: with
+    the defaults (1e9 each, more than a base model has) every parameter the forward gathered is still gathered
+    when the backward starts, i.e. all the parameters the task activates. Measured at BERT-base on 2 CPU ranks
+    (bench/real_size.py): the first step (no trace yet) peaked 360-850 MB below the later ones."""
+    if s.zero != 3:
+        return 0
+    c = counts(s.arch, s.preset)
+    used = c["activated"][task]
+    if s.max_reuse_distance < used:  # a parameter is released before its backward use: the eager minimum
+        return 0
+    return s.a * max(min(s.max_live_parameters, used) - c["largest_layer"], 0)
 
 
 def deepspeed_setup(path: str | Path, arch: str = "bert", preset: str = "base", seq_len: int = 512,
@@ -392,6 +410,9 @@ def deepspeed_setup(path: str | Path, arch: str = "bert", preset: str = "base", 
     base = dict(arch=arch, preset=preset, dtype=dtype, zero=int(z.get("stage", 0)), offload=off, world_size=world,
                 micro_batch=micro, seq_len=seq_len, reduce_bucket=int(z.get("reduce_bucket_size", 5e8)),
                 allgather_bucket=int(z.get("allgather_bucket_size", 5e8)), overlap_comm=bool(z.get("overlap_comm")),
+                prefetch_bucket=int(z.get("stage3_prefetch_bucket_size", 5e7)),
+                max_live_parameters=int(z.get("stage3_max_live_parameters", 1e9)),
+                max_reuse_distance=int(z.get("stage3_max_reuse_distance", 1e9)),
                 checkpointing=ckpt)
     return Setup(**{**base, **kw})
 
