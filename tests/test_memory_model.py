@@ -170,3 +170,15 @@ def test_fp32_zero2_gradients_live_from_the_backward_to_the_step() -> None:
     for mixed in (replace(s, dtype="fp16"), replace(s, offload=True), replace(s, zero=3)):
         m, ms = M.predict(replace(mixed, objective="nsp")), M.model_states(mixed)
         assert m["step"] == sum(ms[k] for k in ("params", "master", "moments", "grads", "grads32", "step_temp"))
+
+
+def test_zero3_keeps_the_activated_parameters_gathered_unless_reuse_distance_is_short() -> None:
+    s = M.deepspeed_setup(REPO / "ds_configs" / "zero3.json", "bert", "base", 128, world_size=2, device="cpu")
+    assert (s.zero, s.prefetch_bucket, s.max_live_parameters, s.max_reuse_distance) == (3, 50_000_000, 10**9, 10**9)
+    c = M.counts("bert", "base")
+    for task in ("mlm", "nsp"):
+        kept = M.predict(replace(s, objective=task))["peak"]
+        eager = M.predict(replace(s, objective=task, max_reuse_distance=1000))["peak"]
+        assert kept - eager == 4 * (c["activated"][task] - c["largest_layer"])
+        capped = M.predict(replace(s, objective=task, max_live_parameters=c["largest_layer"]))["peak"]
+        assert capped == eager
