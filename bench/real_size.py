@@ -236,8 +236,9 @@ def summarize(c: Config, res: dict[str, Any]) -> dict[str, Any]:
         st = pred["states"]
         model_terms = {"params": st["params"], "grads": st["grads"] + st["grads32"], "master": st["master"],
                        "moments": st["moments"], "buckets": st["buckets"], "host": st.get("host", 0)}
-        if c.zero == "z2off":  # offloaded (fp32: no separate fp32 gradients): the model's host bytes, split back
-            model_terms.update(master=4 * _part(c), moments=8 * _part(c), host=model_terms["host"] - 12 * _part(c))
+        if c.zero == "z2off":  # offloaded: the model's host bytes, split back (fp32 gradients on the host)
+            model_terms.update(master=4 * _part(c), moments=8 * _part(c), grads=model_terms["grads"] + 4 * _part(c),
+                               host=model_terms["host"] - 16 * _part(c))
         above = max(s["peak"] for s in r["steps"]) - r["baseline"]
         # parameters, master weights and moments after the last step; gradients before the first optimizer step
         eng = _engine_terms(r["engine"])

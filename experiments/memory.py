@@ -123,6 +123,7 @@ def counts(arch: str, preset: str) -> dict[str, Any]:
     out: dict[str, Any] = dict(count_parameters(m))
     out["activated"] = {t: activated_parameters(m, t) for t in objectives(arch, preset)}
     out["largest_layer"] = max(sum(p.numel() for p in layer.parameters()) for layer in _layers(m))
+    out["largest_param"] = max(p.numel() for p in m.parameters())
     if arch == "bert":
         out.update(D=c.hidden_size, H=c.num_attention_heads, f=c.intermediate_size, V=c.vocab_size,
                    skill_layers=c.skill_layer_ids(), layers=c.num_hidden_layers,
@@ -311,7 +312,13 @@ def model_states(s: Setup) -> dict[str, int]:
     st["buckets"] = a * min(s.reduce_bucket, P) * (2 if s.overlap_comm else 1) if s.zero >= 1 else 0
     st["step_temp"] = a * min(s.allgather_bucket, P) if s.zero in (1, 2) else 0
     if s.offload:
-        st["host"] = st.pop("master") + st.pop("moments") + st.pop("grads32")
+        # Host memory: the fp32 master partition and moments, the fp32 gradient partition (the fp32 cast of a
+        # mixed-precision run, else its own buffer: offload_gradient_dict), the updated partition in the compute
+        # dtype before it goes back to the device (param_buffer_of_bit16_for_cpu_offload_groups) and two staging
+        # buffers of the largest parameter (temp_grad_buffer_for_{cpu,gpu}_offload). Each one is a tensor that
+        # DeepSpeed's ZeRO-2 offload engine held at BERT-base on 2 CPU ranks (bench/real_size.py).
+        st["host"] = (st.pop("master") + st.pop("moments") + max(st.pop("grads32"), 4 * part) + a * part
+                      + 2 * a * c["largest_param"])
         st.update(master=0, moments=0, grads32=0)
     return _with_drift_reference(s, st, c)
 
