@@ -384,6 +384,14 @@ def render(results: dict[str, Any]) -> str:
     lines += ["", "Sparse updates: in every step, the skills whose weights changed on some rank (hash of each rank's "
                   "copy: the full tensor under ZeRO-2, the partition under ZeRO-3) are among the skills the step's "
                   "objective activated; the others stayed bit-identical."]
+    for name, old in results.get("superseded", {}).items():
+        c = next(x for x in configs() if x.name == name)
+        r = summarize(c, old)
+        bad = [f"step {i + 1} ({', '.join(st['tasks'])}) moved {', '.join(st['moved'])} but used {', '.join(st['used'])}"
+               for i, st in enumerate(r.get("steps", [])) if not set(st["moved"]) <= set(st["used"])]
+        lines += ["", f"Superseded run of {name} ({old['note']}): sparse updates "
+                      f"{'held' if not bad else 'broken: ' + '; '.join(bad)}; peak above baseline "
+                      f"{', '.join(str(k['peak_above_mb']) for k in r.get('ranks', []))} MB (ranks 0, 1)."]
     ex = results.get("export")
     if ex:
         if "error" in ex:
@@ -407,6 +415,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--only", nargs="+", help="configuration names (see --list)")
     p.add_argument("--list", action="store_true", help="print the configuration names and exit")
     p.add_argument("--rerun", action="store_true", help="measure again configurations already in the results")
+    p.add_argument("--rerun-note", help="with --rerun: keep the earlier measurement in the report with this reason")
     p.add_argument("--work", type=Path, default=REPO / "runs" / "real_size", help="runs and results.json (default: runs/real_size)")
     p.add_argument("--timeout", type=float, default=1500, help="seconds per launch (default: %(default)s)")
     p.add_argument("--min-free-gb", type=float, default=14, help="launch only with this much memory available (default: %(default)s)")
@@ -432,6 +441,9 @@ def main(argv: list[str] | None = None) -> int:
     for c in todo:
         if "ranks" in results["raw"].get(c.name, {}) and not a.rerun:
             continue
+        if a.rerun and a.rerun_note and "ranks" in results["raw"].get(c.name, {}):
+            # the earlier measurement stays in the report, with why it was measured again
+            results.setdefault("superseded", {})[c.name] = {**results["raw"][c.name], "note": a.rerun_note}
         found = None if a.rerun else collect(c, a.work)
         print(f"[real_size] {c.name} {'(collected)' if found else '...'}", file=sys.stderr, flush=True)
         results["raw"][c.name] = found or launch(c, a.work, a.timeout, a.min_free_gb)
