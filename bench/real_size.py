@@ -400,6 +400,10 @@ def render(results: dict[str, Any]) -> str:
             lines += ["", f"Export check (bert-z2-128): `{ex['commands'][0]}`, then `{ex['commands'][1]}`; stock "
                           f"transformers (no SkillNet module imported) loads a `{ex['class']}` of {ex['params'] / 1e6:.0f} M "
                           f"parameters and `pipeline('fill-mask')` on 今天天气很[MASK]。 returns {ex['top']}."]
+    for c in configs():
+        if c.name not in results["raw"]:
+            lines += ["", f"Not measured yet: {c.name} (`python bench/real_size.py --only {c.name} --write` measures it "
+                          "and adds it here)."]
     failed = [r for r in summaries.values() if "error" in r]
     for r in failed:
         lines += ["", f"Not measured: {r['name']}: {r['error'][:300]}"]

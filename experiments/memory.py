@@ -526,7 +526,8 @@ def gpu_tables(json_path: str | Path = PAPER_JSON) -> str:
         "",
         "Written by `python -m skillnet.experiments.memory --write docs/scale.md` (a model, not a measurement: "
         "see `experiments/memory.py` for what it counts; `tests/test_memory_model.py` checks it against a "
-        "measured CPU training step). A card fits when the predicted peak plus "
+        "measured CPU training step, and `bench/real_size.py` against BERT-base and BART-base runs through "
+        "DeepSpeed on 2 CPU ranks, in the section below). A card fits when the predicted peak plus "
         f"{CUDA_RESERVE / GiB:.1f} GiB (CUDA context, NCCL and allocator slack: assumed) is within its capacity.",
         "",
         f"**The paper recipe** (`{json_path}`: BERT-base with 7 skills per layer, {paper.dtype}, ZeRO-{paper.zero}, "
