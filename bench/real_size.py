@@ -20,6 +20,7 @@ model's terms one by one. One run (BERT, ZeRO-2, 128) is also exported (``export
     python bench/real_size.py                     # every configuration (about an hour on 2 cores)
     python bench/real_size.py --only bert-z2-128  # a subset (names: see --list)
     python bench/real_size.py --json --write      # + one JSON line last, docs/scale.md's 'real_size' section
+    python bench/real_size.py --report-only --write   # the section from the measurements so far, no launch
 
 Results accumulate in ``--work`` (default runs/real_size/results.json): a configuration measured before is
 not run again unless ``--rerun``; ``--write`` writes every configuration in the file. Memory safety (a shared
@@ -335,7 +336,8 @@ def render(results: dict[str, Any]) -> str:
     lines = [
         "## Real size on 2 CPU ranks: measured memory and step time",
         "",
-        "Written by `python bench/real_size.py --json --write`. Each row is one 2-rank `deepspeed` launch on this "
+        "Written by `python bench/real_size.py --json --write` (configurations measured by earlier calls are kept "
+        "in runs/real_size/results.json and reported again). Each row is one 2-rank `deepspeed` launch on this "
         f"machine's CPU, fp32, micro-batch {MICRO_BATCH} per rank, {STEPS['bert']} optimizer steps (BERT at "
         "sequence 128) or 2 (BERT at 512, BART; the table's step time is the median after the first): "
         "SkillNet-BERT `base` "
@@ -436,6 +438,8 @@ def main(argv: list[str] | None = None) -> int:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--only", nargs="+", help="configuration names (see --list)")
     p.add_argument("--list", action="store_true", help="print the configuration names and exit")
+    p.add_argument("--report-only", action="store_true",
+                   help="launch nothing: the report (and --write) from the measurements already in --work")
     p.add_argument("--rerun", action="store_true", help="measure again configurations already in the results")
     p.add_argument("--rerun-note", help="with --rerun: keep the earlier measurement in the report with this reason")
     p.add_argument("--work", type=Path, default=REPO / "runs" / "real_size", help="runs and results.json (default: runs/real_size)")
@@ -460,7 +464,7 @@ def main(argv: list[str] | None = None) -> int:
     # the raw rank records: the comparison is recomputed from them on every call (a corrected memory model
     # is compared with the same measurements)
     results: dict[str, Any] = json.loads(store.read_text()) if store.is_file() else {"raw": {}}
-    for c in todo:
+    for c in [] if a.report_only else todo:
         if "ranks" in results["raw"].get(c.name, {}) and not a.rerun:
             continue
         if a.rerun and a.rerun_note and "ranks" in results["raw"].get(c.name, {}):
