@@ -18,8 +18,8 @@ Nothing here allocates the model: parameter counts come from the real model buil
 - activations, derived per layer from what autograd saves for the backward pass (listed in
   `bert_layer` / `bart_layer`): [B, T, D] tensors, the k*f-wide skill FFN activations of the k skills a token
   runs, dropout masks (bool on a GPU, the compute dtype on a CPU), LayerNorm statistics, and the attention
-  probabilities [B, H, T, T] when attention runs in the math path (a CPU; on a GPU the fused
-  memory-efficient kernel keeps its output and a log-sum-exp instead). BERT's MLM logits exist at the masked
+  probabilities [B, H, T, T] when attention runs in the math path (SkillNet-BERT on a CPU; elsewhere the fused
+  kernel keeps its output and a log-sum-exp instead). BERT's MLM logits exist at the masked
   positions only (``heads.py``), BART's LM logits at every target token;
 - a backward sweep from the top block down: the activations not yet released plus the gradients produced so
   far plus the block's own temporaries (gradients of its largest tensors, and with activation checkpointing
@@ -65,7 +65,7 @@ class Setup:
     micro_batch: int = 8
     seq_len: int = 128  # BART: source and target length each
     checkpointing: bool = False
-    device: str = "cuda"  # "cuda": fused attention, bool dropout masks; "cpu": math attention, dtype masks
+    device: str = "cuda"  # "cuda": fused attention, bool dropout masks; "cpu": dtype masks, BERT math attention
     reduce_bucket: int = 500_000_000  # elements (DeepSpeed's default)
     allgather_bucket: int = 500_000_000
     prefetch_bucket: int = 50_000_000  # ZeRO-3
@@ -157,7 +157,12 @@ def _attention(s: Setup, c: dict, B: int, Tq: int, Tk: int) -> tuple[int, int]:
     m = _mask_bytes(s)
     saved = a * D * (B * Tq + 2 * B * Tk) + a * B * Tq * D + m * B * Tq * D * (c["p_hidden"] > 0)
     scores = B * H * Tq * Tk
-    if s.device == "cpu":
+    # The math path runs on a CPU when SDPA gets a mask: SkillNet-BERT always passes its additive mask. SkillNet-
+    # BART runs HF's SDPA attention, which drops an all-ones mask (full-length rows, as modelled here) and uses
+    # is_causal in the decoder, so a CPU runs the fused kernel there too: a BART-base forward at sequence 512 kept
+    # no [B, H, T, T] tensor, and bench/real_size.py's BART-base runs at 512 peaked ~0.5 GB below a model
+    # that counted the probabilities.
+    if s.device == "cpu" and s.arch == "bert":
         saved += a * scores + (m + a) * scores * (c["p_attn"] > 0)
         temp = 2 * a * scores  # gradients of the probabilities and of the scores
     else:
@@ -580,7 +585,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seq-len", type=int, default=128, help="tokens per sequence (BART: source and target each)")
     p.add_argument("--gradient-checkpointing", action="store_true", help="activation checkpointing of every layer")
     p.add_argument("--device", choices=["cuda", "cpu"], default="cuda",
-                   help="cuda: fused attention and bool dropout masks; cpu: math attention, masks in the dtype")
+                   help="cuda: fused attention and bool dropout masks; cpu: masks in the dtype, math attention for BERT")
     p.add_argument("--json", action="store_true", help="print the prediction as JSON")
     p.add_argument("--write", metavar="PATH", help="write the GPU tables into PATH's 'memory' section")
     p.add_argument("--measure", metavar="JSON", help=argparse.SUPPRESS)  # measure_in_subprocess's child
