@@ -184,7 +184,7 @@ def _drop_shm(port: int) -> list[int]:
 
 
 def _shown(cmd: list[str]) -> str:
-    return " ".join(cmd).replace(str(REPO) + "/", "")
+    return " ".join(cmd).replace(str(REPO) + "/", "").replace(sys.executable, "python")
 
 
 def _clean_shm() -> None:
