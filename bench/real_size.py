@@ -382,10 +382,15 @@ def render(results: dict[str, Any]) -> str:
             if off and "error" not in off:
                 a, b = (max(k["peak_above_mb"] for k in x["ranks"]) for x in (off, r))
                 t0, t1 = (statistics.median(k["step_s_median_after_first"] for k in x["ranks"]) for x in (off, r))
-                saves.append([r["arch"], r["seq"], a, b, a - b, f"{t1 / t0:.2f}"])
+                kept = " / ".join(str(x["ranks"][0]["predicted_parts_mb"]["activations"]) for x in (off, r))
+                at = " / ".join(x["ranks"][0]["peak_at"] for x in (off, r))
+                saves.append([r["arch"], r["seq"], a, b, a - b, kept, at, f"{t1 / t0:.2f}"])
     if saves:
-        lines += ["", "Activation checkpointing at base size (ZeRO-2, peak above baseline, the larger rank):", "",
-                  md_table(["model", "seq", "off MB", "on MB", "saved MB", "step time on/off"], saves)]
+        lines += ["", "Activation checkpointing at base size (ZeRO-2, measured peak above baseline, the larger rank; "
+                      "the model's activations kept for the backward and where it puts the peak, off / on: once the "
+                      "activations shrink, the optimizer step bounds the peak; step times are on a shared machine):", "",
+                  md_table(["model", "seq", "off MB", "on MB", "saved MB", "model activations MB off / on",
+                            "model peak at off / on", "step time on/off"], saves)]
     if done:
         shm = max(k["shmem_mb"] for r in done for k in r["ranks"])
         sizes = sorted({b for c in configs() for b in results["raw"].get(c.name, {}).get("shm_files", [])})
