@@ -87,10 +87,9 @@ def configs() -> list[Config]:
 
 
 def _meminfo(key: str) -> int:
-    for line in Path("/proc/meminfo").read_text().splitlines():
-        if line.startswith(key + ":"):
-            return int(line.split()[1]) * 1024
-    return 0
+    from skillnet.experiments.memory import proc_bytes
+
+    return proc_bytes(key, "/proc/meminfo")
 
 
 def _available() -> int:

@@ -39,10 +39,9 @@ from typing import Any
 
 def _status(key: str) -> int:
     """A byte count from /proc/self/status (VmRSS, VmHWM, RssShmem)."""
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith(key + ":"):
-            return int(line.split()[1]) * 1024
-    return 0
+    from skillnet.experiments.memory import proc_bytes
+
+    return proc_bytes(key)
 
 
 def _reset_peak() -> None:

@@ -450,6 +450,15 @@ def largest_micro_batch(s: Setup, capacity: float, limit: int = MICRO_BATCH_LIMI
 
 
 # ------------------------------------------------------------------------------------------------ measured
+def proc_bytes(key: str, path: str = "/proc/self/status") -> int:
+    """A ``kB`` field of a /proc file in bytes (VmRSS, VmHWM, RssShmem of /proc/self/status; MemAvailable of
+    /proc/meminfo); 0 if absent."""
+    for line in Path(path).read_text().splitlines():
+        if line.startswith(key + ":"):
+            return int(line.split()[1]) * 1024
+    return 0
+
+
 def measure_cpu_step(arch: str, preset: str, tasks: list[str], micro_batch: int, seq_len: int,
                      checkpointing: bool = False, seed: int = 0) -> dict[str, Any]:
     """Peak resident memory of plain-PyTorch fp32 training steps on the CPU (one per task in `tasks`, as the
@@ -497,8 +506,7 @@ def measure_cpu_step(arch: str, preset: str, tasks: list[str], micro_batch: int,
         opt.zero_grad(set_to_none=True)
     # This process image's own high-water mark (VmHWM). ru_maxrss would not do: Linux carries it across
     # exec from the forking parent, so under a large parent (a long pytest run) it reads the parent's RSS.
-    peak = next((int(x.split()[1]) * 1024 for x in Path("/proc/self/status").read_text().splitlines()
-                 if x.startswith("VmHWM:")), resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
+    peak = proc_bytes("VmHWM") or resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     return {"peak_above_baseline": peak - base, "baseline": base}
 
 

@@ -182,3 +182,8 @@ def test_zero3_keeps_the_activated_parameters_gathered_unless_reuse_distance_is_
         assert kept - eager == 4 * (c["activated"][task] - c["largest_layer"])
         capped = M.predict(replace(s, objective=task, max_live_parameters=c["largest_layer"]))["peak"]
         assert capped == eager
+
+
+def test_proc_bytes_reads_kb_fields() -> None:
+    assert M.proc_bytes("VmRSS") > 10**6 and M.proc_bytes("MemTotal", "/proc/meminfo") > 10**8
+    assert M.proc_bytes("NoSuchField") == 0
