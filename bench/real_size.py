@@ -435,9 +435,11 @@ def render(results: dict[str, Any]) -> str:
         if "error" in ex:
             lines += ["", f"Export check: failed: {ex['error']}"]
         else:
-            lines += ["", f"Export check (bert-z2-128): `{ex['commands'][0]}`, then `{ex['commands'][1]}`; stock "
+            cmds = [x.replace(sys.executable, "python") for x in ex["commands"]]
+            lines += ["", f"Export check (bert-z2-128): `{cmds[0]}`, then `{cmds[1]}`; stock "
                           f"transformers (no SkillNet module imported) loads a `{ex['class']}` of {ex['params'] / 1e6:.0f} M "
-                          f"parameters and `pipeline('fill-mask')` on 今天天气很[MASK]。 returns {ex['top']}."]
+                          f"parameters and `pipeline('fill-mask')` on 今天天气很[MASK]。 returns {ex['top']} (after 3 steps "
+                          "from random weights the words are noise: the check is that it loads and runs)."]
     for c in configs():
         if c.name not in results["raw"]:
             lines += ["", f"Not measured yet: {c.name} (`python bench/real_size.py --only {c.name} --write` measures it "
