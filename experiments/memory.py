@@ -18,8 +18,8 @@ Nothing here allocates the model: parameter counts come from the real model buil
 - activations, derived per layer from what autograd saves for the backward pass (listed in
   `bert_layer` / `bart_layer`): [B, T, D] tensors, the k*f-wide skill FFN activations of the k skills a token
   runs, dropout masks (bool on a GPU, the compute dtype on a CPU), LayerNorm statistics, and the attention
-  probabilities [B, H, T, T] when attention runs in the math path (a CPU; on a GPU the fused
-  memory-efficient kernel keeps its output and a log-sum-exp instead). BERT's MLM logits exist at the masked
+  probabilities [B, H, T, T] when attention runs in the math path (SkillNet-BERT on a CPU; elsewhere the fused
+  kernel keeps its output and a log-sum-exp instead). BERT's MLM logits exist at the masked
   positions only (``heads.py``), BART's LM logits at every target token;
 - a backward sweep from the top block down: the activations not yet released plus the gradients produced so
   far plus the block's own temporaries (gradients of its largest tensors, and with activation checkpointing
@@ -65,12 +65,18 @@ class Setup:
     micro_batch: int = 8
     seq_len: int = 128  # BART: source and target length each
     checkpointing: bool = False
-    device: str = "cuda"  # "cuda": fused attention, bool dropout masks; "cpu": math attention, dtype masks
+    device: str = "cuda"  # "cuda": fused attention, bool dropout masks; "cpu": dtype masks, BERT math attention
     reduce_bucket: int = 500_000_000  # elements (DeepSpeed's default)
     allgather_bucket: int = 500_000_000
     prefetch_bucket: int = 50_000_000  # ZeRO-3
+    max_live_parameters: int = 1_000_000_000  # ZeRO-3: stage3_max_live_parameters (DeepSpeed's default)
+    max_reuse_distance: int = 1_000_000_000  # ZeRO-3: stage3_max_reuse_distance (DeepSpeed's default)
     overlap_comm: bool = False
     trained_objectives: tuple[str, ...] | None = None  # plain PyTorch: tasks whose parameters have moments
+    # Rank 0 of pretrain/run.py (SkillNet-BERT): its SkillStatistics callback keeps every skill's start weights
+    # in fp32 host memory for skill_drift (not under ZeRO-3). Measured at BERT-base on 2 CPU ranks
+    # (bench/real_size.py): rank 0 peaked 1.6 GB above rank 1, the size of that copy.
+    drift_reference: bool = False
 
     @property
     def a(self) -> int:
@@ -117,6 +123,7 @@ def counts(arch: str, preset: str) -> dict[str, Any]:
     out: dict[str, Any] = dict(count_parameters(m))
     out["activated"] = {t: activated_parameters(m, t) for t in objectives(arch, preset)}
     out["largest_layer"] = max(sum(p.numel() for p in layer.parameters()) for layer in _layers(m))
+    out["largest_param"] = max(p.numel() for p in m.parameters())
     if arch == "bert":
         out.update(D=c.hidden_size, H=c.num_attention_heads, f=c.intermediate_size, V=c.vocab_size,
                    skill_layers=c.skill_layer_ids(), layers=c.num_hidden_layers,
@@ -150,7 +157,12 @@ def _attention(s: Setup, c: dict, B: int, Tq: int, Tk: int) -> tuple[int, int]:
     m = _mask_bytes(s)
     saved = a * D * (B * Tq + 2 * B * Tk) + a * B * Tq * D + m * B * Tq * D * (c["p_hidden"] > 0)
     scores = B * H * Tq * Tk
-    if s.device == "cpu":
+    # The math path runs on a CPU when SDPA gets a mask: SkillNet-BERT always passes its additive mask. SkillNet-
+    # BART runs HF's SDPA attention, which drops an all-ones mask (full-length rows, as modelled here) and uses
+    # is_causal in the decoder, so a CPU runs the fused kernel there too: a BART-base forward at sequence 512 kept
+    # no [B, H, T, T] tensor, and bench/real_size.py's BART-base runs at 512 peaked ~0.5 GB below a model
+    # that counted the probabilities.
+    if s.device == "cpu" and s.arch == "bert":
         saved += a * scores + (m + a) * scores * (c["p_attn"] > 0)
         temp = 2 * a * scores  # gradients of the probabilities and of the scores
     else:
@@ -293,7 +305,7 @@ def model_states(s: Setup) -> dict[str, int]:
         tasks = s.trained_objectives or tuple(objectives(s.arch, s.preset))
         trained = _union_activated(s, tasks)
         st.update(params=4 * P, master=0, moments=8 * trained, grads=0, grads32=0, buckets=0, step_temp=0)
-        return st
+        return _with_drift_reference(s, st, c)
     st["params"] = a * (part if s.zero == 3 else P)
     if s.zero == 3:
         st["params"] += a * (c["largest_layer"] + s.prefetch_bucket)
@@ -305,8 +317,22 @@ def model_states(s: Setup) -> dict[str, int]:
     st["buckets"] = a * min(s.reduce_bucket, P) * (2 if s.overlap_comm else 1) if s.zero >= 1 else 0
     st["step_temp"] = a * min(s.allgather_bucket, P) if s.zero in (1, 2) else 0
     if s.offload:
-        st["host"] = st.pop("master") + st.pop("moments") + st.pop("grads32")
+        # Host memory: the fp32 master partition and moments, the fp32 gradient partition (the fp32 cast of a
+        # mixed-precision run, else its own buffer: offload_gradient_dict), the updated partition in the compute
+        # dtype before it goes back to the device (param_buffer_of_bit16_for_cpu_offload_groups) and two staging
+        # buffers of the largest parameter (temp_grad_buffer_for_{cpu,gpu}_offload). Each one is a tensor that
+        # DeepSpeed's ZeRO-2 offload engine held at BERT-base on 2 CPU ranks (bench/real_size.py).
+        st["host"] = (st.pop("master") + st.pop("moments") + max(st.pop("grads32"), 4 * part) + a * part
+                      + 2 * a * c["largest_param"])
         st.update(master=0, moments=0, grads32=0)
+    return _with_drift_reference(s, st, c)
+
+
+def _with_drift_reference(s: Setup, st: dict[str, int], c: dict[str, Any]) -> dict[str, int]:
+    if s.drift_reference and s.zero != 3:
+        # host memory: on a GPU the callback moves the copy to the device only while it takes under 1/8 of the
+        # free memory (training/skill_stats.py), so it never decides whether a step fits
+        st["host"] = st.get("host", 0) + 4 * sum(c["skills"].values())
     return st
 
 
@@ -335,22 +361,48 @@ def _predict_task(s: Setup, task: str) -> dict[str, Any]:
     bl = blocks(s, task)
     acts = sum(b.saved for b in bl)
     # Plain PyTorch allocates each gradient when its block's backward runs (and frees them all after the
-    # step); DeepSpeed's gradient buffers are in the model states.
-    per_block_grads = s.zero is None
+    # step); so does DeepSpeed's fp32 ZeRO-1/2 (`lazy`): its gradients are the parameters' own .grad tensors,
+    # made as the backward reaches them and freed after the step (stage_1_and_2.py, the path where the gradient
+    # accumulation dtype is the compute dtype). Measured at BERT-base on 2 CPU ranks (bench/real_size.py): the
+    # resident set after a step is the parameters, master copy and moments only, and at sequence 512 the peak
+    # (top of the backward) sits one gradient partition below the static count. A rank holds at most its
+    # partition of them: the worst rank is the one whose partition the backward fills first. Mixed precision
+    # (a flat fp32 partition buffer), offload and ZeRO-3 keep their buffers in the model states.
+    lazy = s.zero in (1, 2) and not s.mixed and not s.offload
+    per_block_grads = s.zero is None or lazy
+    cap = st["grads"] if lazy else math.inf
     gbytes = 4 if s.zero is None else s.a
     live, grads, sweep, at = acts, 0, 0, ""
     for b in bl:
-        here = live + grads * per_block_grads + b.grads * gbytes * per_block_grads + b.temp
+        here = live + min(grads + b.grads * gbytes, cap) * per_block_grads + b.temp
         if here > sweep:
             sweep, at = here, b.name
         live -= b.saved
         grads += b.grads * gbytes
-    fwd_bwd = static + st["buckets"] + sweep
-    step = static + (grads if per_block_grads else 0) + st["step_temp"]
+    fwd_bwd = static - (st["grads"] if lazy else 0) + st["buckets"] + sweep + _zero3_retained(s, task)
+    # At the step, fp32 ZeRO-1/2 flattens the partition's gradients into one new tensor for the optimizer while
+    # the per-parameter ones still exist: a second partition (measured: BERT-base at sequence 128 peaks there).
+    step = static + (grads if s.zero is None else 0) + st["step_temp"] + (st["grads"] if lazy else 0)
     peak = max(fwd_bwd, step)
     return {"task": task, "skills_per_token": skills_per_token(s.arch, s.preset, task), "peak": peak,
             "states": st, "activations": acts, "backward_peak_at": at if fwd_bwd >= step else "optimizer step",
             "sweep": sweep, "step": step, "host": st.get("host", 0)}
+
+
+def _zero3_retained(s: Setup, task: str) -> int:
+    """ZeRO-3: gathered parameters beyond the one layer `model_states` counts. Once the first step has recorded
+    the order in which modules fetch their parameters, DeepSpeed keeps a gathered parameter until its next use
+    when that use is within ``stage3_max_reuse_distance`` elements, up to ``stage3_max_live_parameters``: with
+    the defaults (1e9 each, more than a base model has) every parameter the forward gathered is still gathered
+    when the backward starts, i.e. all the parameters the task activates. Measured at BERT-base on 2 CPU ranks
+    (bench/real_size.py): the first step (no trace yet) peaked 360-850 MB below the later ones."""
+    if s.zero != 3:
+        return 0
+    c = counts(s.arch, s.preset)
+    used = c["activated"][task]
+    if s.max_reuse_distance < used:  # a parameter is released before its backward use: the eager minimum
+        return 0
+    return s.a * max(min(s.max_live_parameters, used) - c["largest_layer"], 0)
 
 
 def deepspeed_setup(path: str | Path, arch: str = "bert", preset: str = "base", seq_len: int = 512,
@@ -374,6 +426,9 @@ def deepspeed_setup(path: str | Path, arch: str = "bert", preset: str = "base", 
     base = dict(arch=arch, preset=preset, dtype=dtype, zero=int(z.get("stage", 0)), offload=off, world_size=world,
                 micro_batch=micro, seq_len=seq_len, reduce_bucket=int(z.get("reduce_bucket_size", 5e8)),
                 allgather_bucket=int(z.get("allgather_bucket_size", 5e8)), overlap_comm=overlap,
+                prefetch_bucket=int(z.get("stage3_prefetch_bucket_size", 5e7)),
+                max_live_parameters=int(z.get("stage3_max_live_parameters", 1e9)),
+                max_reuse_distance=int(z.get("stage3_max_reuse_distance", 1e9)),
                 checkpointing=ckpt)
     return Setup(**{**base, **kw})
 
@@ -399,6 +454,15 @@ def largest_micro_batch(s: Setup, capacity: float, limit: int = MICRO_BATCH_LIMI
 
 
 # ------------------------------------------------------------------------------------------------ measured
+def proc_bytes(key: str, path: str = "/proc/self/status") -> int:
+    """A ``kB`` field of a /proc file in bytes (VmRSS, VmHWM, RssShmem of /proc/self/status; MemAvailable of
+    /proc/meminfo); 0 if absent."""
+    for line in Path(path).read_text().splitlines():
+        if line.startswith(key + ":"):
+            return int(line.split()[1]) * 1024
+    return 0
+
+
 def measure_cpu_step(arch: str, preset: str, tasks: list[str], micro_batch: int, seq_len: int,
                      checkpointing: bool = False, seed: int = 0) -> dict[str, Any]:
     """Peak resident memory of plain-PyTorch fp32 training steps on the CPU (one per task in `tasks`, as the
@@ -446,8 +510,7 @@ def measure_cpu_step(arch: str, preset: str, tasks: list[str], micro_batch: int,
         opt.zero_grad(set_to_none=True)
     # This process image's own high-water mark (VmHWM). ru_maxrss would not do: Linux carries it across
     # exec from the forking parent, so under a large parent (a long pytest run) it reads the parent's RSS.
-    peak = next((int(x.split()[1]) * 1024 for x in Path("/proc/self/status").read_text().splitlines()
-                 if x.startswith("VmHWM:")), resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
+    peak = proc_bytes("VmHWM") or resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     return {"peak_above_baseline": peak - base, "baseline": base}
 
 
@@ -480,7 +543,8 @@ def gpu_tables(json_path: str | Path = PAPER_JSON) -> str:
         "",
         "Written by `python -m skillnet.experiments.memory --write docs/scale.md` (a model, not a measurement: "
         "see `experiments/memory.py` for what it counts; `tests/test_memory_model.py` checks it against a "
-        "measured CPU training step). A card fits when the predicted peak plus "
+        "measured CPU training step, and `bench/real_size.py` against BERT-base and BART-base runs through "
+        "DeepSpeed on 2 CPU ranks, in the section below). A card fits when the predicted peak plus "
         f"{CUDA_RESERVE / GiB:.1f} GiB (CUDA context, NCCL and allocator slack: assumed) is within its capacity.",
         "",
         f"**The paper recipe** (`{json_path}`: BERT-base with 7 skills per layer, {paper.dtype}, ZeRO-{paper.zero}, "
@@ -533,7 +597,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seq-len", type=int, default=128, help="tokens per sequence (BART: source and target each)")
     p.add_argument("--gradient-checkpointing", action="store_true", help="activation checkpointing of every layer")
     p.add_argument("--device", choices=["cuda", "cpu"], default="cuda",
-                   help="cuda: fused attention and bool dropout masks; cpu: math attention, masks in the dtype")
+                   help="cuda: fused attention and bool dropout masks; cpu: masks in the dtype, math attention for BERT")
     p.add_argument("--json", action="store_true", help="print the prediction as JSON")
     p.add_argument("--write", metavar="PATH", help="write the GPU tables into PATH's 'memory' section")
     p.add_argument("--measure", metavar="JSON", help=argparse.SUPPRESS)  # measure_in_subprocess's child

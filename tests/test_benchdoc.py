@@ -12,7 +12,7 @@ import pytest
 from skillnet.experiments.benchdoc import paired_ratio, replace_section, write_section
 
 REPO = Path(__file__).resolve().parents[1]
-BENCHES = ["skill_ffn", "data_prep", "pretrain", "optim", "generate", "data_prep_scale", "shape_sweep"]
+BENCHES = ["skill_ffn", "data_prep", "pretrain", "optim", "generate", "data_prep_scale", "shape_sweep", "real_size"]
 
 
 def test_paired_ratio_is_the_median_of_per_repetition_ratios() -> None:

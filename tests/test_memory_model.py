@@ -5,6 +5,7 @@ measured CPU training step (±15%). The real-size runs (BERT-base / BART-base th
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -138,3 +139,51 @@ def test_a_measured_step_does_not_read_its_parents_memory() -> None:
     measured = M.measure_in_subprocess("bert", "tiny", ["mlm"], 2, 32)["peak_above_baseline"]
     del big
     assert measured < 200e6, f"measured {measured / 1e6:.0f} MB for a tiny BERT step"
+
+
+def test_drift_reference_is_the_skill_statistics_copy() -> None:
+    """Rank 0 of pre-training keeps SkillStatistics' start weights of every skill (host memory, fp32): the
+    model's term is the size of exactly that copy, and it is absent under ZeRO-3 (no drift there)."""
+    from skillnet.model import SkillNetBertConfig, SkillNetBertForPreTraining, skill_parameters
+    from skillnet.training import SkillStatistics
+
+    copy = SkillStatistics(skill_parameters(SkillNetBertForPreTraining(SkillNetBertConfig.preset("tiny"))))._tensors()
+    for stage, offload in ((None, False), (2, False), (2, True), (3, False)):
+        s = M.Setup(preset="tiny", dtype="fp32", zero=stage, offload=offload, world_size=1 if stage is None else 2)
+        plain, rank0 = M.model_states(s), M.model_states(replace(s, drift_reference=True))
+        expected = 0 if stage == 3 else sum(t.numel() * t.element_size() for t in copy.values())
+        assert rank0.get("host", 0) - plain.get("host", 0) == expected
+        assert M.predict(replace(s, drift_reference=True))["peak"] == M.predict(s)["peak"]  # host, not device
+
+
+def test_fp32_zero2_gradients_live_from_the_backward_to_the_step() -> None:
+    """fp32 ZeRO-1/2: the gradient partition fills during the backward (at most the partition, at the top only what
+    the top blocks produced) and the step adds its flattened copy; mixed precision keeps the static buffers."""
+    s = M.Setup(preset="base", dtype="fp32", zero=2, world_size=2, micro_batch=2, seq_len=512, device="cpu")
+    r, st = M.predict(replace(s, objective="nsp")), M.model_states(s)
+    static = st["params"] + st["master"] + st["moments"]
+    assert r["step"] == static + 2 * st["grads"] + st["step_temp"]
+    top = M.blocks(s, "nsp")
+    # the sweep's peak (at the top of the backward here) holds far less than the whole partition
+    assert r["backward_peak_at"] == "layer 11" and r["sweep"] < sum(b.saved for b in top) + st["grads"] / 4
+    assert r["peak"] == static + st["buckets"] + r["sweep"]
+    for mixed in (replace(s, dtype="fp16"), replace(s, offload=True), replace(s, zero=3)):
+        m, ms = M.predict(replace(mixed, objective="nsp")), M.model_states(mixed)
+        assert m["step"] == sum(ms[k] for k in ("params", "master", "moments", "grads", "grads32", "step_temp"))
+
+
+def test_zero3_keeps_the_activated_parameters_gathered_unless_reuse_distance_is_short() -> None:
+    s = M.deepspeed_setup(REPO / "ds_configs" / "zero3.json", "bert", "base", 128, world_size=2, device="cpu")
+    assert (s.zero, s.prefetch_bucket, s.max_live_parameters, s.max_reuse_distance) == (3, 50_000_000, 10**9, 10**9)
+    c = M.counts("bert", "base")
+    for task in ("mlm", "nsp"):
+        kept = M.predict(replace(s, objective=task))["peak"]
+        eager = M.predict(replace(s, objective=task, max_reuse_distance=1000))["peak"]
+        assert kept - eager == 4 * (c["activated"][task] - c["largest_layer"])
+        capped = M.predict(replace(s, objective=task, max_live_parameters=c["largest_layer"]))["peak"]
+        assert capped == eager
+
+
+def test_proc_bytes_reads_kb_fields() -> None:
+    assert M.proc_bytes("VmRSS") > 10**6 and M.proc_bytes("MemTotal", "/proc/meminfo") > 10**8
+    assert M.proc_bytes("NoSuchField") == 0

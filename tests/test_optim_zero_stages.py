@@ -34,6 +34,8 @@ RUNS = {  # name -> zero_optimization overrides of ds_configs/cpu_fp32.json
     "zero3_subgroups": {"stage": 3, "sub_group_size": 20000},
     "zero2_bf16": {"stage": 2},
     "zero2_one_rank": {"stage": 2},
+    # the offloaded fp32 gradient partition kept a skill's last gradient (bench/real_size.py found it at base size)
+    "zero2_offload": {"stage": 2, "offload_optimizer": {"device": "cpu", "pin_memory": False}},
 }
 # One rank, accumulating the two micro-batches the two ranks read: ZeRO-1/2's communication options are off
 # there (TrainConfig.zero_comm), which changes DeepSpeed's gradient path (no contiguous buffer).

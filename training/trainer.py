@@ -317,6 +317,12 @@ class Trainer:
             # only the entries of parameters that get a gradient: without this, a skill this step does not
             # use would be stepped again with the gradient of its last step (MaskedAdamW skips exact zeros).
             self.engine.optimizer.grad_partitions_flat_buffer.zero_()
+        elif self.zero_stage in (1, 2) and getattr(self.engine.optimizer, "cpu_offload", False):
+            # The same for ZeRO-1/2 with offload_optimizer: the fp32 gradient partition is a host buffer that
+            # keeps the last gradient of a parameter this step does not reach (found by bench/real_size.py).
+            for master in self.engine.optimizer.single_partition_of_fp32_groups:
+                if master.grad is not None:
+                    master.grad.zero_()
         for k in range(cfg.grad_accum):
             batch = next(self.source)
             loss, metrics = self.forward_backward(batch)
