@@ -30,10 +30,6 @@ T="timeout ${PART_TIMEOUT:-900}"
 # Images that ship only python3 or only python (the DeepSpeed launcher re-runs sys.executable).
 PY=$(command -v python3 || command -v python)
 
-"$PY" - <<'PY' || { echo "no CUDA device: nothing to check here (the gpu tests are skipped on CPU)"; exit 1; }
-import sys, torch
-sys.exit(0 if torch.cuda.is_available() else 1)
-PY
 # The set-up this script needs, each missing piece named with its fix.
 "$PY" - <<'PY' 2>&1 | tee "$OUT/setup.txt"
 import importlib.util, sys
@@ -48,6 +44,11 @@ import transformers
 if not transformers.__version__.startswith("5.24"):
     missing.append(f"  transformers {transformers.__version__}: the project is tested with 5.24 (pip install transformers==5.24.0)")
 print("set-up: complete" if not missing else "set-up: missing (the parts that need them fail or are skipped):\n" + "\n".join(missing))
+PY
+echo "parts: $PARTS (pipeline arms: $STEPS steps of preset $PRESET at sequence $SEQ, deepspeed --num_gpus 1 pretrain/run.py)"
+"$PY" - <<'PY' || { echo "no CUDA device: stopping here; every part above needs one (the gpu tests are skipped on CPU)"; exit 1; }
+import sys, torch
+sys.exit(0 if torch.cuda.is_available() else 1)
 PY
 "$PY" -c "import torch; p = torch.cuda.get_device_properties(0); print(f'GPU: {p.name}, {p.total_memory / 2**30:.0f} GiB, bf16: {torch.cuda.is_bf16_supported()}, torch {torch.__version__}')" | tee "$OUT/summary.txt"
 tests_rc=0

@@ -40,3 +40,22 @@ def test_pipeline_windows_leave_out_the_warm_up_and_the_profiled_end(summary, tm
     assert fig["windows"] == len(want)
     assert fig["seconds_per_step"] == pytest.approx(sum(want) / len(want) / 1e3)
     assert fig["micro"] == 64 and fig["steps"] == 60
+
+
+def test_gpu_check_on_a_cpu_checks_the_set_up_then_stops(tmp_path: Path) -> None:
+    """On a machine without CUDA the script still checks its set-up and names the parts it would run, then
+    stops with one line and exit 1 (it runs nothing that needs a GPU)."""
+    import os
+    import subprocess
+
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA device is present: the script would run its parts")
+    r = subprocess.run(["bash", str(REPO / "scripts" / "gpu_check.sh")], capture_output=True, text=True,
+                       env={**os.environ, "GPU_CHECK_OUT": str(tmp_path)}, timeout=300)
+    assert r.returncode == 1, r.stdout + r.stderr
+    lines = r.stdout.splitlines()
+    assert lines[0].startswith("set-up: ") and lines[1].startswith("parts: tests skill_ffn")
+    assert lines[-1].startswith("no CUDA device: stopping here")
+    assert (tmp_path / "setup.txt").is_file()
