@@ -177,7 +177,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "one with file:line)")
     c.add_argument("--max-seq-len", type=int, default=DEFAULT_MAX_SEQ_LEN,
                    help="the max_seq_len the task will be fine-tuned at: warn when more than "
-                        f"{WARN_CUT_SHARE:.0%} of a split's examples are longer (default %(default)s, fine-tuning's "
+                        f"{WARN_CUT_SHARE * 100:.0f}%% of a split's examples are longer (default %(default)s, fine-tuning's "
                         "default); task.json records each split's length percentiles either way")
     g = c.add_argument_group("CLUE options")
     g.add_argument("--text-field", help="JSON field of the (first) text")
