@@ -7,11 +7,14 @@ compares what a `pipeline(...)` or Auto class returns with the project's own pre
 - the first seed's SkillNet-NLU export: text-classification on the sentiment test texts, and, re-exported
   with `export --task ner`, token-classification entities on the NER test sentences;
 - the first seed's SkillNet-NLG export: text2text-generation on its default task's test sources;
-- the same exports' tasks written with ``export --plain`` (stock transformers classes, no remote code): the
-  stock text-classification pipeline on sentiment and domain, and the card's generation lines on the NLG
-  default task.
+- every task of the same two exports written with ``export --plain`` (stock transformers classes, no remote
+  code), used as its model card says: the text-classification pipeline (classification), the candidates
+  ranked by the single score (matching), the best start <= end over the context's tokens (span), the card's
+  Viterbi lines over crf.json (NER: the tags, word for word) and the card's generation lines (every generation
+  task); with ``--onnx`` the exports carry ONNX graphs and each task gets a second row, the same decoding over
+  the fp32 graph in onnxruntime (model.onnx; ``ort/seq2seq.py`` for BART).
 
-    python -m skillnet.experiments.hf_check runs/reproduce-quick [--python /path/to/plain/venv/bin/python]
+    python -m skillnet.experiments.hf_check runs/reproduce-quick [--python /path/to/plain/venv/bin/python] [--onnx]
 
 Prints one line per check and a JSON object as the last line; exits 1 if a check fails.
 """
@@ -142,51 +145,185 @@ res["out"] = [gen(s)[0]["generated_text"] for s in inputs]
                                      "distinct_outputs": len(set(got))}}
 
 
-def check_plain(run: Path, python: str, n: int) -> dict[str, Any]:
-    """The first seed's tasks exported with ``export --plain`` (stock classes, no remote code): the stock
-    text-classification pipeline on the classification tasks, and the card's generation lines on the NLG
-    task, against the project's own predictions from the sparse export."""
-    from skillnet.finetune.predict import Predictor
-    from skillnet.pretrain.export import main as export_main
+# Loads the plain folder's stock model and, with `inputs["onnx"]`, its fp32 ONNX graph: `runs` maps each
+# backend to a function of numpy encoder inputs that returns the graph's outputs (NAMES) as numpy arrays, so that
+# the card's decoding below runs unchanged on both.
+_RUNNERS = r"""
+import numpy as np
+import transformers
+tok = AutoTokenizer.from_pretrained(folder)
+model = getattr(transformers, CLASS).from_pretrained(folder).eval()
+def _torch_run(enc):
+    with torch.no_grad():
+        o = model(**{k: torch.from_numpy(v) for k, v in enc.items()})
+    return [o[k].numpy() for k in NAMES]
+runs = {"plain": _torch_run}
+if inputs["onnx"]:
+    import onnxruntime as ort
+    sess = ort.InferenceSession(f"{folder}/model.onnx", providers=["CPUExecutionProvider"])
+    feeds = [i.name for i in sess.get_inputs()]
+    runs["onnx"] = lambda enc: sess.run(NAMES, {k: enc[k] for k in feeds})
+for name in runs:
+    res[name] = []
+"""
 
-    nlu = run / "compare" / "nlu_main" / "skillnet" / "seed0" / "export"
-    nlg = run / "compare" / "nlg_main" / "skillnet" / "seed0" / "export"
-    out: dict[str, Any] = {}
-    with tempfile.TemporaryDirectory() as tmp:
-        for task in ("sentiment", "domain"):
-            if not (run / "tasks" / task / "test.jsonl").is_file():
-                continue
-            here = Path(tmp) / task
-            if export_main(["--plain", "--checkpoint", str(nlu), "--out", str(here), "--task", task]) != 0:
-                raise RuntimeError(f"export --plain --task {task} failed for {nlu}")
-            texts = [r["text"] for r in _jsonl(run / "tasks" / task / "test.jsonl", 4 * n) if len(r["text"]) <= 60][:n]
-            want = Predictor(nlu).predict(task, [{"text": t} for t in texts])
-            got = run_plain(python, here, texts, r"""
+# Per head type: the stock class, its outputs, and the card's way to turn them into a prediction (plain_export.py's
+# `_usage`), run over `inputs["recs"]`.
+_BODIES = {
+    # The card's pipeline for the stock model; its argmax over the graph's logits for ONNX (no pipeline takes one).
+    "classification": ("BertForSequenceClassification", ["logits"], r"""
 clf = pipeline("text-classification", model=folder, truncation=True)  # stock class: no trust_remote_code
-res["out"] = [r["label"] for r in clf(inputs)]
-""")["out"]
-            out[f"plain {task} (text-classification)"] = {
-                "task": task, "inputs": len(want), "agree": sum(a == b for a, b in zip(got, want)),
-                "distinct_outputs": len(set(got))}
-        task = json.loads((nlg / "config.json").read_text(encoding="utf-8"))["default_task"]
-        here = Path(tmp) / task
-        if export_main(["--plain", "--checkpoint", str(nlg), "--out", str(here), "--task", task]) != 0:
-            raise RuntimeError(f"export --plain --task {task} failed for {nlg}")
-        prefix = json.loads((here / "plain_export.json").read_text(encoding="utf-8")).get("prefix", "")
-        srcs = [r["source"] for r in _jsonl(run / "tasks" / task / "test.jsonl", n)]
-        want = Predictor(nlg).predict(task, [{"source": s} for s in srcs])
-        got = run_plain(python, here, [prefix + s for s in srcs], r"""
+res["plain"] = [r["label"] for r in clf([r["text"] for r in inputs["recs"]])]
+if "onnx" in runs:
+    res["onnx"] = [model.config.id2label[int(runs["onnx"](dict(tok(r["text"], truncation=True, return_tensors="np")))[0][0].argmax())]
+                   for r in inputs["recs"]]
+"""),
+    # Rank the candidates by the single score (the card's lines), with the task's pair length (see check_plain).
+    "matching": ("BertForSequenceClassification", ["logits"], r"""
+for r in inputs["recs"]:
+    enc = dict(tok([r["question"]] * len(r["candidates"]), r["candidates"], padding=True, truncation=True,
+                   max_length=inputs["max_len"], return_tensors="np"))
+    for name, run in runs.items():
+        res[name].append(int(run(enc)[0][:, 0].argmax()))
+"""),
+    # The card: the best start <= end over the context's tokens; its characters through the offsets.
+    "span": ("BertForQuestionAnswering", ["start_logits", "end_logits"], r"""
+for r in inputs["recs"]:
+    enc = tok(r["question"], r["context"], return_offsets_mapping=True, return_tensors="np")
+    off = enc.pop("offset_mapping")[0]
+    ctx = np.array([i for i, s in enumerate(enc.sequence_ids(0)) if s == 1])
+    for name, run in runs.items():
+        s, e = run(dict(enc))
+        score = s[0][ctx][:, None] + e[0][ctx][None, :]
+        score = np.where(np.triu(np.ones_like(score, dtype=bool)), score, -np.inf)
+        a, b = divmod(int(score.argmax()), len(ctx))
+        res[name].append(r["context"][off[ctx[a]][0]:off[ctx[b]][1]])
+"""),
+    # The card's Viterbi lines (plain_export.VITERBI_LINES, put before this by check_plain) over crf.json at each
+    # word's first piece.
+    "ner": ("BertForTokenClassification", ["logits"], r"""
+for r in inputs["recs"]:
+    enc = tok(r["tokens"], is_split_into_words=True, return_tensors="np", truncation=True)
+    wid = enc.word_ids()
+    first = [i for i, w in enumerate(wid) if w is not None and (i == 0 or wid[i - 1] != w)]
+    for name, run in runs.items():
+        res[name].append(viterbi(torch.from_numpy(run(dict(enc))[0][0, first])))
+"""),
+}
+
+# The card's generation lines; with ONNX, ort/seq2seq.py (numpy + onnxruntime) on the same token ids.
+_GENERATE = r"""
+import numpy as np
 from transformers import AutoModelForSeq2SeqLM
 tok, model = AutoTokenizer.from_pretrained(folder), AutoModelForSeq2SeqLM.from_pretrained(folder).eval()
-res["out"] = []
-for s in inputs:
-    ids = model.generate(**tok(s, return_tensors="pt"))[0]
-    res["out"].append("".join(t.removeprefix("##") for t in tok.convert_ids_to_tokens(ids, skip_special_tokens=True)))
-""")["out"]
-        # The card's lines join word pieces without the space the project puts between two Latin words.
-        same = sum("".join(a.split()) == "".join(b.split()) for a, b in zip(got, want))
-        out[f"plain {task} (generate)"] = {"task": task, "inputs": len(srcs), "agree": same,
-                                          "distinct_outputs": len(set(got))}
+def text(ids):
+    return "".join(t.removeprefix("##") for t in tok.convert_ids_to_tokens(list(map(int, ids)), skip_special_tokens=True))
+res["plain"] = [text(model.generate(**tok(s, return_tensors="pt"))[0]) for s in inputs["recs"]]
+if inputs["onnx"]:
+    sys.path.insert(0, f"{folder}/ort")
+    from seq2seq import OrtSeq2Seq
+    gen = OrtSeq2Seq(f"{folder}/ort")
+    res["onnx"] = []
+    for s in inputs["recs"]:
+        enc = tok(s, return_tensors="np")
+        res["onnx"].append(text(gen.generate(enc["input_ids"], enc["attention_mask"])[0]))
+"""
+
+
+def _plain_records(task: str, meta: dict[str, Any], recs: list[dict[str, Any]], tok: Any, n: int
+                   ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """The first `n` of `recs` whose comparison is exact, and what the row says about the rest: an input the
+    project cuts at the task's max_seq_len (or splits into windows, for span) and a pipeline cuts at the model's
+    positions is left out, as the other checks do with long texts."""
+    L, kind = int(meta["max_seq_len"]), meta["type"]
+    if kind == "classification":
+        keep = [r for r in recs if len(tok(r["text"])["input_ids"]) <= L]
+    elif kind == "span":
+        keep = [r for r in recs if len(tok(r["question"], r["context"])["input_ids"]) <= L]
+        # predict also caps an answer at the head's max_answer_len and answers "" when its best span is not in
+        # the context; the card's rule does neither, so the two can differ there, and the row would show it.
+        return keep[:n], {"note": "card's rule: best start <= end over the context tokens; predict's also caps "
+                                  "the answer length"}
+    elif kind == "matching":
+        # Longest-first cutting of each pair to max_seq_len is the tokenizer's too (passed as max_length: the
+        # plain folder does not record the task's length, so a user must); a candidate cap changes the ranking.
+        cap = int(meta.get("head", {}).get("max_candidates", 0) or 0)
+        keep = [r for r in recs if not cap or len(r["candidates"]) <= cap]
+        return keep[:n], {"note": f"pairs cut longest-first to the task's max_seq_len {L}, which the check passes: "
+                                  "the plain folder does not record it"}
+    elif kind == "ner":
+        # A word with no word piece (a space, a control character) has no first piece for the card's lines to
+        # read, while predict still tags it: such sentences cannot be compared tag for tag, so they are left out
+        # and counted in the row.
+        fits = [r for r in recs if len(tok(r["tokens"], is_split_into_words=True)["input_ids"]) <= L]
+        keep = [r for r in fits if all(tok(w, add_special_tokens=False)["input_ids"] for w in r["tokens"])]
+        return keep[:n], {"left_out_words_without_pieces": len(fits) - len(keep)}
+    else:
+        raise ValueError(f"{task}: no plain check for a task of type {kind!r}")
+    return keep[:n], {}
+
+
+# How each task type's row is named (the existing rows' names kept).
+_HOW = {"classification": "text-classification", "matching": "rank", "span": "question-answering",
+        "ner": "viterbi", "generation": "generate"}
+
+
+def _rows(task: str, kind: str, got: dict[str, list[Any]], want: list[Any], extra: dict[str, Any],
+          same: Any = None) -> dict[str, Any]:
+    """One row per backend the plain side ran (`plain`: the stock torch model; `onnx`: model.onnx or ort/)."""
+    eq = same or (lambda a, b: a == b)
+    return {f"{backend} {task} ({_HOW[kind]})": {
+        "task": task, "inputs": len(want), "agree": sum(eq(a, b) for a, b in zip(outs, want)),
+        "distinct_outputs": len({json.dumps(o, ensure_ascii=False) for o in outs}), **extra}
+        for backend, outs in got.items()}
+
+
+def check_plain(run: Path, python: str, n: int, onnx: bool = False) -> dict[str, Any]:
+    """Every task of the first seed's SkillNet-NLU and SkillNet-NLG exports written with ``export --plain``
+    (stock classes, no remote code), used as its model card says, against the project's own predictions from
+    the sparse export; with `onnx`, exported with ``--onnx`` and the fp32 graphs run in onnxruntime too."""
+    from skillnet.finetune.predict import Predictor
+    from skillnet.pretrain.export import main as export_main
+    from skillnet.pretrain.plain_export import VITERBI_LINES
+    from transformers import AutoTokenizer
+
+    out: dict[str, Any] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for model_name in ("nlu_main", "nlg_main"):
+            src = run / "compare" / model_name / "skillnet" / "seed0" / "export"
+            tasks = json.loads((src / "finetune_tasks.json").read_text(encoding="utf-8"))["tasks"]
+            pred = Predictor(src)
+            for task, meta in tasks.items():
+                test = run / "tasks" / task / "test.jsonl"
+                if not test.is_file():
+                    print(f"skip plain {task}: no {test}", file=sys.stderr)
+                    continue
+                here = Path(tmp) / task
+                if export_main(["--plain", "--checkpoint", str(src), "--out", str(here), "--task", task,
+                                *(["--onnx"] if onnx else [])]) != 0:
+                    raise RuntimeError(f"export --plain --task {task} failed for {src}")
+                tok = AutoTokenizer.from_pretrained(str(here))
+                kind = meta["type"]
+                if kind == "generation":
+                    prefix = json.loads((here / "plain_export.json").read_text(encoding="utf-8")).get("prefix", "")
+                    srcs = [r["source"] for r in _jsonl(test, 4 * n)
+                            if len(tok(prefix + r["source"])["input_ids"]) <= int(meta["max_seq_len"])][:n]
+                    want = pred.predict(task, [{"source": s} for s in srcs])
+                    got = run_plain(python, here, {"recs": [prefix + s for s in srcs], "onnx": onnx}, _GENERATE)
+                    # The card's lines join word pieces without the space the project puts between two Latin
+                    # words: outputs are compared without spaces.
+                    out.update(_rows(task, kind, got, want, {"note": "compared without spaces"},
+                                     lambda a, b: "".join(a.split()) == "".join(b.split())))
+                    continue
+                recs, extra = _plain_records(task, meta, _jsonl(test, 8 * n), tok, n)
+                preds = pred.predict(task, recs)
+                want = {"classification": lambda p: p, "span": lambda p: p, "matching": lambda p: p["best"],
+                        "ner": lambda p: p["tags"]}[kind]
+                cls, names, body = _BODIES[kind]
+                head = f"CLASS, NAMES = {cls!r}, {names!r}\n" + _RUNNERS
+                got = run_plain(python, here, {"recs": recs, "onnx": onnx, "max_len": int(meta["max_seq_len"])},
+                                head + (VITERBI_LINES + "\n" if kind == "ner" else "") + body)
+                out.update(_rows(task, kind, got, [want(p) for p in preds], extra))
     return out
 
 
@@ -197,10 +334,14 @@ def main(argv: list[str] | None = None) -> int:
                    help="interpreter of the plain side, e.g. a venv with only torch, transformers and "
                         "safetensors (default: this one, with the project hidden)")
     p.add_argument("--n", type=int, default=20, help="inputs per check (default: 20)")
+    p.add_argument("--onnx", action="store_true",
+                   help="write the plain exports with --onnx and add a row per task for the fp32 graph in "
+                        "onnxruntime (the plain interpreter needs onnxruntime)")
     args = p.parse_args(argv)
     results: dict[str, Any] = {}
-    for check in (check_pretrained, check_nlu, check_nlg, check_plain):
+    for check in (check_pretrained, check_nlu, check_nlg):
         results.update(check(args.run, args.python, args.n))
+    results.update(check_plain(args.run, args.python, args.n, onnx=args.onnx))
     ok = True
     for name, r in results.items():
         good = r["agree"] == r["inputs"] and r["inputs"] > 0

@@ -332,6 +332,10 @@ def export_plain(source: str | Path, out: str | Path, task: str, features: bool 
             g = flat.model.generation_config
             for k, v in task_generation({"num_beams": g.num_beams}, meta, tmp).items():
                 setattr(g, k, v)
+            if g.num_beams == 1:
+                # The source's config may carry early_stopping (a beam-search flag) from a beam task; greedy
+                # decoding ignores it, but transformers refuses to save a greedy config that sets it.
+                g.early_stopping = False
             g.save_pretrained(str(tmp))
         sources = [prefix + r["source"] for r in recs[:_PROBE_RECORDS // 4]] or [prefix + t for t in _PROBE_TEXTS]
         facts["prefix"] = prefix
