@@ -30,8 +30,8 @@ def prepare(config: TrainConfig) -> tuple[TrainConfig, dict[str, Any] | None]:
     if config.ds_config:
         raw = load_ds_config(config.ds_config)
         note = ("comm", str(config.output_dir))
-        if single_rank_comm_off(raw, config, world) and D.rank() == 0 and note not in _RESHARD_NOTED:
-            _RESHARD_NOTED.add(note)
+        if single_rank_comm_off(raw, config, world) and D.rank() == 0 and note not in _NOTED:
+            _NOTED.add(note)
             print(f"[trainer] one rank: ZeRO-{raw['zero_optimization'].get('stage')}'s overlap_comm and "
                   f"contiguous_gradients off (nothing to reduce across ranks; they would only copy every "
                   f"gradient and synchronise the device each step; pre-training's --zero-comm json keeps the JSON's)",
@@ -47,8 +47,8 @@ def prepare(config: TrainConfig) -> tuple[TrainConfig, dict[str, Any] | None]:
         )
         ds["checkpoint"] = {**ds.get("checkpoint", {}), "load_universal": True}
         noted = (str(config.output_dir), world)
-        if D.rank() == 0 and noted not in _RESHARD_NOTED:  # prepare runs twice (the caller's, Trainer's)
-            _RESHARD_NOTED.add(noted)
+        if D.rank() == 0 and noted not in _NOTED:  # prepare runs twice (the caller's, Trainer's)
+            _NOTED.add(noted)
             print(
                 f"[trainer] resuming a checkpoint of {saved['world_size']} rank(s) on {world}: global batch "
                 f"{saved['global_batch']} kept as micro-batch {cfg.micro_batch_size} x accumulation "
@@ -68,7 +68,7 @@ def prepare(config: TrainConfig) -> tuple[TrainConfig, dict[str, Any] | None]:
     return cfg, None
 
 
-_RESHARD_NOTED: set[tuple[str, Any]] = set()  # what prepare (run twice) has printed
+_NOTED: set[tuple[str, Any]] = set()  # what prepare (run twice) has printed
 
 
 def _resumed_on_other_world(config: TrainConfig, world: int) -> dict[str, Any] | None:
