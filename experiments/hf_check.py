@@ -38,25 +38,41 @@ sys.path[:] = [p for p in sys.path if p and not p.startswith(HIDE)]
 assert importlib.util.find_spec("skillnet") is None, "the project is still importable"
 import torch
 from transformers import pipeline, AutoModel, AutoTokenizer
-folder, inputs = sys.argv[1], json.load(open(sys.argv[2], encoding="utf-8"))
-res = {}
+"""
+
+# Each job's body runs in its own namespace (the prelude's names, `folder`, `inputs` and an empty `res`), one job
+# after another in one interpreter: importing torch and transformers once, not once per task.
+_JOBS = r"""
+_results = []
+for _job in json.load(open(sys.argv[1], encoding="utf-8")):
+    _ns = {**globals(), "folder": _job["folder"], "inputs": _job["inputs"], "res": {}}
+    exec(compile(_job["body"], "<plain check>", "exec"), _ns)
+    _results.append(_ns["res"])
+json.dump(_results, sys.stdout, ensure_ascii=False)
 """
 
 
 def run_plain(python: str, folder: Path, inputs: Any, body: str) -> Any:
     """Run `body` in a fresh interpreter that cannot import the project; returns its `res`."""
+    return run_plain_jobs(python, [(folder, inputs, body)])[0]
+
+
+def run_plain_jobs(python: str, jobs: list[tuple[Path, Any, str]]) -> list[Any]:
+    """Run each (folder, inputs, body) in turn in one fresh interpreter that cannot import the project; returns
+    each body's `res`."""
     hide = str(Path(__file__).resolve().parents[1])
+    todo = [{"folder": str(Path(folder).resolve()), "inputs": inputs, "body": body} for folder, inputs, body in jobs]
     with tempfile.TemporaryDirectory() as tmp:
-        (Path(tmp) / "in.json").write_text(json.dumps(inputs, ensure_ascii=False), encoding="utf-8")
+        (Path(tmp) / "jobs.json").write_text(json.dumps(todo, ensure_ascii=False), encoding="utf-8")
         script = Path(tmp) / "plain.py"
-        script.write_text(f"HIDE = {hide!r}\n{_PRELUDE}{body}\njson.dump(res, sys.stdout, ensure_ascii=False)\n",
-                          encoding="utf-8")
+        script.write_text(f"HIDE = {hide!r}\n{_PRELUDE}{_JOBS}", encoding="utf-8")
         env = {**os.environ, "PYTHONPATH": "", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
         # The interpreter runs in tmp: a relative folder would read as a hub repo id there.
-        r = subprocess.run([python, str(script), str(Path(folder).resolve()), str(Path(tmp) / "in.json")], cwd=tmp,
+        r = subprocess.run([python, str(script), str(Path(tmp) / "jobs.json")], cwd=tmp,
                            capture_output=True, text=True, env=env, stdin=subprocess.DEVNULL, timeout=1800)
     if r.returncode != 0:
-        raise RuntimeError(f"plain transformers on {folder}: {r.stderr.strip().splitlines()[-1:]}")
+        where = ", ".join(sorted({j["folder"] for j in todo}))
+        raise RuntimeError(f"plain transformers on {where}: {r.stderr.strip().splitlines()[-1:]}")
     return json.loads(r.stdout)
 
 
@@ -221,6 +237,7 @@ def text(ids):
 res["plain"] = [text(model.generate(**tok(s, return_tensors="pt"))[0]) for s in inputs["recs"]]
 if inputs["onnx"]:
     sys.path.insert(0, f"{folder}/ort")
+    sys.modules.pop("seq2seq", None)  # an earlier job's folder
     from seq2seq import OrtSeq2Seq
     gen = OrtSeq2Seq(f"{folder}/ort")
     res["onnx"] = []
@@ -288,6 +305,9 @@ def check_plain(run: Path, python: str, n: int, onnx: bool = False) -> dict[str,
     from transformers import AutoTokenizer
 
     out: dict[str, Any] = {}
+    # Every task's plain side runs in one interpreter after all exports: (job, how its result becomes rows).
+    jobs: list[tuple[Path, Any, str]] = []
+    finish: list[Any] = []
     with tempfile.TemporaryDirectory() as tmp:
         for model_name in ("nlu_main", "nlg_main"):
             src = run / "compare" / model_name / "skillnet" / "seed0" / "export"
@@ -309,21 +329,23 @@ def check_plain(run: Path, python: str, n: int, onnx: bool = False) -> dict[str,
                     srcs = [r["source"] for r in _jsonl(test, 4 * n)
                             if len(tok(prefix + r["source"])["input_ids"]) <= int(meta["max_seq_len"])][:n]
                     want = pred.predict(task, [{"source": s} for s in srcs])
-                    got = run_plain(python, here, {"recs": [prefix + s for s in srcs], "onnx": onnx}, _GENERATE)
+                    jobs.append((here, {"recs": [prefix + s for s in srcs], "onnx": onnx}, _GENERATE))
                     # The card's lines join word pieces without the space the project puts between two Latin
                     # words: outputs are compared without spaces.
-                    out.update(_rows(task, kind, got, want, {"note": "compared without spaces"},
-                                     lambda a, b: "".join(a.split()) == "".join(b.split())))
+                    finish.append((task, kind, want, {"note": "compared without spaces"},
+                                   lambda a, b: "".join(a.split()) == "".join(b.split())))
                     continue
                 recs, extra = _plain_records(task, meta, _jsonl(test, 8 * n), tok, n)
                 preds = pred.predict(task, recs)
-                want = {"classification": lambda p: p, "span": lambda p: p, "matching": lambda p: p["best"],
-                        "ner": lambda p: p["tags"]}[kind]
+                want_of = {"classification": lambda p: p, "span": lambda p: p, "matching": lambda p: p["best"],
+                           "ner": lambda p: p["tags"]}[kind]
                 cls, names, body = _BODIES[kind]
                 head = f"CLASS, NAMES = {cls!r}, {names!r}\n" + _RUNNERS
-                got = run_plain(python, here, {"recs": recs, "onnx": onnx, "max_len": int(meta["max_seq_len"])},
-                                head + (VITERBI_LINES + "\n" if kind == "ner" else "") + body)
-                out.update(_rows(task, kind, got, [want(p) for p in preds], extra))
+                jobs.append((here, {"recs": recs, "onnx": onnx, "max_len": int(meta["max_seq_len"])},
+                             head + (VITERBI_LINES + "\n" if kind == "ner" else "") + body))
+                finish.append((task, kind, [want_of(p) for p in preds], extra, None))
+        for got, (task, kind, want, extra, same) in zip(run_plain_jobs(python, jobs), finish):
+            out.update(_rows(task, kind, got, want, extra, same))
     return out
 
 

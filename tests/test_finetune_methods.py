@@ -152,7 +152,8 @@ def test_task_specific_trains_one_model_per_task(tmp_path):
 
 @pytest.fixture(scope="module")
 def compared(tmp_path_factory) -> tuple[Path, list[str], str]:
-    """`compare` of two methods x two seeds in subprocesses: (work dir, its arguments, its stderr)."""
+    """`compare` of two methods x two seeds in subprocesses, two at a time: (work dir, its arguments, its
+    stderr)."""
     import contextlib
     import io
 
@@ -162,7 +163,7 @@ def compared(tmp_path_factory) -> tuple[Path, list[str], str]:
     d["train"].update(max_steps=4, eval_every=2, log_every=2)
     cfg.write_text(json.dumps(d, ensure_ascii=False), encoding="utf-8")
     args = ["--config", str(cfg), "--methods", "skillnet", "dense_joint", "--seeds", "0", "1",
-            "--output-dir", str(tmp / "cmp"), "--threads", "1", "--report", str(tmp / "doc" / "cmp.md")]
+            "--output-dir", str(tmp / "cmp"), "--jobs", "2", "--report", str(tmp / "doc" / "cmp.md")]
     err = io.StringIO()
     with contextlib.redirect_stderr(err):
         assert compare_cli.main(args) == 0
@@ -313,7 +314,8 @@ def test_compare_in_process_gives_the_same_results_as_subprocesses(compared, tmp
 @pytest.mark.slow  # uses the subprocess runs of `compared`
 def test_compare_jobs_two_gives_the_same_results_as_one_at_a_time(compared, tmp_path, capsys):
     """`--jobs 2 --in-process`: the same four runs in two worker processes, one thread each, give the
-    results of the one-at-a-time subprocess runs, and each run's output still goes to its own log."""
+    results of `compared`'s subprocess runs (two at a time, one thread each; the test above checks seed 0 run
+    one at a time against them), and each run's output still goes to its own log."""
     work, args, _ = compared
     cfg = args[args.index("--config") + 1]
     base = ["--config", cfg, "--methods", "skillnet", "dense_joint", "--seeds", "0", "1", "--no-plots"]

@@ -93,6 +93,7 @@ def test_a_two_rank_launch_leaves_no_shared_memory_buffers(straight_fp32: Path) 
 def _straight_and_split(
     shards: Path, tmp: Path, ds_config: str, group_signal: bool, straight: Path | None = None,
     start: Callable[..., subprocess.CompletedProcess[str]] = launch,
+    resume: Callable[..., subprocess.CompletedProcess[str]] = launch_fixture,
 ) -> tuple[Path, Path, subprocess.CompletedProcess[str]]:
     """2N straight; N then SIGTERM; resume to 2N.
 
@@ -100,7 +101,8 @@ def _straight_and_split(
     the whole process group after step N (the `deepspeed` runner, launch.py and all ranks), as Slurm's
     scancel / time limit and Ctrl-C do; the launcher then also terminates its children.
     The straight run is only the reference: its ranks start warm (tests/fixtures/warm.py); the interrupted
-    and the resumed runs are started by ``start``: the user's `deepspeed` command unless the caller says.
+    run is started by ``start`` (the user's `deepspeed` command unless the caller says) and the resumed one by
+    ``resume`` (warm ranks: the killed-rank test below reruns through `deepspeed`).
     """
     split = tmp / "split"
     if straight is None:
@@ -112,7 +114,7 @@ def _straight_and_split(
     root = split / "checkpoints"
     assert (root / "latest").read_text().strip() == f"step_{N:08d}"
     assert (root / f"step_{N:08d}" / "trainer_rank1.pt").is_file()
-    start("pretrain/run.py", _args(shards, split, ds_config, 2 * N))
+    resume("pretrain/run.py", _args(shards, split, ds_config, 2 * N))
     return straight, split, first
 
 
@@ -131,7 +133,7 @@ def test_activation_checkpointing_on_zero2_ranks_trains_as_without(shards: Path,
     """--gradient-checkpointing (issue #31 item 3) on 2 ZeRO-2 ranks: the straight run's losses and final weights
     (the tiny preset has dropout on: the recomputation replays the same masks)."""
     out = tmp_path / "ckpt"
-    r = launch("pretrain/run.py", _args(shards, out, CPU_FP32, 2 * N, "--gradient_checkpointing"))
+    r = launch_fixture("pretrain/run.py", _args(shards, out, CPU_FP32, 2 * N, "--gradient_checkpointing"))
     assert "activation checkpointing on: every layer recomputed in the backward pass [flag]" in r.stdout
     _assert_same_run(straight_fp32, out)
 

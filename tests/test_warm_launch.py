@@ -20,3 +20,21 @@ def test_a_warm_launch_leaves_no_shared_memory_buffer() -> None:
     assert len(ports) == 1, res.stdout[-2000:]
     port = ports.pop()
     assert sorted(Path("/dev/shm").glob(f"deepspeed_allreduce_buffer_*_{port}_*")) == []
+
+
+def test_a_warm_launch_removes_its_log_folder(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each launch keeps its ranks' logs in a temporary folder until it has read them; ~180 of them were
+    left in /tmp after one test run."""
+    import tests.fixtures.warm as warm
+
+    made: list[str] = []
+    real = warm.tempfile.mkdtemp
+
+    def recording_mkdtemp(*args: object, **kwargs: object) -> str:
+        made.append(real(*args, **kwargs))  # type: ignore[arg-type]
+        return made[-1]
+
+    monkeypatch.setattr(warm.tempfile, "mkdtemp", recording_mkdtemp)
+    res = launch_fixture("tests/fixtures/shm_allreduce.py", [], nprocs=2, timeout=300)
+    assert "sum 2" in res.stdout and len(made) == 1
+    assert not Path(made[0]).exists()
