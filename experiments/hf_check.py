@@ -194,11 +194,11 @@ if "onnx" in runs:
     res["onnx"] = [model.config.id2label[int(runs["onnx"](dict(tok(r["text"], truncation=True, return_tensors="np")))[0][0].argmax())]
                    for r in inputs["recs"]]
 """),
-    # Rank the candidates by the single score (the card's lines), with the task's pair length (see check_plain).
+    # Rank the candidates by the single score (the card's lines: the folder's tokenizer cuts at the task's length).
     "matching": ("BertForSequenceClassification", ["logits"], r"""
 for r in inputs["recs"]:
     enc = dict(tok([r["question"]] * len(r["candidates"]), r["candidates"], padding=True, truncation=True,
-                   max_length=inputs["max_len"], return_tensors="np"))
+                   return_tensors="np"))
     for name, run in runs.items():
         res[name].append(int(run(enc)[0][:, 0].argmax()))
 """),
@@ -262,12 +262,11 @@ def _plain_records(task: str, meta: dict[str, Any], recs: list[dict[str, Any]], 
         return keep[:n], {"note": "card's rule: best start <= end over the context tokens; predict's also caps "
                                   "the answer length"}
     elif kind == "matching":
-        # Longest-first cutting of each pair to max_seq_len is the tokenizer's too (passed as max_length: the
-        # plain folder does not record the task's length, so a user must); a candidate cap changes the ranking.
+        # Longest-first cutting of each pair to max_seq_len is the tokenizer's too (its model_max_length is the
+        # task's length in a plain task folder); a candidate cap changes the ranking.
         cap = int(meta.get("head", {}).get("max_candidates", 0) or 0)
         keep = [r for r in recs if not cap or len(r["candidates"]) <= cap]
-        return keep[:n], {"note": f"pairs cut longest-first to the task's max_seq_len {L}, which the check passes: "
-                                  "the plain folder does not record it"}
+        return keep[:n], {"note": f"pairs cut longest-first at the tokenizer's model_max_length ({L}, the task's)"}
     elif kind == "ner":
         # A word with no word piece (a space, a control character) has no first piece for the card's lines to
         # read, while predict still tags it: such sentences cannot be compared tag for tag, so they are left out
@@ -341,7 +340,7 @@ def check_plain(run: Path, python: str, n: int, onnx: bool = False) -> dict[str,
                            "ner": lambda p: p["tags"]}[kind]
                 cls, names, body = _BODIES[kind]
                 head = f"CLASS, NAMES = {cls!r}, {names!r}\n" + _RUNNERS
-                jobs.append((here, {"recs": recs, "onnx": onnx, "max_len": int(meta["max_seq_len"])},
+                jobs.append((here, {"recs": recs, "onnx": onnx},
                              head + (VITERBI_LINES + "\n" if kind == "ner" else "") + body))
                 finish.append((task, kind, [want_of(p) for p in preds], extra, None))
         for got, (task, kind, want, extra, same) in zip(run_plain_jobs(python, jobs), finish):

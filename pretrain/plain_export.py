@@ -317,14 +317,19 @@ def export_plain(source: str | Path, out: str | Path, task: str, features: bool 
     flat.model.save_pretrained(str(tmp))
     if has_tokenizer(folder):
         save_tokenizer(tmp, source=folder)
-    tok = AutoTokenizer.from_pretrained(str(tmp))
     meta = ((_read(folder / "finetune_tasks.json") or {}).get("tasks") or {}).get(task) or {}
+    tok = AutoTokenizer.from_pretrained(str(tmp))
+    cut = _task_cut(meta, tok, int(flat.model.config.max_position_embeddings), features)
+    if cut is not None and has_tokenizer(folder):
+        tok.model_max_length = cut
+        tok.save_pretrained(str(tmp))
     kind = meta.get("kind")
     recs, recs_file = _records(folder, task, test, kind, meta.get("type") == "regression") if kind else ([], None)
     facts: dict[str, Any] = {
         "source": folder.name, "task": task, "class": type(flat.model).__name__, "head": flat.head,
         "skills": [{"name": sparse.config.skill_names[i], "weight": w} for i, w in flat.mixture],
         "ffn_widths": flat.widths, "measured_on": recs_file or "fixed sentences",
+        "model_max_length": int(tok.model_max_length), "task_max_seq_len": meta.get("max_seq_len"),
     }
     if bart:
         prefix = meta.get("prefix", "")
@@ -360,6 +365,21 @@ def export_plain(source: str | Path, out: str | Path, task: str, features: bool 
     return out
 
 
+def _task_cut(meta: dict[str, Any], tok: Any, positions: int, features: bool) -> int | None:
+    """The tokenizer's ``model_max_length`` for a task folder: where the project cuts the task's inputs, so that
+    ``truncation=True`` gives the model what ``predict`` gives it (a classification text or a matching pair cut
+    longest-first to max_seq_len, NER's pieces past it, a BART source after its prefix); None keeps the model's
+    positions (features, MLM, and span, whose ``predict`` reads a long context in windows of max_seq_len)."""
+    L = meta.get("max_seq_len")
+    if features or not L or meta.get("type") in (None, "span"):
+        return None
+    extra = 0
+    if meta.get("type") == "generation" and meta.get("prefix"):
+        # the project cuts the source to max_seq_len and puts the prefix on top (finetune/task_types/generation.py)
+        extra = len(tok(meta["prefix"], add_special_tokens=False)["input_ids"])
+    return min(int(L) + extra, positions)
+
+
 def _usage(f: dict[str, Any]) -> list[str]:
     """The lines that serve the folder (the card's; docs/hf.md shows the same)."""
     p = 'folder = "path/to/this/folder"'
@@ -367,17 +387,19 @@ def _usage(f: dict[str, Any]) -> list[str]:
     if cls == "BartForConditionalGeneration":
         return [p, "from transformers import AutoModelForSeq2SeqLM, AutoTokenizer",
                 "tok, model = AutoTokenizer.from_pretrained(folder), AutoModelForSeq2SeqLM.from_pretrained(folder)",
-                f'ids = model.generate(**tok({f.get("prefix", "")!r} + "输入文本", return_tensors="pt"))[0]',
+                f'ids = model.generate(**tok({f.get("prefix", "")!r} + "输入文本", return_tensors="pt", truncation=True))[0]',
                 'print("".join(t.removeprefix("##") for t in tok.convert_ids_to_tokens(ids, skip_special_tokens=True)))']
     head = f.get("head")
     if head in ("classification", "regression"):
-        return [p, "from transformers import pipeline", 'clf = pipeline("text-classification", model=folder)',
+        return [p, "from transformers import pipeline",
+                'clf = pipeline("text-classification", model=folder, truncation=True)',
                 'print(clf("这家酒店的服务很好"))']
     if head == "matching":
         return [p, "from transformers import AutoModelForSequenceClassification, AutoTokenizer",
                 "tok, model = AutoTokenizer.from_pretrained(folder), AutoModelForSequenceClassification.from_pretrained(folder)",
                 'question, candidates = "年金什么时候领", ["年金一般在退休后按月领取", "医保可以报销部分医疗费用"]',
-                "scores = model(**tok([question] * len(candidates), candidates, return_tensors=\"pt\", padding=True)).logits[:, 0]",
+                "scores = model(**tok([question] * len(candidates), candidates, return_tensors=\"pt\", padding=True, "
+                "truncation=True)).logits[:, 0]",
                 "best = int(scores.argmax())  # rank the candidates by score, highest first"]
     if head == "span":
         return [p, "from transformers import AutoModelForQuestionAnswering, AutoTokenizer",
@@ -492,5 +514,17 @@ def render_plain_card(f: dict[str, Any]) -> str:
         lines += ["", "```python", "import onnxruntime as ort",
                   'session = ort.InferenceSession(f"{folder}/model_int8.onnx")',
                   'logits = session.run(None, dict(tok("这家酒店的服务很好", return_tensors="np")))[0]', "```"]
-    lines += ["", "## Use", "", "```python", *_usage(f), "```", ""]
+    lines += ["", "## Use", ""]
+    L, cut = f.get("task_max_seq_len"), f.get("model_max_length")
+    if L and cut is not None and f.get("head") not in ("span", "mlm", None) and f.get("class") != "BertModel":
+        lines += [f"The task was trained and is predicted on inputs cut at {L} tokens; the tokenizer's "
+                  f"`model_max_length` is {cut}" + (f" ({L} for the source, the rest for the task's prefix)"
+                                                    if cut != L else "")
+                  + ", so `truncation=True` cuts as the sparse model's `predict` does (a pair: longest first"
+                  + ("; NER: words past the cut get no tag from these lines, `predict` tags them O" if
+                     f.get("head") == "token_crf" else "") + ").", ""]
+    elif f.get("head") == "span" and L:
+        lines += [f"The sparse model's `predict` reads a long context in windows of {L} tokens and keeps the best "
+                  "answer of any window; the lines below read one window of up to the model's positions.", ""]
+    lines += ["```python", *_usage(f), "```", ""]
     return "\n".join(lines)

@@ -116,6 +116,15 @@ for words in {sentences!r}:
 {chr(10).join('    ' + line for line in per_sentence.splitlines())}
 res["tags"] = tags
 """))
+    # qa_match: the card's lines on pairs longer than the task's max_seq_len (40), scored per group.
+    code = _card_code(exports["qa_match"])
+    at = next(i for i, line in enumerate(code) if line.startswith("question, candidates = "))
+    jobs.append(("qa_match_long", exports["qa_match"], "\n".join(code[1:at]) + f"""
+res["scores"] = []
+for question, candidates in {[(r["question"], r["candidates"]) for r in _long_matching()]!r}:
+{chr(10).join('    ' + line for line in code[at + 1:])}
+    res["scores"].append(scores.detach().tolist())
+"""))
     srcs = ["fix: " + r["source"] for r in _records("gen_fix_dev.jsonl")]
     jobs.append(("fix", exports["fix"], f"""
 from transformers import AutoModelForSeq2SeqLM
@@ -129,6 +138,12 @@ res["text"] = ["".join(t.removeprefix("##") for t in tok.convert_ids_to_tokens(i
     res = run_plain_many(tmp_path_factory.mktemp("plain_run"), jobs)
     res["_inputs"] = inputs
     return res
+
+
+def _long_matching() -> list[dict]:
+    """match_test's groups with every candidate repeated until each pair is longer than the task's 40 tokens."""
+    return [{"question": r["question"], "candidates": [c * 8 for c in r["candidates"]]}
+            for r in _records("match_test.jsonl")[:3]]
 
 
 @torch.no_grad()
@@ -156,7 +171,9 @@ def test_plain_export_equals_sparse_model(name, ft4, pt_export, exports, plain):
     assert res["info"] == {"missing_keys": [], "unexpected_keys": [], "mismatched_keys": []}
     cfg = json.loads((exports[name] / "config.json").read_text())
     assert cfg["model_type"] == "bert" and "auto_map" not in cfg
-    assert res["max_len"] == cfg["max_position_embeddings"]
+    # a task's inputs are cut where its fine-tuning cut them (tiny_config: 32, qa_match 40); span reads windows
+    want_len = {"sentiment": 32, "ner": 32, "qa_match": 40}.get(name, cfg["max_position_embeddings"])
+    assert res["max_len"] == want_len
     want = _sparse(name, src, inputs)
     am = inputs["attention_mask"].bool()
     for key, ref in want.items():
@@ -185,6 +202,20 @@ def test_labels_of_classification_and_ner(plain, ft4):
     want = pred.predict("sentiment", [{"text": t} for t in texts])
     got = [plain["sentiment"]["id2label"][str(i)] for i in torch.tensor(sentiment).argmax(-1).tolist()]
     assert got == want
+
+
+def test_card_lines_cut_long_pairs_as_predict_does(plain, ft4, exports):
+    """A plain tokenizer cut at the model's positions (128) fed the whole of a long pair, while predict cuts it at
+    the task's max_seq_len: the card's lines scored other inputs than the sparse model did."""
+    from skillnet.finetune.predict import Predictor
+
+    recs = _long_matching()
+    want = Predictor(ft4 / "export").predict("qa_match", recs)
+    for got, w in zip(plain["qa_match_long"]["scores"], want):
+        torch.testing.assert_close(torch.tensor(got), torch.tensor(w["scores"]), rtol=0, atol=ATOL)
+    facts = json.loads((exports["qa_match"] / "plain_export.json").read_text())
+    assert facts["model_max_length"] == facts["task_max_seq_len"] == 40
+    assert "`model_max_length` is 40" in (exports["qa_match"] / "README.md").read_text(encoding="utf-8")
 
 
 def test_card_viterbi_lines_reproduce_predict(plain, ft4, exports):
