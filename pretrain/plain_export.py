@@ -520,9 +520,10 @@ def render_plain_card(f: dict[str, Any]) -> str:
         lines += [f"The task was trained and is predicted on inputs cut at {L} tokens; the tokenizer's "
                   f"`model_max_length` is {cut}" + (f" ({L} for the source, the rest for the task's prefix)"
                                                     if cut != L else "")
-                  + ", so `truncation=True` cuts as the sparse model's `predict` does (a pair: longest first"
-                  + ("; NER: words past the cut get no tag from these lines, `predict` tags them O" if
-                     f.get("head") == "token_crf" else "") + ").", ""]
+                  + ", so `truncation=True` cuts as the sparse model's `predict` does"
+                  + {"token_crf": " (words past the cut get no tag from these lines; `predict` tags them O)",
+                     "matching": " (a pair: longest first)", "classification": " (a pair: longest first)"}.get(
+                      str(f.get("head")), "") + ".", ""]
     elif f.get("head") == "span" and L:
         lines += [f"The sparse model's `predict` reads a long context in windows of {L} tokens and keeps the best "
                   "answer of any window; the lines below read one window of up to the model's positions.", ""]
