@@ -140,6 +140,7 @@ def baselines(doc: Document, nlu: dict[str, Any], run_dir: Path, findings: list[
     tasks = nlu["tasks"]
     triv = baseline_scores(run_dir, nlu, "trivial_test")
     lex = baseline_scores(run_dir, nlu, "lexical_test")
+    lex_cut = baseline_scores(run_dir, nlu, "lexical_cut_test")
     names = baseline_scores(run_dir, nlu, "lexical_name")
     size = baseline_scores(run_dir, nlu, "test_examples")
     seq = baseline_scores(run_dir, nlu, "max_seq_len")
@@ -155,9 +156,13 @@ def baselines(doc: Document, nlu: dict[str, Any], run_dir: Path, findings: list[
           "has one, a baseline fit on the train split (" + "; ".join(sorted({f"{n}" for n in names.values()}))
           + ", character 1-2-grams, scikit-learn). The last rows are each test split's size, the task's "
           "max_seq_len (the length that holds 95% of its training examples, unless the model's positions are "
-          "fewer) and the share of test examples longer than it, which every model reads cut.")
+          "fewer) and the share of test examples longer than it, which every model reads cut. Where a task has "
+          "cut examples, `TF-IDF, cut` is the same baseline fit and scored on what the model reads of each "
+          "example (its texts cut at max_seq_len as the model's input is): the difference to `TF-IDF` is what "
+          "the cut alone costs a reader of the characters.")
     doc.table(["baseline", *tasks], [["trivial", *[cell(triv, t) for t in tasks]],
                                      ["TF-IDF", *[cell(lex, t) for t in tasks]],
+                                     *([["TF-IDF, cut", *[cell(lex_cut, t) for t in tasks]]] if lex_cut else []),
                                      ["test examples", *[f"{size[t]:,}" if t in size else "-" for t in tasks]],
                                      ["max_seq_len", *[str(seq[t]) if t in seq else "-" for t in tasks]],
                                      ["test examples cut", *[f"{cut[t]:.1f}%" if t in cut else "-" for t in tasks]]])
@@ -166,7 +171,12 @@ def baselines(doc: Document, nlu: dict[str, Any], run_dir: Path, findings: list[
         findings.append("Cut by max_seq_len: " + ", ".join(
             f"{t} ({v:.1f}% of its test examples are longer than {seq.get(t, '?')} tokens)" for t, v in long.items())
             + ". Their models read the start of those examples only (TF-IDF reads them whole); where the length "
-              "is the model's positions, no longer length is possible without pre-training more positions.")
+              "is the model's positions, no longer length is possible without pre-training more positions."
+            + "".join(f" {t}: TF-IDF scores {lex[t]:.1f} on the whole examples and {lex_cut[t]:.1f} on what the "
+                      "model reads of them, so the cut " + ("costs a reader of the characters little (a gap of "
+                      f"{lex[t] - lex_cut[t]:+.1f} points)" if abs(lex[t] - lex_cut[t]) < 2.0 else
+                      f"costs {lex[t] - lex_cut[t]:.1f} points") + "."
+                      for t in long if t in lex and t in lex_cut))
     below_triv = at_or_below(nlu, triv)
     if below_triv:
         findings.append("At or below the trivial baseline: " + ", ".join(f"`{m}` on {t}" for m, t in below_triv)

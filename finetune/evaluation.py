@@ -171,6 +171,9 @@ def final_scores(model: torch.nn.Module, cfg: FinetuneConfig, data: dict[str, Ta
                 if lexical is not None:
                     r[f"lexical_{split}"] = lexical
                     r["lexical_name"] = d.codec.lexical_name
+                    cut = d.lexical_baseline(split, cut=True) if d.truncated[split] else None
+                    if cut is not None:  # the same baseline on what the model reads of the cut examples
+                        r[f"lexical_cut_{split}"] = cut
                 r[f"{split}_examples"] = len(d.records[split])
                 # what a score means depends on how much of the input the model saw (TaskData.truncated)
                 r[f"{split}_truncated"] = d.truncated[split]

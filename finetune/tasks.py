@@ -262,9 +262,15 @@ class TaskData:
         recs = self.records[split]
         return self.score_records(recs, self.codec.trivial(self, recs))
 
-    def lexical_baseline(self, split: str) -> dict[str, float] | None:
+    def lexical_baseline(self, split: str, cut: bool = False) -> dict[str, float] | None:
         """Scores of the task type's non-neural baseline fit on train (``codec.lexical``: TF-IDF + logistic
-        regression for classification, TF-IDF similarity for matching), or None where it has none."""
+        regression for classification, TF-IDF similarity for matching), or None where it has none. `cut`: fit
+        and scored on the texts cut to what the model reads at max_seq_len (``codec.cut_for_model``), which says
+        what the cut alone costs."""
         recs = self.records[split]
-        preds = self.codec.lexical(self, recs)
+        if not cut:
+            preds = self.codec.lexical(self, recs)
+        else:
+            seen, train = self.codec.cut_for_model(self, recs), self.codec.cut_for_model(self, self.records["train"])
+            preds = None if seen is None or train is None else self.codec.lexical(self, seen, train=train)
         return None if preds is None else self.score_records(recs, preds)

@@ -9,6 +9,7 @@ from pathlib import Path
 from skillnet.data_prep.tasks.lengths import record_lengths
 from skillnet.data_prep.tokenizer import load_tokenizer
 from skillnet.finetune import run as run_cli
+from skillnet.finetune.task_types.base import cut_texts, pair, piece_ids
 
 FIX = Path(__file__).resolve().parent / "fixtures" / "finetune"
 
@@ -52,3 +53,47 @@ def test_the_report_states_each_tasks_length_and_cut_share(tmp_path: Path) -> No
     assert row["test examples cut"] == ["15.0%", "0.3%"]
     cut = [f for f in findings if "cut" in f.lower()]
     assert len(cut) == 1 and "sentiment" in cut[0] and "15.0%" in cut[0] and "domain" not in cut[0]
+
+
+def test_cut_texts_keep_the_pieces_the_model_reads() -> None:
+    """The lexical baseline on cut inputs reads what ``pair`` keeps: the longest-first cut, back in characters."""
+    tok = load_tokenizer()
+    a, b = "保险公司的年金什么时候可以领取2024年", "年金一般在退休后按月领取，具体时间以合同约定为准。" * 3
+    for L in (6, 12, 20, 40, 200):
+        for x, y in ((a, b), (b, a), (a, None)):
+            want = pair(tok, *piece_ids(tok, [x]), piece_ids(tok, [y])[0] if y is not None else None, L)
+            cx, cy = cut_texts(tok, x, y, L)
+            got = pair(tok, *piece_ids(tok, [cx]), piece_ids(tok, [cy])[0] if cy is not None else None, 10_000)
+            assert got.input_ids == want.input_ids, (L, cx, cy)
+            assert x.startswith(cx) and (y is None or y.startswith(cy))
+            assert (cx, cy) == (x, y) or want.extra["truncated"]
+
+
+def test_a_cut_task_records_the_lexical_baseline_on_what_the_model_reads(tmp_path: Path) -> None:
+    """Where max_seq_len cuts test examples, results.json also holds the TF-IDF baseline fit and scored on the
+    cut texts, and the report sets it beside the whole-text baseline."""
+    from skillnet.experiments.report_nlu import baselines
+    from skillnet.finetune.document import Document
+
+    task = {"name": "match", "type": "matching", "skills": ["s1", "s7"], "max_seq_len": 12, "num_negatives": 2,
+            **{split: str(FIX / f"match_{split}.jsonl") for split in ("train", "dev", "test")}}
+    cfg = {"tasks": [task], "output_dir": str(tmp_path / "run"),
+           "train": {"max_steps": 1, "batch_size": 2, "eval_batch_size": 8, "lr": 1e-3, "eval_every": 1,
+                     "log_every": 1, "seed": 0, "warmup_ratio": 0.0, "lexical_baselines": True}}
+    (tmp_path / "c.json").write_text(json.dumps(cfg), encoding="utf-8")
+    assert run_cli.main(["--config", str(tmp_path / "c.json"), "--no-tensorboard", "--no-progress"]) == 0
+    res = json.loads((tmp_path / "run" / "results.json").read_text(encoding="utf-8"))["tasks"]["match"]
+    assert res["test_truncated"] > 0
+    whole, cut = res["lexical_test"]["top1_accuracy"], res["lexical_cut_test"]["top1_accuracy"]
+    assert 0.0 <= cut <= 100.0 and "top1_accuracy" in res["lexical_cut_test"]
+
+    run_dir = tmp_path / "nlu_main" / "skillnet" / "seed0"
+    run_dir.mkdir(parents=True)
+    (run_dir / "results.json").write_text(json.dumps({"tasks": {"match": res}}), encoding="utf-8")
+    nlu = {"tasks": ["match"], "methods": {"skillnet": {"tasks": {"match": {"mean": 40.0}}}}}
+    doc, findings = Document(), []
+    baselines(doc, nlu, tmp_path / "nlu_main", findings)
+    row = {line.split("|")[1].strip(): [c.strip() for c in line.split("|")[2:-1]] for line in doc.markdown().splitlines()
+           if line.startswith("|")}
+    assert row["TF-IDF"] == [f"{whole:.1f}"] and row["TF-IDF, cut"] == [f"{cut:.1f}"]
+    assert any(f"TF-IDF scores {whole:.1f} on the whole examples and {cut:.1f}" in f for f in findings)

@@ -90,6 +90,25 @@ def piece_ids(tok: Any, texts: Sequence[str]) -> list[list[int]]:
     return [ids for ids, _ in pieces(tok, texts)]
 
 
+def cut_texts(tok: Any, a: str, b: str | None, max_len: int) -> tuple[str, str | None]:
+    """The characters of `a` (and `b`) whose pieces ``pair`` keeps at ``max_len``: what a model of the task
+    reads of them (the same longest-first rule, mapped back through the pieces' character offsets)."""
+    (ia, oa), *rest = pieces(tok, [a] if b is None else [a, b])
+    ib, ob = rest[0] if rest else ([], [])
+    na, nb = len(ia), len(ib)
+    budget = max_len - (3 if b is not None else 2)
+    while na + nb > budget:
+        if nb and nb >= na:
+            nb -= 1
+        else:
+            na -= 1
+
+    def keep(text: str, offsets: list[tuple[int, int]], n: int) -> str:
+        return text if n == len(offsets) else text[:offsets[n - 1][1]] if n else ""
+
+    return keep(a, oa, na), (keep(b, ob, nb) if b is not None else None)
+
+
 def pair(tok: Any, a: list[int], b: list[int] | None, max_len: int) -> Encoded:
     """``[CLS] a [SEP]`` or ``[CLS] a [SEP] b [SEP]``, cut longest-first (as BERT's run_classifier) to
     ``max_len``; ``extra["truncated"]`` says whether anything was cut."""
@@ -229,7 +248,14 @@ class TaskCodec:
     # none: a neural row below it has not learnt more than which characters occur.
     lexical_name: str | None = None
 
-    def lexical(self, td: TaskData, recs: list[dict[str, Any]]) -> list[Any] | None:
+    def lexical(self, td: TaskData, recs: list[dict[str, Any]], train: list[dict[str, Any]] | None = None
+                ) -> list[Any] | None:
+        """Predictions of the baseline fit on `train` (default: the task's train split)."""
+        return None
+
+    def cut_for_model(self, td: TaskData, recs: list[dict[str, Any]]) -> list[dict[str, Any]] | None:
+        """`recs` with their texts cut to what the model reads at max_seq_len (for the lexical baseline on the
+        same view), or None where the type has no such cut."""
         return None
 
     def present(self, rec: dict[str, Any], pred: Any) -> Any:

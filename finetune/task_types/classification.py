@@ -10,7 +10,7 @@ from skillnet.data_prep.tasks.schema import TaskDataError
 
 from .. import metrics as M
 from . import register
-from .base import DROPOUT, Encoded, bert_inputs
+from .base import DROPOUT, Encoded, bert_inputs, cut_texts
 from .sentence import SentenceCodec
 
 if TYPE_CHECKING:
@@ -81,7 +81,8 @@ class ClassificationCodec(SentenceCodec):
 
     lexical_name = "TF-IDF + logistic regression"
 
-    def lexical(self, td: TaskData, recs: list[dict[str, Any]]) -> list[Any] | None:
+    def lexical(self, td: TaskData, recs: list[dict[str, Any]], train: list[dict[str, Any]] | None = None
+                ) -> list[Any] | None:
         """Character 1-2-gram TF-IDF (of text and pair, side by side) and a logistic regression, fit on
         train (scikit-learn)."""
         from ..lexical import tfidf_classifier
@@ -89,8 +90,15 @@ class ClassificationCodec(SentenceCodec):
         def text(r: dict[str, Any]) -> str:
             return r["text"] + ("\u2028" + r["text_pair"] if td.kind == "pair" else "")
 
-        train = td.records["train"]
+        train = td.records["train"] if train is None else train
         return tfidf_classifier([text(r) for r in train], [r["label"] for r in train], [text(r) for r in recs])
+
+    def cut_for_model(self, td: TaskData, recs: list[dict[str, Any]]) -> list[dict[str, Any]] | None:
+        out = []
+        for r in recs:
+            a, b = cut_texts(td.tok, r["text"], r["text_pair"] if td.kind == "pair" else None, td.max_len)
+            out.append({**r, "text": a, **({"text_pair": b} if b is not None else {})})
+        return out
 
     def trivial(self, td: TaskData, recs: list[dict[str, Any]]) -> list[Any]:
         """The majority class of train."""

@@ -19,6 +19,7 @@ from .base import (
     MAX_CANDIDATES,
     Encoded,
     TaskCodec,
+    cut_texts,
     iter_chunks,
     pair,
     piece_ids,
@@ -144,17 +145,28 @@ class MatchingCodec(TaskCodec):
 
     lexical_name = "TF-IDF cosine similarity"
 
-    def lexical(self, td: TaskData, recs: list[dict[str, Any]]) -> list[Any] | None:
+    def lexical(self, td: TaskData, recs: list[dict[str, Any]], train: list[dict[str, Any]] | None = None
+                ) -> list[Any] | None:
         """Each candidate scored by the cosine similarity of its character 1-2-gram TF-IDF vector to the
         question's (the vocabulary and idf fit on train's questions and candidates)."""
         from ..lexical import tfidf_similarities
 
-        train = td.records["train"]
+        train = td.records["train"] if train is None else train
         fit = [r["question"] for r in train] + [c for r in train for c in r["candidates"]]
         cands = [self.eval_candidates(td, r) for r in recs]
         scores = tfidf_similarities(fit, [r["question"] for r in recs],
                                     [[r["candidates"][i] for i in cs] for r, cs in zip(recs, cands)])
         return [{"candidates": cs, "scores": sc} for cs, sc in zip(cands, scores)]
+
+    def cut_for_model(self, td: TaskData, recs: list[dict[str, Any]]) -> list[dict[str, Any]] | None:
+        """Each (question, candidate) pair cut as ``group_tensors`` cuts it; the question, cut only in a pair
+        where it is the longer side, is read once by the baseline: its shortest cut."""
+        out = []
+        for r in recs:
+            cut = [cut_texts(td.tok, r["question"], c, td.max_len) for c in r["candidates"]]
+            q = min((a for a, _ in cut), key=len, default=r["question"])
+            out.append({**r, "question": q, "candidates": [b for _, b in cut]})
+        return out
 
     def trivial(self, td: TaskData, recs: list[dict[str, Any]]) -> list[Any]:
         """Constant scores: the tie rule of group_top1_accuracy gives the random-choice expectation."""
