@@ -374,3 +374,55 @@ def test_char_accuracy_is_one_minus_the_character_error_rate_as_nltk_counts_it()
     want = 100 * (1 - errors / sum(map(len, refs)))
     assert 50 < want < 100 and char_accuracy(hyps, refs) == pytest.approx(want)
     assert score_generation(["char_accuracy"], None, hyps, refs) == {"char_accuracy": pytest.approx(want)}
+
+
+def _op_table_by_sorting(src: str, tgt: str) -> list[list[tuple[str, ...]]]:
+    """The operation table with its transposition test written plainly (sorted windows at every step): the
+    reference that the incremental character counts of ``_op_table`` must reproduce cell for cell."""
+    from skillnet.finetune.gen_metrics import _UNIT, _sub_cost
+
+    n, m = len(src), len(tgt)
+    cost = [[0] * (m + 1) for _ in range(n + 1)]
+    ops: list[list[tuple[str, ...]]] = [[()] * (m + 1) for _ in range(n + 1)]
+    for i in range(1, n + 1):
+        cost[i][0], ops[i][0] = i * _UNIT, ("D",)
+    for j in range(1, m + 1):
+        cost[0][j], ops[0][j] = j * _UNIT, ("I",)
+    for i in range(n):
+        for j in range(m):
+            if src[i] == tgt[j]:
+                cost[i + 1][j + 1], ops[i + 1][j + 1] = cost[i][j], ("M",)
+                continue
+            trans, k = float("inf"), 1
+            while i - k >= 0 and j - k >= 0 and cost[i - k + 1][j - k + 1] != cost[i - k][j - k]:
+                if sorted(src[i - k:i + 1]) == sorted(tgt[j - k:j + 1]):
+                    trans = cost[i - k][j - k] + k * _UNIT
+                    break
+                k += 1
+            cands = ((f"T{k + 1}", trans), ("S", cost[i][j] + _sub_cost(src[i], tgt[j])),
+                     ("I", cost[i + 1][j] + _UNIT), ("D", cost[i][j + 1] + _UNIT))
+            best = min(c for _, c in cands)
+            cost[i + 1][j + 1] = int(best)
+            ops[i + 1][j + 1] = tuple(name for name, c in cands if c == best)
+    return ops
+
+
+def test_op_table_equals_the_sorted_window_transposition_test() -> None:
+    from skillnet.finetune.gen_metrics import _op_table
+
+    rng = random.Random(0)
+    pairs = [("泰国人死爱的味道", "泰国人爱死的味道"), ("旅游去陌生的地方", "去陌生的地方旅游"), ("我爱他们", "爱我她们")]
+    for _ in range(300):  # small alphabets: many ties, repeats and transpositions
+        alphabet = "我你他的了是在有" if rng.random() < 0.5 else "ab"
+        a = "".join(rng.choice(alphabet) for _ in range(rng.randint(0, 14)))
+        b = list(a)
+        for _ in range(rng.randint(0, 4)):
+            if b and rng.random() < 0.5:
+                x, y = rng.randrange(len(b)), rng.randrange(len(b))
+                b[x], b[y] = b[y], b[x]
+            else:
+                b.insert(rng.randint(0, len(b)), rng.choice(alphabet))
+        pairs.append((a, "".join(b)))
+    pairs.append(("的" * 40 + "我们", "了的" * 30))  # an untrained model's repetition
+    for a, b in pairs:
+        assert _op_table(a, b) == _op_table_by_sorting(a, b), (a, b)
