@@ -90,18 +90,24 @@ def piece_ids(tok: Any, texts: Sequence[str]) -> list[list[int]]:
     return [ids for ids, _ in pieces(tok, texts)]
 
 
-def cut_texts(tok: Any, a: str, b: str | None, max_len: int) -> tuple[str, str | None]:
-    """The characters of `a` (and `b`) whose pieces ``pair`` keeps at ``max_len``: what a model of the task
-    reads of them (the same longest-first rule, mapped back through the pieces' character offsets)."""
-    (ia, oa), *rest = pieces(tok, [a] if b is None else [a, b])
-    ib, ob = rest[0] if rest else ([], [])
-    na, nb = len(ia), len(ib)
-    budget = max_len - (3 if b is not None else 2)
-    while na + nb > budget:
-        if nb and nb >= na:
-            nb -= 1
+def kept_lengths(na: int, nb: int | None, max_len: int) -> tuple[int, int]:
+    """How many pieces of `a` (and `b`: None for one text) fit ``[CLS] a [SEP] (b [SEP])`` in ``max_len``, cut
+    longest-first (as BERT's run_classifier): the longer side loses a piece first, `b` on a tie."""
+    nb_, budget = nb or 0, max_len - (3 if nb is not None else 2)
+    while na + nb_ > budget and na + nb_:
+        if nb_ and nb_ >= na:
+            nb_ -= 1
         else:
             na -= 1
+    return na, nb_
+
+
+def cut_texts(tok: Any, a: str, b: str | None, max_len: int) -> tuple[str, str | None]:
+    """The characters of `a` (and `b`) whose pieces ``pair`` keeps at ``max_len``: what a model of the task
+    reads of them (``kept_lengths``, mapped back through the pieces' character offsets)."""
+    (ia, oa), *rest = pieces(tok, [a] if b is None else [a, b])
+    ob = rest[0][1] if rest else []
+    na, nb = kept_lengths(len(ia), len(ob) if b is not None else None, max_len)
 
     def keep(text: str, offsets: list[tuple[int, int]], n: int) -> str:
         return text if n == len(offsets) else text[:offsets[n - 1][1]] if n else ""
@@ -112,14 +118,9 @@ def cut_texts(tok: Any, a: str, b: str | None, max_len: int) -> tuple[str, str |
 def pair(tok: Any, a: list[int], b: list[int] | None, max_len: int) -> Encoded:
     """``[CLS] a [SEP]`` or ``[CLS] a [SEP] b [SEP]``, cut longest-first (as BERT's run_classifier) to
     ``max_len``; ``extra["truncated"]`` says whether anything was cut."""
-    a, b = list(a), list(b) if b is not None else None
-    budget = max_len - (3 if b is not None else 2)
-    cut = len(a) + (len(b) if b else 0) > budget
-    while len(a) + (len(b) if b else 0) > budget:
-        if b and len(b) >= len(a):
-            b.pop()
-        else:
-            a.pop()
+    na, nb = kept_lengths(len(a), len(b) if b is not None else None, max_len)
+    cut = na < len(a) or (b is not None and nb < len(b))
+    a, b = list(a[:na]), (list(b[:nb]) if b is not None else None)
     cls, sep = tok.cls_id, tok.sep_id
     ids = [cls] + a + [sep]
     tt = [0] * len(ids)
