@@ -42,13 +42,16 @@ from transformers import pipeline, AutoModel, AutoTokenizer
 
 # Each job's body runs in its own namespace (the prelude's names, `folder`, `inputs` and an empty `res`), one job
 # after another in one interpreter: importing torch and transformers once, not once per task.
+# The results go to a file (a body may print), after a last check that no module was loaded from the project.
 _JOBS = r"""
 _results = []
 for _job in json.load(open(sys.argv[1], encoding="utf-8")):
     _ns = {**globals(), "folder": _job["folder"], "inputs": _job["inputs"], "res": {}}
     exec(compile(_job["body"], "<plain check>", "exec"), _ns)
     _results.append(_ns["res"])
-json.dump(_results, sys.stdout, ensure_ascii=False)
+_ours = sorted(m for m, mod in list(sys.modules.items()) if (getattr(mod, "__file__", None) or "").startswith(HIDE))
+assert not _ours, f"modules of the project were loaded: {_ours}"
+json.dump(_results, open(sys.argv[2], "w", encoding="utf-8"), ensure_ascii=False)
 """
 
 
@@ -68,12 +71,13 @@ def run_plain_jobs(python: str, jobs: list[tuple[Path, Any, str]]) -> list[Any]:
         script.write_text(f"HIDE = {hide!r}\n{_PRELUDE}{_JOBS}", encoding="utf-8")
         env = {**os.environ, "PYTHONPATH": "", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
         # The interpreter runs in tmp: a relative folder would read as a hub repo id there.
-        r = subprocess.run([python, str(script), str(Path(tmp) / "jobs.json")], cwd=tmp,
+        out = Path(tmp) / "results.json"
+        r = subprocess.run([python, str(script), str(Path(tmp) / "jobs.json"), str(out)], cwd=tmp,
                            capture_output=True, text=True, env=env, stdin=subprocess.DEVNULL, timeout=1800)
-    if r.returncode != 0:
-        where = ", ".join(sorted({j["folder"] for j in todo}))
-        raise RuntimeError(f"plain transformers on {where}: {r.stderr.strip().splitlines()[-1:]}")
-    return json.loads(r.stdout)
+        if r.returncode != 0:
+            where = ", ".join(sorted({j["folder"] for j in todo}))
+            raise RuntimeError(f"plain transformers on {where}: {r.stderr.strip().splitlines()[-1:]}")
+        return json.loads(out.read_text(encoding="utf-8"))
 
 
 def _jsonl(path: Path, n: int) -> list[dict[str, Any]]:

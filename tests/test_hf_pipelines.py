@@ -13,60 +13,30 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
 
-from tests.fixtures.pretrain.helpers import subprocess_env
-
 pytestmark = pytest.mark.slow  # ~30 s: a pre-training, two fine-tuning runs and a plain interpreter
 
 REPO = Path(__file__).resolve().parents[1]
 FIX = REPO / "tests" / "fixtures" / "finetune"
 
-# Drop every path and import hook that would find this project, prove it is gone, then run each job's
-# body with its own `folder` and `res`.
-_SCRIPT = r"""
-import importlib.util, json, sys
-sys.meta_path[:] = [f for f in sys.meta_path if "skillnet" not in repr(f).lower()]
-sys.path[:] = [p for p in sys.path if not p.startswith(REPO)]
-assert importlib.util.find_spec("skillnet") is None, "the project is still importable"
-assert importlib.util.find_spec("model") is None
-import torch
-from transformers import pipeline, AutoModel, AutoTokenizer
-jobs_file, out_file = sys.argv[1:3]
-results = {}
-for name, folder, body in json.load(open(jobs_file, encoding="utf-8")):
-    res = {}
-    exec(body, {"folder": folder, "res": res, "torch": torch, "pipeline": pipeline, "AutoModel": AutoModel,
-                "AutoTokenizer": AutoTokenizer})
-    results[name] = res
-results["modules"] = sorted({m for m in sys.modules if m.split(".")[0] in ("skillnet", "model", "training")})
-json.dump(results, open(out_file, "w"), ensure_ascii=False)
-"""
+def run_plain_many(jobs: list[tuple[str, Path, str]]) -> dict[str, dict]:
+    """Run every (name, folder, body) job in one interpreter that cannot import this project (hf_check's
+    runner: it proves the project is gone and that nothing of it was loaded); returns {name: the job's res}.
+    ``SKILLNET_PLAIN_PYTHON`` names another interpreter (a venv with only torch + transformers)."""
+    from skillnet.experiments.hf_check import run_plain_jobs
 
-
-def run_plain_many(tmp: Path, jobs: list[tuple[str, Path, str]]) -> dict[str, dict]:
-    """Run every (name, folder, body) job in one interpreter that cannot import this project (one start-up
-    for all of them); returns {name: the job's res}."""
-    tmp.mkdir(parents=True, exist_ok=True)
-    script, jobs_file, out = tmp / "plain.py", tmp / "plain_jobs.json", tmp / "plain_out.json"
-    script.write_text(f"REPO = {str(REPO)!r}\n" + _SCRIPT, encoding="utf-8")
-    jobs_file.write_text(json.dumps([(n, str(f), b) for n, f, b in jobs], ensure_ascii=False), encoding="utf-8")
     py = os.environ.get("SKILLNET_PLAIN_PYTHON") or sys.executable
-    r = subprocess.run([py, str(script), str(jobs_file), str(out)], cwd=tmp, capture_output=True,
-                       text=True, env={**subprocess_env(), "PYTHONPATH": ""}, timeout=900)
-    assert r.returncode == 0, r.stderr[-3000:]
-    res = json.loads(out.read_text(encoding="utf-8"))
-    assert res.pop("modules") == []
-    return res
+    res = run_plain_jobs(py, [(folder, None, body) for _, folder, body in jobs])
+    return {name: r for (name, _, _), r in zip(jobs, res)}
 
 
-def run_plain(tmp: Path, folder: Path, body: str) -> dict:
-    return run_plain_many(tmp, [("job", folder, body)])["job"]
+def run_plain(folder: Path, body: str) -> dict:
+    return run_plain_many([("job", folder, body)])["job"]
 
 
 @pytest.fixture(scope="module")
@@ -120,7 +90,7 @@ def _gen_sources() -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def plain(tmp_path_factory, pt_export, ft_run, gen_run) -> dict[str, dict]:
+def plain(pt_export, ft_run, gen_run) -> dict[str, dict]:
     """Every row's loading side, run in one interpreter that cannot see the project."""
     ft, texts = ft_run / "export", ["".join(r["tokens"]) for r in _ner_records()]
     jobs = [
@@ -199,7 +169,7 @@ res["unk_plain"] = gen.tokenizer.decode(gen.model.generate(**gen.tokenizer({_gen
                                                            suppress_tokens=[])[0])
 """),
     ]
-    return run_plain_many(tmp_path_factory.mktemp("plain"), jobs)
+    return run_plain_many(jobs)
 
 
 def test_fill_mask_pipeline(pt_export, plain):

@@ -50,7 +50,7 @@ def test_zero2_pretraining_requeued_on_one_rank_exports_for_fill_mask_and_featur
     folder = tmp_path / "hf"
     text = "技能[MASK]。"  # a word of the training corpus, masked
     ids, logits, hidden = _mlm_reference(folder, text)
-    res = run_plain(tmp_path, folder, r"""
+    res = run_plain(folder, r"""
 fill = pipeline("fill-mask", model=folder, trust_remote_code=True)
 res["top"] = [r["token"] for r in fill("技能[MASK]。", top_k=3)]
 fe = pipeline("feature-extraction", model=folder, trust_remote_code=True)

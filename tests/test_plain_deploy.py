@@ -97,7 +97,7 @@ def _card_code(folder: Path) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def plain(tmp_path_factory, exports) -> dict[str, dict]:
+def plain(exports) -> dict[str, dict]:
     from transformers import AutoTokenizer
 
     jobs, inputs = [], {}
@@ -135,7 +135,7 @@ res["ids"] = [model.generate(**tok(s, return_tensors="pt"))[0].tolist() for s in
 res["text"] = ["".join(t.removeprefix("##") for t in tok.convert_ids_to_tokens(i, skip_special_tokens=True))
                for i in res["ids"]]  # the card's decoding
 """))
-    res = run_plain_many(tmp_path_factory.mktemp("plain_run"), jobs)
+    res = run_plain_many(jobs)
     res["_inputs"] = inputs
     return res
 
