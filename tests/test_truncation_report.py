@@ -14,15 +14,20 @@ from skillnet.finetune.task_types.base import cut_texts, pair, piece_ids
 FIX = Path(__file__).resolve().parent / "fixtures" / "finetune"
 
 
-def test_results_record_the_length_and_the_cut_examples(tmp_path: Path) -> None:
-    task = {"name": "sent", "type": "classification", "skills": ["s1", "s7"], "max_seq_len": 8,
-            **{split: str(FIX / f"sent_{split}.jsonl") for split in ("train", "dev", "test")}}
+def _results_of_one_task(tmp_path: Path, task: dict, fixture: str, steps: int, batch: int, lexical: bool) -> dict:
+    """Fine-tune `task` on the fixture files `fixture`_{train,dev,test}.jsonl for `steps`; its results.json entry."""
+    task = {**task, **{split: str(FIX / f"{fixture}_{split}.jsonl") for split in ("train", "dev", "test")}}
     cfg = {"tasks": [task], "output_dir": str(tmp_path / "run"),
-           "train": {"max_steps": 2, "batch_size": 4, "eval_batch_size": 8, "lr": 1e-3, "eval_every": 2,
-                     "log_every": 2, "seed": 0, "warmup_ratio": 0.0, "lexical_baselines": False}}
+           "train": {"max_steps": steps, "batch_size": batch, "eval_batch_size": 8, "lr": 1e-3, "eval_every": steps,
+                     "log_every": steps, "seed": 0, "warmup_ratio": 0.0, "lexical_baselines": lexical}}
     (tmp_path / "c.json").write_text(json.dumps(cfg), encoding="utf-8")
     assert run_cli.main(["--config", str(tmp_path / "c.json"), "--no-tensorboard", "--no-progress"]) == 0
-    res = json.loads((tmp_path / "run" / "results.json").read_text(encoding="utf-8"))["tasks"]["sent"]
+    return json.loads((tmp_path / "run" / "results.json").read_text(encoding="utf-8"))["tasks"][task["name"]]
+
+
+def test_results_record_the_length_and_the_cut_examples(tmp_path: Path) -> None:
+    res = _results_of_one_task(tmp_path, {"name": "sent", "type": "classification", "skills": ["s1", "s7"],
+                                          "max_seq_len": 8}, "sent", steps=2, batch=4, lexical=False)
     tok = load_tokenizer()
     for split in ("dev", "test"):
         recs = [json.loads(line) for line in (FIX / f"sent_{split}.jsonl").read_text(encoding="utf-8").splitlines()]
@@ -75,14 +80,9 @@ def test_a_cut_task_records_the_lexical_baseline_on_what_the_model_reads(tmp_pat
     from skillnet.experiments.report_nlu import baselines
     from skillnet.finetune.document import Document
 
-    task = {"name": "match", "type": "matching", "skills": ["s1", "s7"], "max_seq_len": 12, "num_negatives": 2,
-            **{split: str(FIX / f"match_{split}.jsonl") for split in ("train", "dev", "test")}}
-    cfg = {"tasks": [task], "output_dir": str(tmp_path / "run"),
-           "train": {"max_steps": 1, "batch_size": 2, "eval_batch_size": 8, "lr": 1e-3, "eval_every": 1,
-                     "log_every": 1, "seed": 0, "warmup_ratio": 0.0, "lexical_baselines": True}}
-    (tmp_path / "c.json").write_text(json.dumps(cfg), encoding="utf-8")
-    assert run_cli.main(["--config", str(tmp_path / "c.json"), "--no-tensorboard", "--no-progress"]) == 0
-    res = json.loads((tmp_path / "run" / "results.json").read_text(encoding="utf-8"))["tasks"]["match"]
+    res = _results_of_one_task(tmp_path, {"name": "match", "type": "matching", "skills": ["s1", "s7"],
+                                          "max_seq_len": 12, "num_negatives": 2}, "match", steps=1, batch=2,
+                               lexical=True)
     assert res["test_truncated"] > 0
     whole, cut = res["lexical_test"]["top1_accuracy"], res["lexical_cut_test"]["top1_accuracy"]
     assert 0.0 <= cut <= 100.0 and "top1_accuracy" in res["lexical_cut_test"]
