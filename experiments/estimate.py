@@ -164,7 +164,7 @@ def estimate(p: Profile) -> list[dict[str, Any]]:
         return n_tasks * steps if p.task_specific_budget == "full" else steps
 
     def nlu_runs(rows: list[str], seeds: list[int], steps: int, n_tasks: int = 1) -> float:
-        return sum(row_steps(r, steps, n_tasks) * p.nlu_batch * seq_nlu
+        return sum(row_steps(r, steps, n_tasks, p.nlu_task_steps) * p.nlu_batch * seq_nlu
                    * bert_flops_per_token(bert, int(seq_nlu), activated_ffns("bert", _method(r), tuple(seeds)))
                    for r in rows for _ in seeds)
 
@@ -178,8 +178,8 @@ def estimate(p: Profile) -> list[dict[str, Any]]:
         "dense_pt": p.dense_pt_steps * pt_tokens * bert_flops_per_token(bert, p.pt_seq, 1, mlm=True),
         "sparse_pt": p.sparse_pt_steps * pt_tokens * bert_flops_per_token(bert, p.pt_seq, pretrain_ffns(), mlm=True),
         "nlu_main": nlu_runs(p.nlu_methods, p.seeds, p.nlu_steps, len(NLU_TASKS)),
-        "nlu_ablate": nlu_runs(["skillnet"] * (1 + len(p.ablate)), p.side_seeds, p.nlu_steps),
-        "nlu_alpha": nlu_runs(["skillnet"] * len(p.alphas), p.side_seeds, p.nlu_steps),
+        "nlu_ablate": nlu_runs(["skillnet"] * (1 + len(p.ablate)), p.side_seeds, p.nlu_side_steps or p.nlu_steps),
+        "nlu_alpha": nlu_runs(["skillnet"] * len(p.alphas), p.side_seeds, p.nlu_side_steps or p.nlu_steps),
         "nlu_adapt": nlu_runs(["skillnet"] * 3 + ["task_specific"], p.seeds, p.adapt_steps),
         "bart_pt": p.bart_pt_steps * (p.bart_pt_batch or p.pt_batch) * p.ranks
         * bart_flops_per_pair(bart, p.pt_seq, p.pt_seq, 1),

@@ -15,6 +15,7 @@ from skillnet.experiments.runner import (
     paper_ratio_caps,
     paths,
     pt_args,
+    task_steps_args,
     write_config,
 )
 
@@ -83,14 +84,6 @@ def nlg_config(r: Runner, names: list[str], steps: int, name: str, caps: dict[st
         "output_dir": str(r.out / "unused"),
     }
     return write_config(r, name, d)
-
-
-def task_steps_args(rows: list[str], steps: int | None) -> list[str]:
-    """compare options that give every task-specific row `steps` steps per task (none when `steps` is None)."""
-    if steps is None:
-        return []
-    labels = [row.split("=")[0] for row in rows if row.split("=")[-1] == "task_specific"]
-    return [x for lab in labels for x in ("--args-for", f"{lab}=--max-steps {steps}")]
 
 
 def nlg_train_tasks() -> list[str]:

@@ -16,6 +16,7 @@ from skillnet.experiments.runner import (
     paper_ratio_caps,
     paths,
     pt_args,
+    task_steps_args,
     write_config,
 )
 
@@ -146,6 +147,7 @@ def stage_nlu_main(r: Runner) -> dict[str, Any]:
     rows = r.p.nlu_methods
     sparse_rows = [x for x in rows if x.split("=")[0] in r.p.nlu_sparse_rows]
     extra = [arg for x in sparse_rows for arg in ("--init-for", f"{x.split('=')[0]}={P['sparse_hf']}")]
+    extra += task_steps_args(rows, r.p.nlu_task_steps)
     compare(r, cfg, P["cmp"] / "nlu_main", rows, r.p.seeds, P["dense_hf"], extra)
     return {}
 
@@ -153,7 +155,8 @@ def stage_nlu_main(r: Runner) -> dict[str, Any]:
 def stage_nlu_ablate(r: Runner) -> dict[str, Any]:
     """Table 6 (§5.1: SkillNet without sparse pre-training, one skill removed at a time)."""
     P = paths(r.out)
-    cfg = nlu_config(r, {n: t for n, (_, _, t) in NLU_TASKS.items()}, r.p.nlu_steps, "nlu_main")
+    cfg = nlu_config(r, {n: t for n, (_, _, t) in NLU_TASKS.items()}, r.p.nlu_side_steps or r.p.nlu_steps,
+                     "nlu_ablate")
     rows = ["skillnet"] + [f"no_{s}=skillnet" for s in r.p.ablate]
     extra = [a for s in r.p.ablate for a in ("--args-for", f"no_{s}=--drop-skill {s}")]
     compare(r, cfg, P["cmp"] / "nlu_ablate", rows, r.p.side_seeds, P["dense_hf"], extra)
@@ -172,7 +175,7 @@ def stage_nlu_alpha(r: Runner) -> dict[str, Any]:
     P = paths(r.out)
     caps = paper_ratio_caps(NLU_PAPER_SIZES, r.p.nlu_train)
     tasks = {n: {**t, "max_train_examples": caps[n]} for n, (_, _, t) in NLU_TASKS.items()}
-    cfg = nlu_config(r, tasks, r.p.nlu_steps, "nlu_alpha")
+    cfg = nlu_config(r, tasks, r.p.nlu_side_steps or r.p.nlu_steps, "nlu_alpha")
     rows = [f"alpha_{a:g}=skillnet" for a in r.p.alphas]
     extra = [x for a in r.p.alphas for x in ("--args-for", f"alpha_{a:g}=--sampler proportional --alpha {a}")]
     compare(r, cfg, P["cmp"] / "nlu_alpha", rows, r.p.side_seeds, P["dense_hf"], extra)

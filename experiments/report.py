@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from skillnet.experiments.nlg import nlg_train_tasks
+from skillnet.experiments.nlu import NLU_TASKS
 from skillnet.experiments.report_nlg import nlg_part
 from skillnet.experiments.report_nlu import nlu_part
 from skillnet.experiments.runner import REPO
@@ -162,7 +163,12 @@ def cuts(profile: Any, parts: tuple[str, ...], records: dict[str, Any]) -> list[
             f"training examples per task (paper: full datasets, 50k-100k steps), checkpoints chosen on "
             f"{profile.nlu_dev or profile.nlu_eval} dev examples per task, scored on up to {profile.nlu_eval} test "
             f"examples; new task {profile.adapt_steps} steps; "
-            + ("each task-specific model trains the joint run's steps on its own task."
+            + (f"the ablation and sampling studies {profile.nlu_side_steps} steps; "
+               if profile.nlu_side_steps and profile.nlu_side_steps != profile.nlu_steps else "")
+            + (f"each task-specific model trains {profile.nlu_task_steps} steps on its own task ({len(NLU_TASKS)} x "
+               f"{profile.nlu_task_steps} in all, against {profile.nlu_steps} for a joint row)."
+               if profile.nlu_task_steps else
+               "each task-specific model trains the joint run's steps on its own task."
                if profile.task_specific_budget == "full" else
                "the task-specific models share the joint run's steps by sampling share (too few each to converge, "
                "so that row is a lower bound)."),

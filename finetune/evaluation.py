@@ -45,6 +45,9 @@ class DevEvaluator:
         # passes is preferred to any that does not, whatever the scores
         self.best_ok: dict[str, bool] = {}
         self.best_mean_ok = False
+        # every task's dev scores at best_mean_step: final_scores reports them instead of predicting the
+        # dev splits again with the checkpoint that produced them
+        self.best_mean_scores: dict[str, dict[str, float]] = {}
         self.bad_evals = 0
         self.trainer: Any = None
         self.per_task = cfg.train.selection == "per_task"
@@ -54,7 +57,7 @@ class DevEvaluator:
     def state_dict(self) -> dict[str, Any]:
         return {"best": self.best, "best_step": self.best_step, "best_mean": self.best_mean,
                 "best_mean_step": self.best_mean_step, "bad_evals": self.bad_evals, "history": self.history,
-                "best_ok": self.best_ok, "best_mean_ok": self.best_mean_ok}
+                "best_ok": self.best_ok, "best_mean_ok": self.best_mean_ok, "best_mean_scores": self.best_mean_scores}
 
     def load_state_dict(self, s: dict[str, Any]) -> None:
         self.best, self.best_step = dict(s["best"]), {k: int(v) for k, v in s["best_step"].items()}
@@ -64,6 +67,7 @@ class DevEvaluator:
         # a state saved before the distinct floor existed was selected without one: every best passed
         self.best_ok = {k: bool(s.get("best_ok", {}).get(k, True)) for k in self.best}
         self.best_mean_ok = bool(s.get("best_mean_ok", self.best_mean_step is not None))
+        self.best_mean_scores = {k: dict(v) for k, v in s.get("best_mean_scores", {}).items()}
 
     def _passes(self, name: str, scores: dict[str, float], step: int) -> bool:
         floor = self.cfg.train.select_min_distinct
@@ -78,10 +82,11 @@ class DevEvaluator:
         sel = []
         all_ok = True
         bs = self.cfg.train.eval_batch_size
+        dev_scores: dict[str, dict[str, float]] = {}
         for name, d in self.data.items():
             if "dev" not in d.records:
                 continue
-            scores = d.score("dev", d.predict_split(model, "dev", bs))
+            scores = dev_scores[name] = d.score("dev", d.predict_split(model, "dev", bs))
             for k, v in scores.items():
                 res[f"{name}/{k}"] = v
             s = scores[d.cfg.metric]
@@ -99,6 +104,7 @@ class DevEvaluator:
             res["mean_dev"] = mean
             if _beats(all_ok, mean, self.best_mean_ok, self.best_mean):
                 self.best_mean, self.best_mean_ok, self.best_mean_step, self.bad_evals = mean, all_ok, step, 0
+                self.best_mean_scores = dev_scores
                 if self.is_main and not self.per_task:
                     save_model_dir(model, self.out / "best", self.data, self.vocab, self.inherited)
             else:
@@ -162,10 +168,18 @@ def final_scores(model: torch.nn.Module, cfg: FinetuneConfig, data: dict[str, Ta
         r: dict[str, Any] = {"type": d.cfg.type, "metric": d.cfg.metric, "checkpoint": source,
                              "best_step": step, "skills": model.config.task_skill_names(name),
                              "train_examples": d.num_train, "max_seq_len": d.max_len}
+        # The shared checkpoint's dev scores were measured when it was saved; predicting them again costs a
+        # dev pass per run. Not where dev is the last split scored of a task that shows samples (from its preds).
+        reuse_dev = (not evaluator.per_task and shared_best.exists() and name in evaluator.best_mean_scores
+                     and ("test" in d.records or not d.codec.shows_samples))
         for split in ("dev", "test"):
             if split in d.records:
-                preds = d.predict_split(model, split, bs, progress=progress)
-                r[split] = d.score(split, preds)
+                preds = None
+                if split == "dev" and reuse_dev:
+                    r[split] = dict(evaluator.best_mean_scores[name])
+                else:
+                    preds = d.predict_split(model, split, bs, progress=progress)
+                    r[split] = d.score(split, preds)
                 r[f"trivial_{split}"] = d.trivial_baseline(split)
                 lexical = d.lexical_baseline(split) if cfg.train.lexical_baselines else None
                 if lexical is not None:
@@ -177,7 +191,7 @@ def final_scores(model: torch.nn.Module, cfg: FinetuneConfig, data: dict[str, Ta
                 r[f"{split}_examples"] = len(d.records[split])
                 # what a score means depends on how much of the input the model saw (TaskData.truncated)
                 r[f"{split}_truncated"] = d.truncated[split]
-                if d.codec.shows_samples:  # what a reader wants to see of a generation model
+                if d.codec.shows_samples and preds is not None:  # what a reader wants to see of a generation model
                     samples[name] = [d.codec.sample(x, y)
                                      for x, y in zip(d.records[split][:SAMPLES], preds[:SAMPLES])]
         results[name] = r

@@ -12,6 +12,9 @@ per pass over the data, seeded by ``(seed, task, pass)``.
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
+import json
 import logging
 from collections.abc import Sequence
 from typing import Any
@@ -33,6 +36,15 @@ from .task_types.base import stable_hash as _stable_hash
 __all__ = ["Encoded", "TaskData"]
 
 log = logging.getLogger("finetune")
+
+# Lexical baseline scores by what they are computed from (TaskData._lexical_key): every run of a comparison fits
+# the same baseline on the same data (TF-IDF over thousands of long insurance answers takes tens of seconds), so
+# a process that runs many of them (`compare --in-process`) fits each once.
+_LEXICAL_SCORES: dict[str, dict[str, float] | None] = {}
+# Settings that cannot change a lexical baseline's score: which skills a run uses, its head, where the data
+# came from and how much was kept (the records themselves are part of the key).
+_NOT_LEXICAL = {"skills", "head", "train", "dev", "test", "spec", "dataset", "max_train_examples",
+                "max_eval_examples", "max_dev_examples"}
 
 
 class TaskData:
@@ -267,6 +279,28 @@ class TaskData:
         regression for classification, TF-IDF similarity for matching), or None where it has none. `cut`: fit
         and scored on the texts cut to what the model reads at max_seq_len (``codec.cut_for_model``), which says
         what the cut alone costs."""
+        key = self._lexical_key(split, cut)
+        if key is None:
+            return self._lexical_scores(split, cut)
+        if key not in _LEXICAL_SCORES:
+            _LEXICAL_SCORES[key] = self._lexical_scores(split, cut)
+        hit = _LEXICAL_SCORES[key]
+        return None if hit is None else dict(hit)
+
+    def _lexical_key(self, split: str, cut: bool) -> str | None:
+        """What a lexical baseline's score depends on: the codec, the task's settings, its label list, the train
+        and scored records, and where cut, the tokenizer that cuts them (None: a tokenizer without a
+        fingerprint, never cached)."""
+        fingerprint = getattr(self.tok, "fingerprint", None)
+        if cut and fingerprint is None:
+            return None
+        settings = {f.name: getattr(self.cfg, f.name) for f in dataclasses.fields(self.cfg)
+                    if f.name not in _NOT_LEXICAL}
+        what = [type(self.codec).__qualname__, settings, self.kind, self.label_list, self.positive_label, split,
+                self.records["train"], self.records[split], [self.max_len, fingerprint] if cut else None]
+        return hashlib.sha256(json.dumps(what, sort_keys=True, default=str, ensure_ascii=False).encode()).hexdigest()
+
+    def _lexical_scores(self, split: str, cut: bool) -> dict[str, float] | None:
         recs = self.records[split]
         if not cut:
             preds = self.codec.lexical(self, recs)

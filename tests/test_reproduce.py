@@ -164,7 +164,7 @@ def test_a_task_specific_row_is_costed_as_all_its_task_models():
             return next(r["pflop"] for r in est.estimate(dataclasses.replace(p, **{field: rows})) if r["stage"] == name)
         return cost(["task_specific"]) / cost(["dense_joint"])
 
-    base = dataclasses.replace(PROFILES["full"], nlg_task_steps=None, task_specific_budget="full")
+    base = dataclasses.replace(PROFILES["full"], nlg_task_steps=None, nlu_task_steps=None, task_specific_budget="full")
     assert ratio(base, "nlu_methods", "nlu_main") == pytest.approx(len(NLU_TASKS))
     assert ratio(base, "nlg_methods", "nlg_main") == pytest.approx(len(nlg_train_tasks()))
     share = dataclasses.replace(base, task_specific_budget="share")
@@ -173,12 +173,16 @@ def test_a_task_specific_row_is_costed_as_all_its_task_models():
     full = PROFILES["full"]
     assert ratio(full, "nlg_methods", "nlg_main") == pytest.approx(
         len(nlg_train_tasks()) * full.nlg_task_steps / full.nlg_steps)
-    with pytest.raises(ValueError, match="needs task_specific_budget='full'"):  # "share" would split them
-        dataclasses.replace(full, task_specific_budget="share")
+    assert ratio(full, "nlu_methods", "nlu_main") == pytest.approx(len(NLU_TASKS) * full.nlu_task_steps / full.nlu_steps)
+    for key in ("nlg_task_steps", "nlu_task_steps"):  # "share" would split them
+        with pytest.raises(ValueError, match=f"{key}=.* needs task_specific_budget='full'"):
+            dataclasses.replace(full, task_specific_budget="share", **{k: None for k in ("nlg_task_steps",
+                                                                                     "nlu_task_steps") if k != key})
 
 
 def test_the_nlg_task_models_get_their_own_steps_in_the_compare_command(tmp_path):
-    from skillnet.experiments.nlg import stage_nlg_main, task_steps_args
+    from skillnet.experiments.nlg import stage_nlg_main
+    from skillnet.experiments.runner import task_steps_args
 
     assert task_steps_args(["skillnet", "ts=task_specific", "moe"], 400) == ["--args-for", "ts=--max-steps 400"]
     assert task_steps_args(["skillnet", "task_specific"], None) == []
@@ -186,6 +190,25 @@ def test_the_nlg_task_models_get_their_own_steps_in_the_compare_command(tmp_path
     stage_nlg_main(r)
     assert "--args-for 'task_specific=--max-steps 400'" in r.commands[-1]
     assert '"max_steps": 800' in (tmp_path / "configs" / "nlg_main.json").read_text()
+
+
+def test_the_nlu_task_models_and_side_studies_get_their_own_steps(tmp_path):
+    """The full profile's NLU task-specific models train nlu_task_steps each, its single-seed side studies
+    (ablation, alpha) nlu_side_steps, the main table's joint rows nlu_steps."""
+    from skillnet.experiments.nlu import stage_nlu_ablate, stage_nlu_alpha, stage_nlu_main
+
+    full = PROFILES["full"]
+    assert full.nlu_side_steps < full.nlu_steps and full.nlu_task_steps < full.nlu_steps
+    r = Runner(tmp_path, full, dry_run=True)
+    stage_nlu_main(r)
+    assert f"--args-for 'task_specific=--max-steps {full.nlu_task_steps}'" in r.commands[-1]
+    steps = {}
+    for stage, name in ((stage_nlu_ablate, "nlu_ablate"), (stage_nlu_alpha, "nlu_alpha")):
+        stage(r)
+        assert f"configs/{name}.json" in r.commands[-1]
+    for name in ("nlu_main", "nlu_ablate", "nlu_alpha"):
+        steps[name] = json.loads((tmp_path / "configs" / f"{name}.json").read_text())["train"]["max_steps"]
+    assert steps == {"nlu_main": full.nlu_steps, "nlu_ablate": full.nlu_side_steps, "nlu_alpha": full.nlu_side_steps}
 
 
 def test_sizes_formula_is_close_to_the_counted_flops():
