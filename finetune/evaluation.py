@@ -46,8 +46,10 @@ class DevEvaluator:
         self.best_ok: dict[str, bool] = {}
         self.best_mean_ok = False
         # every task's dev scores at best_mean_step: final_scores reports them instead of predicting the
-        # dev splits again with the checkpoint that produced them
+        # dev splits again with the checkpoint that produced them, where this process saved that checkpoint
+        # (after a crash, `best` may hold a later step than the resumed state knows of)
         self.best_mean_scores: dict[str, dict[str, float]] = {}
+        self.saved_best = False
         self.bad_evals = 0
         self.trainer: Any = None
         self.per_task = cfg.train.selection == "per_task"
@@ -107,6 +109,7 @@ class DevEvaluator:
                 self.best_mean_scores = dev_scores
                 if self.is_main and not self.per_task:
                     save_model_dir(model, self.out / "best", self.data, self.vocab, self.inherited)
+                    self.saved_best = True
             else:
                 self.bad_evals += 1
         snap = skill_map.snapshot(model, list(self.data))
@@ -170,7 +173,7 @@ def final_scores(model: torch.nn.Module, cfg: FinetuneConfig, data: dict[str, Ta
                              "train_examples": d.num_train, "max_seq_len": d.max_len}
         # The shared checkpoint's dev scores were measured when it was saved; predicting them again costs a
         # dev pass per run. Not where dev is the last split scored of a task that shows samples (from its preds).
-        reuse_dev = (not evaluator.per_task and shared_best.exists() and name in evaluator.best_mean_scores
+        reuse_dev = (not evaluator.per_task and evaluator.saved_best and name in evaluator.best_mean_scores
                      and ("test" in d.records or not d.codec.shows_samples))
         for split in ("dev", "test"):
             if split in d.records:

@@ -41,10 +41,11 @@ log = logging.getLogger("finetune")
 # the same baseline on the same data (TF-IDF over thousands of long insurance answers takes tens of seconds), so
 # a process that runs many of them (`compare --in-process`) fits each once.
 _LEXICAL_SCORES: dict[str, dict[str, float] | None] = {}
-# Settings that cannot change a lexical baseline's score: which skills a run uses, its head, where the data
-# came from and how much was kept (the records themselves are part of the key).
-_NOT_LEXICAL = {"skills", "head", "train", "dev", "test", "spec", "dataset", "max_train_examples",
-                "max_eval_examples", "max_dev_examples"}
+# Settings that cannot change a lexical baseline's score: which skills a run uses, where the data came from and
+# how much was kept (the records themselves are part of the key). The head stays: matching scores the
+# candidates its max_candidates keeps.
+_NOT_LEXICAL = {"skills", "train", "dev", "test", "spec", "dataset", "max_train_examples", "max_eval_examples",
+                "max_dev_examples"}
 
 
 class TaskData:
@@ -279,7 +280,7 @@ class TaskData:
         regression for classification, TF-IDF similarity for matching), or None where it has none. `cut`: fit
         and scored on the texts cut to what the model reads at max_seq_len (``codec.cut_for_model``), which says
         what the cut alone costs."""
-        key = self._lexical_key(split, cut)
+        key = self._lexical_key(split, cut) if self.codec.lexical_name is not None else None
         if key is None:
             return self._lexical_scores(split, cut)
         if key not in _LEXICAL_SCORES:

@@ -77,3 +77,54 @@ def test_a_lexical_baseline_is_fit_once_for_the_same_data(monkeypatch: pytest.Mo
     assert fewer.lexical_baseline("test") is not None and len(fits) == 3  # other training records
     tasks_mod._LEXICAL_SCORES.clear()
     assert data().lexical_baseline("test") == first and len(fits) == 4  # the cached scores are the fitted ones
+
+
+def test_a_resumed_run_that_did_not_save_the_best_checkpoint_predicts_dev_again(tmp_path: Path,
+                                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """After a crash, `best` on disk may hold a later step than the checkpoint the run resumed from: the dev
+    scores in the resumed evaluator's state belong to an older checkpoint, so they are not reported."""
+    from types import SimpleNamespace
+
+    import torch
+    from skillnet.finetune import evaluation
+    from skillnet.finetune.config import TrainConfig
+
+    class Task:
+        cfg = SimpleNamespace(type="classification", metric="accuracy")
+        records = {"dev": [None], "test": [None]}
+        num_train, max_len, truncated = 1, 8, {"dev": 0, "test": 0}
+        codec = SimpleNamespace(shows_samples=False)
+
+        def predict_split(self, model, split, bs, progress=False):  # noqa: ANN001, ANN201
+            return split
+
+        def score(self, split, preds):  # noqa: ANN001, ANN201
+            return {"accuracy": 11.0 if split == "dev" else 22.0}
+
+        def trivial_baseline(self, split):  # noqa: ANN001, ANN201
+            return {"accuracy": 0.0}
+
+    cfg = SimpleNamespace(train=TrainConfig(lexical_baselines=False))
+    source = SimpleNamespace(target_mix=dict, realised_mix=dict)
+    ev = evaluation.DevEvaluator(cfg, {"t": Task()}, source, out=tmp_path, vocab=None, is_main=True)  # type: ignore[arg-type]
+    saved = {"best": {}, "best_step": {}, "best_mean": 99.0, "best_mean_step": 100, "bad_evals": 0, "history": [],
+             "best_mean_ok": True, "best_mean_scores": {"t": {"accuracy": 99.0}}}
+    ev.load_state_dict(saved)
+    (tmp_path / "best").mkdir()  # written by the crashed process, at a step the saved state does not know
+    monkeypatch.setattr(evaluation, "load_weights", lambda model, path: None)
+    model = torch.nn.Linear(1, 1)
+    model.config = SimpleNamespace(task_skill_names=lambda name: ["s7"])  # type: ignore[assignment]
+    res = evaluation.final_scores(model, cfg, {"t": Task()}, tmp_path, ev, progress=False)  # type: ignore[arg-type]
+    assert res["t"]["dev"] == {"accuracy": 11.0} and res["t"]["test"] == {"accuracy": 22.0}
+
+
+def test_the_matching_candidate_cap_is_part_of_the_lexical_key() -> None:
+    tok = load_tokenizer(None)
+    tasks_mod._LEXICAL_SCORES.clear()
+
+    def data(**extra: object) -> TaskData:
+        ft = FinetuneConfig.from_dict({"tasks": [_task("match", "matching", "match", num_negatives=2, **extra)]})
+        return TaskData(ft.tasks[0], ft, tok)
+
+    assert data()._lexical_key("test", False) != data(head={"max_candidates": 2})._lexical_key("test", False)
+    assert data()._lexical_key("test", False) == data(skills=["s2", "s7"])._lexical_key("test", False)
