@@ -12,6 +12,7 @@ from skillnet.experiments.tables import (
     NLU_STAND_INS,
     at_or_below,
     baseline_scores,
+    cut_shares,
     differences,
     line_plot,
     n_seeds,
@@ -144,7 +145,7 @@ def baselines(doc: Document, nlu: dict[str, Any], run_dir: Path, findings: list[
     names = baseline_scores(run_dir, nlu, "lexical_name")
     size = baseline_scores(run_dir, nlu, "test_examples")
     seq = baseline_scores(run_dir, nlu, "max_seq_len")
-    cut = {t: 100.0 * n / size[t] for t, n in baseline_scores(run_dir, nlu, "test_truncated").items() if size.get(t)}
+    cut = cut_shares(run_dir, nlu)
     if not triv:
         return
 

@@ -48,6 +48,12 @@ def baseline_scores(cmp_dir: Path, cmp: dict[str, Any], key: str, metric: str | 
     return {t: v for t, v in out.items() if v is not None}
 
 
+def cut_shares(cmp_dir: Path, cmp: dict[str, Any]) -> dict[str, float]:
+    """Each task's share of test examples longer than its max_seq_len (percent), which every model reads cut."""
+    size = baseline_scores(cmp_dir, cmp, "test_examples")
+    return {t: 100.0 * n / size[t] for t, n in baseline_scores(cmp_dir, cmp, "test_truncated").items() if size.get(t)}
+
+
 def scored(x: Any) -> bool:
     """A number that was measured (an unscored mean is None or NaN)."""
     return isinstance(x, (int, float)) and not math.isnan(x)
