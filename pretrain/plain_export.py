@@ -150,6 +150,10 @@ def measure_bert(sparse: Any, plain: Any, task: str, head: str | None, pred: Any
     """Sparse vs plain on `recs` (encoded as the project does), else on the fixed sentences."""
     if pred is not None and recs:
         batches = [b for _, b in _batches(pred, task, recs[:_PROBE_RECORDS])]
+    elif head == "matching":  # one group: the first sentence as the question, the others its candidates
+        enc = tok([_PROBE_TEXTS[0]] * (len(_PROBE_TEXTS) - 1), _PROBE_TEXTS[1:], return_tensors="pt", padding=True,
+                  truncation=True)
+        batches = [{k: v[None] for k, v in enc.items()}]
     else:
         enc = tok(_PROBE_TEXTS, return_tensors="pt", padding=True, truncation=True)
         batches = [dict(enc)]

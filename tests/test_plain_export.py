@@ -157,3 +157,18 @@ def test_bart_flattens_exactly_beams_included(variant):
         a = m.generate(input_ids=ids, attention_mask=am, task=task, num_beams=3, max_new_tokens=8)
         b = p.model.generate(input_ids=ids, attention_mask=am, num_beams=3, max_new_tokens=8)
     assert a.tolist() == b.tolist()
+
+
+@pytest.mark.parametrize("task", ["qa_match", "sentiment"])
+def test_cli_measures_a_task_without_its_run_on_probe_sentences(tmp_path, task):
+    """A SkillNet folder without its fine-tuning run (no test records to measure on): the equality check runs on
+    fixed sentences, as groups of candidates for a matching task (they were fed as flat rows, which the
+    matching head refuses: the export failed)."""
+    import json
+
+    from skillnet.pretrain.export import main
+
+    _bert().save_pretrained(str(tmp_path / "sparse"))
+    assert main(["--plain", "--checkpoint", str(tmp_path / "sparse"), "--task", task, "--out", str(tmp_path / "out")]) == 0
+    check = json.loads((tmp_path / "out" / "plain_export.json").read_text(encoding="utf-8"))["equality"]
+    assert check["compared"] > 0 and check["max_abs_diff"] < 1e-4 and check["argmax_equal"]
