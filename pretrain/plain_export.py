@@ -515,9 +515,12 @@ def render_plain_card(f: dict[str, Any]) -> str:
                   f"{f['measured_on']}."]
         if isinstance(ox.get("scores"), dict):
             lines.append(_onnx_scores(ox))
+        run = ('question, candidates = "年金什么时候领", ["年金一般在退休后按月领取", "医保可以报销部分医疗费用"]\n'
+               'scores = session.run(None, dict(tok([question] * len(candidates), candidates, return_tensors="np", '
+               'padding=True, truncation=True)))[0][:, 0]' if f.get("head") == "matching" else
+               'logits = session.run(None, dict(tok("这家酒店的服务很好", return_tensors="np", truncation=True)))[0]')
         lines += ["", "```python", "import onnxruntime as ort",
-                  'session = ort.InferenceSession(f"{folder}/model_int8.onnx")',
-                  'logits = session.run(None, dict(tok("这家酒店的服务很好", return_tensors="np")))[0]', "```"]
+                  'session = ort.InferenceSession(f"{folder}/model_int8.onnx")', *run.splitlines(), "```"]
     lines += ["", "## Use", ""]
     L, cut = f.get("task_max_seq_len"), f.get("model_max_length")
     if L and cut is not None and f.get("head") not in ("span", "mlm", None) and f.get("class") != "BertModel":

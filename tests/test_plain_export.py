@@ -172,3 +172,26 @@ def test_cli_measures_a_task_without_its_run_on_probe_sentences(tmp_path, task):
     assert main(["--plain", "--checkpoint", str(tmp_path / "sparse"), "--task", task, "--out", str(tmp_path / "out")]) == 0
     check = json.loads((tmp_path / "out" / "plain_export.json").read_text(encoding="utf-8"))["equality"]
     assert check["compared"] > 0 and check["max_abs_diff"] < 1e-4 and check["argmax_equal"]
+
+
+def test_the_onnx_lines_of_a_matching_card_score_a_group(tmp_path):
+    """The card's ONNX lines for a matching task feed (question, candidate) pairs and read one score per pair,
+    close to the plain model's (int8)."""
+    import re
+
+    from skillnet.pretrain.export import main
+    from transformers import AutoTokenizer, BertForSequenceClassification
+
+    _bert().save_pretrained(str(tmp_path / "sparse"))
+    folder = tmp_path / "out"
+    assert main(["--plain", "--checkpoint", str(tmp_path / "sparse"), "--task", "qa_match", "--onnx",
+                 "--out", str(folder)]) == 0
+    card = (folder / "README.md").read_text(encoding="utf-8")
+    onnx_lines = re.search(r"## ONNX.*?```python\n(.*?)```", card, re.S).group(1)
+    ns = {"folder": str(folder), "tok": AutoTokenizer.from_pretrained(str(folder))}
+    exec(onnx_lines, ns)
+    enc = ns["tok"]([ns["question"]] * len(ns["candidates"]), ns["candidates"], return_tensors="pt", padding=True,
+                    truncation=True)
+    with torch.no_grad():
+        want = BertForSequenceClassification.from_pretrained(str(folder)).eval()(**enc).logits[:, 0]
+    assert ns["scores"].shape == (2,) and torch.allclose(torch.from_numpy(ns["scores"]), want, atol=0.05)
