@@ -34,12 +34,14 @@ commands inside a stage resume where they stopped, so the run can be spread over
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import os
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 from skillnet.experiments.profiles import PROFILES
 from skillnet.experiments.runner import REPO, Runner
@@ -91,17 +93,24 @@ def claim_outputs(a: argparse.Namespace, profile_name: str, out: Path, report: P
     writes the stages' configs). A reproduction continues in a folder of the same profile; anything else is
     refused: with no list of what every stage writes, nothing there can be removed safely."""
     from skillnet.experiments.report import MARK
-    from skillnet.training.outputs import claim_file, claim_output, starts_with
+    from skillnet.training.outputs import LOCK, claim_file, claim_output, starts_with
 
     claim_output(out, option="--out", command="reproduce", identity={"profile": profile_name}, overwrite=None,
-                 adopt=lambda d: any((d / "stages").glob("*.json")))
+                 adopt=lambda d: any((d / "stages").glob("*.json")), ignore=(LOCK,))
     claim_file(report, option="--report", overwrite=a.overwrite, own=starts_with(MARK))
     claim_file(report.with_suffix(".html"), option="--report (its .html twin)", overwrite=a.overwrite,
                own=starts_with(MARK.replace("`scripts/reproduce.py`", "<code>scripts/reproduce.py</code>")))
 
 
 def main(argv: list[str] | None = None) -> int:
-    from skillnet.training.outputs import OutputError, at_least, check_options, claim_file, starts_with
+    from skillnet.training.outputs import (
+        OutputError,
+        at_least,
+        check_options,
+        claim_file,
+        exclusive,
+        starts_with,
+    )
 
     parser = build_parser()
     a = parser.parse_args(argv)
@@ -137,9 +146,15 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         claim_outputs(a, profile.name, out, report)
+        with contextlib.nullcontext() if a.dry_run else exclusive(out, option="--out", command="reproduction"):
+            return run_stages(a, profile, out, report, parts, part_stages)
     except OutputError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+
+
+def run_stages(a: argparse.Namespace, profile: Any, out: Path, report: Path, parts: Any, part_stages: Any) -> int:
+    """Every pending stage of `a` in order, then the report (main holds the folder's lock meanwhile)."""
     r = Runner(out, profile, dry_run=a.dry_run)
     for name in a.redo:
         (out / "stages" / f"{name}.json").unlink(missing_ok=True)

@@ -62,6 +62,8 @@ CASES = [
      "refused (no `--overwrite`: pick another folder)"),
     ("reproduce", "`--out` holds a reproduction of the same profile (or one from before folders were marked)",
      "continues it (finished stages kept)"),
+    ("reproduce", "another reproduction is writing `--out` now (a second terminal, a job still running)",
+     "refused in one line naming its pid (a `--dry-run` still prints the plan); runs once that one is gone"),
     ("data_prep vocab, train-tokenizer", "`--out` holds files the command did not write (a vocab.txt of one's own)",
      "refused, nothing changed; `--overwrite` writes there; the same run again is redone"),
     ("data_prep sample-corpus, build `--report-json`", "the output file exists and the command did not write it",
@@ -424,6 +426,44 @@ def test_reproduce_claims_its_folder_and_checks_options(tmp_path: Path) -> None:
         rc, err, _ = _main(main, [*rep, "--out", tmp_path / "d", opt, value])
         assert rc == 2 and f"{opt} {value}: must be >= 1" in err, err
     assert not (tmp_path / "d").exists()
+
+
+def test_a_second_reproduction_in_the_same_folder_is_refused_while_the_first_runs(tmp_path, capsys):
+    """Two reproductions writing one folder (a second terminal, a rerun of a job still running) would run the
+    same stages at once; the second is refused in one line naming the first's pid, and runs once it is gone."""
+    import multiprocessing as mp
+
+    from skillnet.experiments.__main__ import main
+    from skillnet.training.outputs import exclusive
+
+    out = tmp_path / "rq"
+    args = ["--quick", "--out", str(out), "--stages", "report", "--report", str(tmp_path / "r.md")]
+    ctx = mp.get_context("spawn")
+    held, release = ctx.Event(), ctx.Event()
+    holder = ctx.Process(target=_hold_lock, args=(str(out), held, release))
+    holder.start()
+    try:
+        assert held.wait(60)
+        capsys.readouterr()
+        assert main(args) == 2
+        err = capsys.readouterr().err.strip()
+        assert err.startswith(f"error: --out {out}: another reproduction (pid {holder.pid}) is writing it now")
+        assert "\n" not in err
+        assert main([*args, "--dry-run"]) == 0  # printing the plan writes nothing a running one writes
+    finally:
+        release.set()
+        holder.join(60)
+    assert main(args) == 0  # the lock went with the first process
+    with exclusive(out, option="--out", command="reproduction"):  # and this one released it when it finished
+        pass
+
+
+def _hold_lock(out: str, held, release) -> None:  # noqa: ANN001
+    from skillnet.training.outputs import exclusive
+
+    with exclusive(out, option="--out", command="reproduction"):
+        held.set()
+        release.wait(60)
 
 
 # ---- degenerate options ----------------------------------------------------------------------------------

@@ -14,6 +14,10 @@ A command that writes one file (predictions, a report) claims it with ``claim_fi
 replaced only when it is what the command writes (its own test, e.g. the report's "Written by" line) or with
 ``--overwrite``; a folder, an unwritable place or one of the command's inputs is refused.
 
+A command that runs for hours and resumes from its folder (the reproduction) also holds ``exclusive`` on it while
+it runs: a second one started on the same folder (another terminal, a rerun of a job still running) is refused
+in one line naming the first one's pid, instead of both writing the same stages.
+
 ``check_options`` turns a value outside an option's range (``--lr -1``, ``--max-steps 0``) into one line
 naming the option and the range, through the command's own parser (exit status 2, as argparse does).
 """
@@ -21,18 +25,21 @@ naming the option and the range, through the command's own parser (exit status 2
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 __all__ = ["MARKER", "OutputError", "Claim", "claim_output", "replace_dir", "check_options", "Rule",
-           "positive", "non_negative", "at_least", "in_range", "remove_own", "claim_file", "starts_with"]
+           "positive", "non_negative", "at_least", "in_range", "remove_own", "claim_file", "starts_with", "exclusive",
+           "LOCK"]
 
 MARKER = ".skillnet_output.json"
+LOCK = ".skillnet_lock"
 
 
 class OutputError(ValueError):
@@ -44,6 +51,36 @@ class Claim:
     path: Path
     state: str  # "new" | "own" (same command and configuration) | "overwrite" (--overwrite on another's)
     previous: dict[str, Any] | None  # the marker found there, if any
+
+
+@contextlib.contextmanager
+def exclusive(path: str | Path, *, option: str, command: str) -> Iterator[None]:
+    """Hold an exclusive lock on the folder ``path`` (its LOCK file) while the block runs; raise OutputError in
+    one line when another process holds it. The lock goes with the process (a killed run leaves nothing to
+    clean up). Where the platform has no fcntl (Windows), nothing is locked."""
+    try:
+        import fcntl
+    except ImportError:
+        yield
+        return
+    lock = Path(path) / LOCK
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    with open(lock, "a+", encoding="utf-8") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            f.seek(0)
+            holder = f.read().strip() or "?"
+            raise OutputError(f"{option} {path}: another {command} (pid {holder}) is writing it now; wait for it to "
+                              "finish (rerunning then continues where it stopped) or give another folder") from None
+        try:
+            f.seek(0)
+            f.truncate()
+            f.write(f"{os.getpid()}\n")
+            f.flush()
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
 
 
 def _writable(path: Path) -> bool:
