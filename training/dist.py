@@ -26,6 +26,7 @@ __all__ = [
     "all_reduce_host_sum",
     "launched_world_size",
     "release_shared_memory",
+    "remove_stale_shared_memory",
     "LaunchError",
     "check_master_port",
     "prepare_extensions",
@@ -90,6 +91,8 @@ def init_distributed() -> tuple[int, int]:
     if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
         check_master_port()
         prepare_extensions()
+        if os.environ.get("LOCAL_RANK", "0") == "0" and not torch.cuda.is_available():
+            remove_stale_shared_memory()
         import deepspeed  # noqa: PLC0415  (slow import, only when a launcher is used)
 
         backend = "nccl" if torch.cuda.is_available() else "gloo"
@@ -134,6 +137,47 @@ def release_shared_memory() -> None:
     for path in glob.glob(f"/dev/shm/deepspeed_allreduce_buffer_*_{addr}_{port}_{rank()}"):
         with contextlib.suppress(OSError):
             os.unlink(path)
+
+
+_SHM_BUFFERS = "/dev/shm/deepspeed_allreduce_buffer_*"
+
+
+def _mapped_shm() -> set[str]:
+    """The allreduce buffers that some process of this user maps now (/proc/<pid>/maps)."""
+    mapped: set[str] = set()
+    for maps in glob.glob("/proc/[0-9]*/maps"):
+        with contextlib.suppress(OSError), open(maps, encoding="utf-8", errors="replace") as f:
+            mapped.update(line.split(None, 5)[-1].strip() for line in f if "/deepspeed_allreduce_buffer_" in line)
+    return mapped
+
+
+def remove_stale_shared_memory(min_age_s: float = 60.0) -> list[str]:
+    """Unlink the /dev/shm allreduce buffers that killed CPU launches left (66 MB per rank and launch: a killed
+    rank never reaches `release_shared_memory`). Docker's default /dev/shm is 64 MB, so one left-over buffer
+    there makes the next launch die with a bus error. A buffer is left over when it is this user's, no live
+    process maps it, and it is older than `min_age_s` (a launch starting beside this one creates and maps its
+    buffers within that time). Returns the paths removed, and says so in one line."""
+    now, removed, size = time.time(), [], 0
+    candidates = []
+    for path in glob.glob(_SHM_BUFFERS):
+        with contextlib.suppress(OSError):
+            st = os.stat(path)
+            if st.st_uid == os.getuid() and now - st.st_mtime >= min_age_s:
+                candidates.append((path, st.st_size))
+    if not candidates:
+        return []
+    mapped = _mapped_shm()
+    for path, n in candidates:
+        if path in mapped:
+            continue
+        with contextlib.suppress(OSError):
+            os.unlink(path)
+            removed.append(path)
+            size += n
+    if removed:
+        print(f"[skillnet] removed {len(removed)} DeepSpeed allreduce buffers ({size / 2**20:.0f} MB) that killed "
+              "launches had left in /dev/shm", file=sys.stderr, flush=True)
+    return removed
 
 
 def all_reduce_sum(x: torch.Tensor) -> torch.Tensor:
