@@ -41,9 +41,8 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import Any
 
-from skillnet.experiments.profiles import PROFILES
+from skillnet.experiments.profiles import PROFILES, Profile
 from skillnet.experiments.runner import REPO, Runner
 from skillnet.experiments.stages import PARTS, STAGES
 
@@ -153,7 +152,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
 
-def run_stages(a: argparse.Namespace, profile: Any, out: Path, report: Path, parts: Any, part_stages: Any) -> int:
+def run_stages(a: argparse.Namespace, profile: Profile, out: Path, report: Path, parts: tuple[str, ...],
+               part_stages: list[str]) -> int:
     """Every pending stage of `a` in order, then the report (main holds the folder's lock meanwhile)."""
     r = Runner(out, profile, dry_run=a.dry_run)
     for name in a.redo:
