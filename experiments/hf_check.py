@@ -193,9 +193,12 @@ _BODIES = {
     # The card's pipeline for the stock model; its argmax over the graph's logits for ONNX (no pipeline takes one).
     "classification": ("BertForSequenceClassification", ["logits"], r"""
 clf = pipeline("text-classification", model=folder, truncation=True)  # stock class: no trust_remote_code
-res["plain"] = [r["label"] for r in clf([r["text"] for r in inputs["recs"]])]
+# a task of sentence pairs: the card's {"text", "text_pair"} input
+res["plain"] = [r["label"] for r in clf([{"text": r["text"], "text_pair": r["text_pair"]} if r.get("text_pair")
+                                         else r["text"] for r in inputs["recs"]])]
 if "onnx" in runs:
-    res["onnx"] = [model.config.id2label[int(runs["onnx"](dict(tok(r["text"], truncation=True, return_tensors="np")))[0][0].argmax())]
+    res["onnx"] = [model.config.id2label[int(runs["onnx"](dict(tok(r["text"], r.get("text_pair"), truncation=True,
+                                                                    return_tensors="np")))[0][0].argmax())]
                    for r in inputs["recs"]]
 """),
     # Rank the candidates by the single score (the card's lines: the folder's tokenizer cuts at the task's length).
@@ -257,6 +260,9 @@ def _plain_records(task: str, meta: dict[str, Any], recs: list[dict[str, Any]], 
     project cuts at the task's max_seq_len (or splits into windows, for span) and a pipeline cuts at the model's
     positions is left out, as the other checks do with long texts."""
     L, kind = int(meta["max_seq_len"]), meta["type"]
+    if kind == "classification" and meta.get("kind") == "pair":
+        # Longest-first cutting of the pair to max_seq_len is the tokenizer's too (model_max_length, as matching).
+        return recs[:n], {"note": f"pairs cut longest-first at the tokenizer's model_max_length ({L}, the task's)"}
     if kind == "classification":
         keep = [r for r in recs if len(tok(r["text"])["input_ids"]) <= L]
     elif kind == "span":
@@ -299,7 +305,8 @@ def _rows(task: str, kind: str, got: dict[str, list[Any]], want: list[Any], extr
 
 
 def check_plain(run: Path, python: str, n: int, onnx: bool = False) -> dict[str, Any]:
-    """Every task of the first seed's SkillNet-NLU and SkillNet-NLG exports written with ``export --plain``
+    """Every task of the first seed's SkillNet-NLU and SkillNet-NLG exports (and the held-back NLU task, from the
+    adaptation's existing-skills export, where the run has one) written with ``export --plain``
     (stock classes, no remote code), used as its model card says, against the project's own predictions from
     the sparse export; with `onnx`, exported with ``--onnx`` and the fp32 graphs run in onnxruntime too."""
     from skillnet.finetune.predict import Predictor
@@ -312,11 +319,19 @@ def check_plain(run: Path, python: str, n: int, onnx: bool = False) -> dict[str,
     jobs: list[tuple[Path, Any, str]] = []
     finish: list[Any] = []
     with tempfile.TemporaryDirectory() as tmp:
-        for model_name in ("nlu_main", "nlg_main"):
-            src = run / "compare" / model_name / "skillnet" / "seed0" / "export"
+        done: set[str] = set()
+        # the held-back NLU task (sentence pairs) is in the adaptation's export (its existing-skills row)
+        for src in (run / "compare" / "nlu_main" / "skillnet" / "seed0" / "export",
+                    run / "compare" / "nlu_adapt" / "a_existing" / "seed0" / "export",
+                    run / "compare" / "nlg_main" / "skillnet" / "seed0" / "export"):
+            if not (src / "finetune_tasks.json").is_file() and "nlu_adapt" in src.parts:
+                continue
             tasks = json.loads((src / "finetune_tasks.json").read_text(encoding="utf-8"))["tasks"]
             pred = Predictor(src)
             for task, meta in tasks.items():
+                if task in done:
+                    continue
+                done.add(task)
                 test = run / "tasks" / task / "test.jsonl"
                 if not test.is_file():
                     print(f"skip plain {task}: no {test}", file=sys.stderr)

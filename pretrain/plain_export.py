@@ -334,6 +334,7 @@ def export_plain(source: str | Path, out: str | Path, task: str, features: bool 
         "skills": [{"name": sparse.config.skill_names[i], "weight": w} for i, w in flat.mixture],
         "ffn_widths": flat.widths, "measured_on": recs_file or "fixed sentences",
         "model_max_length": int(tok.model_max_length), "task_max_seq_len": meta.get("max_seq_len"),
+        "kind": kind,
     }
     if bart:
         prefix = meta.get("prefix", "")
@@ -395,9 +396,10 @@ def _usage(f: dict[str, Any]) -> list[str]:
                 'print("".join(t.removeprefix("##") for t in tok.convert_ids_to_tokens(ids, skip_special_tokens=True)))']
     head = f.get("head")
     if head in ("classification", "regression"):
+        text = ('{"text": "我需要多少人寿保险？", "text_pair": "这取决于您的收入和家庭的需要。"}' if f.get("kind") == "pair"
+                else '"这家酒店的服务很好"')  # a task of sentence pairs reads both
         return [p, "from transformers import pipeline",
-                'clf = pipeline("text-classification", model=folder, truncation=True)',
-                'print(clf("这家酒店的服务很好"))']
+                'clf = pipeline("text-classification", model=folder, truncation=True)', f"print(clf({text}))"]
     if head == "matching":
         return [p, "from transformers import AutoModelForSequenceClassification, AutoTokenizer",
                 "tok, model = AutoTokenizer.from_pretrained(folder), AutoModelForSequenceClassification.from_pretrained(folder)",

@@ -195,3 +195,13 @@ def test_the_onnx_lines_of_a_matching_card_score_a_group(tmp_path):
     with torch.no_grad():
         want = BertForSequenceClassification.from_pretrained(str(folder)).eval()(**enc).logits[:, 0]
     assert ns["scores"].shape == (2,) and torch.allclose(torch.from_numpy(ns["scores"]), want, atol=0.05)
+
+
+def test_the_card_of_a_sentence_pair_task_feeds_a_pair():
+    """A task of sentence pairs (the held-back answer selection) is served with both texts: the card's line
+    gave it one text, which the model never saw alone."""
+    from skillnet.pretrain.plain_export import _usage
+
+    pair = "\n".join(_usage({"class": "BertForSequenceClassification", "head": "classification", "kind": "pair"}))
+    single = "\n".join(_usage({"class": "BertForSequenceClassification", "head": "classification", "kind": "single"}))
+    assert '"text_pair": ' in pair and "text_pair" not in single
