@@ -34,7 +34,6 @@ commands inside a stage resume where they stopped, so the run can be spread over
 from __future__ import annotations
 
 import argparse
-import contextlib
 import dataclasses
 import json
 import os
@@ -145,7 +144,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         claim_outputs(a, profile.name, out, report)
-        with contextlib.nullcontext() if a.dry_run else exclusive(out, option="--out", command="reproduction"):
+        # a dry run too: it writes the stages' configs, which a running reproduction reads
+        with exclusive(out, option="--out", command="reproduction"):
             return run_stages(a, profile, out, report, parts, part_stages)
     except OutputError as e:
         print(f"error: {e}", file=sys.stderr)
@@ -156,15 +156,16 @@ def run_stages(a: argparse.Namespace, profile: Profile, out: Path, report: Path,
                part_stages: list[str]) -> int:
     """Every pending stage of `a` in order, then the report (main holds the folder's lock meanwhile)."""
     r = Runner(out, profile, dry_run=a.dry_run)
-    for name in a.redo:
-        (out / "stages" / f"{name}.json").unlink(missing_ok=True)
+    if not a.dry_run:  # a dry run lists a redone stage's commands below and forgets nothing
+        for name in a.redo:
+            (out / "stages" / f"{name}.json").unlink(missing_ok=True)
     todo = [s for s in STAGES if (a.stages is None and s.name in part_stages) or (a.stages and s.name in a.stages)]
     t_all = time.time()
     print(f"[reproduce] profile {profile.name}, output {out}", flush=True)
     for i, st in enumerate(todo, 1):
         rec_path = out / "stages" / f"{st.name}.json"
         head = f"[reproduce] ({i}/{len(todo)}) {st.name}: {st.title}"
-        if rec_path.is_file():
+        if rec_path.is_file() and st.name not in a.redo:
             print(f"{head}: done before ({json.loads(rec_path.read_text())['seconds']:.0f} s), kept", flush=True)
             continue
         print(head, flush=True)

@@ -194,7 +194,7 @@ _BODIES = {
     "classification": ("BertForSequenceClassification", ["logits"], r"""
 clf = pipeline("text-classification", model=folder, truncation=True)  # stock class: no trust_remote_code
 # a task of sentence pairs: the card's {"text", "text_pair"} input
-res["plain"] = [r["label"] for r in clf([{"text": r["text"], "text_pair": r["text_pair"]} if r.get("text_pair")
+res["plain"] = [r["label"] for r in clf([{"text": r["text"], "text_pair": r["text_pair"]} if "text_pair" in r
                                          else r["text"] for r in inputs["recs"]])]
 if "onnx" in runs:
     res["onnx"] = [model.config.id2label[int(runs["onnx"](dict(tok(r["text"], r.get("text_pair"), truncation=True,
@@ -261,8 +261,15 @@ def _plain_records(task: str, meta: dict[str, Any], recs: list[dict[str, Any]], 
     positions is left out, as the other checks do with long texts."""
     L, kind = int(meta["max_seq_len"]), meta["type"]
     if kind == "classification" and meta.get("kind") == "pair":
-        # Longest-first cutting of the pair to max_seq_len is the tokenizer's too (model_max_length, as matching).
-        return recs[:n], {"note": f"pairs cut longest-first at the tokenizer's model_max_length ({L}, the task's)"}
+        # Longest-first cutting of the pair to max_seq_len is the tokenizer's too (model_max_length, as matching),
+        # except where both texts are longer than half of it: there the two give the last token to different
+        # sides, so such pairs are left out and counted.
+        half = (L - 3) / 2
+        both = [r for r in recs if min(len(tok(r["text"], add_special_tokens=False)["input_ids"]),
+                                       len(tok(r.get("text_pair") or "", add_special_tokens=False)["input_ids"])) > half]
+        keep = [r for r in recs if r not in both]
+        return keep[:n], {"note": f"pairs cut longest-first at the tokenizer's model_max_length ({L}, the task's)",
+                          "left_out_both_texts_over_half": len(both)}
     if kind == "classification":
         keep = [r for r in recs if len(tok(r["text"])["input_ids"]) <= L]
     elif kind == "span":
@@ -321,10 +328,11 @@ def check_plain(run: Path, python: str, n: int, onnx: bool = False) -> dict[str,
     with tempfile.TemporaryDirectory() as tmp:
         done: set[str] = set()
         # the held-back NLU task (sentence pairs) is in the adaptation's export (its existing-skills row)
-        for src in (run / "compare" / "nlu_main" / "skillnet" / "seed0" / "export",
-                    run / "compare" / "nlu_adapt" / "a_existing" / "seed0" / "export",
-                    run / "compare" / "nlg_main" / "skillnet" / "seed0" / "export"):
-            if not (src / "finetune_tasks.json").is_file() and "nlu_adapt" in src.parts:
+        for comparison, row, optional in (("nlu_main", "skillnet", False), ("nlu_adapt", "a_existing", True),
+                                          ("nlg_main", "skillnet", False)):
+            src = run / "compare" / comparison / row / "seed0" / "export"
+            if optional and not src.is_dir():
+                print(f"skip plain {comparison}: no {src}", file=sys.stderr)
                 continue
             tasks = json.loads((src / "finetune_tasks.json").read_text(encoding="utf-8"))["tasks"]
             pred = Predictor(src)

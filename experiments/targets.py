@@ -52,7 +52,7 @@ def steps_to_reach(curve: list[tuple[int, float]], target: float) -> tuple[float
     """(steps at which the curve reaches ``target`` at the rate of its last segment, that rate in points
     per doubling of steps). Steps is None with fewer than 2 points or a last segment that does not rise;
     math.inf when the target lies beyond 2^1000 steps."""
-    pts = [(s, v) for s, v in curve if s > 0]
+    pts = [(s, v) for s, v in curve if s > 0 and not math.isnan(v)]
     if len(pts) < 2 or pts[-1][0] <= pts[-2][0]:
         return None, None
     (s0, v0), (s1, v1) = pts[-2], pts[-1]

@@ -17,6 +17,7 @@ def test_steps_to_reach_inverts_a_log_linear_curve() -> None:
     assert per_doubling == pytest.approx(5.0) and steps == pytest.approx(3200)
     assert steps_to_reach([(100, 50.0), (200, 49.0)], 60.0) == (None, pytest.approx(-1.0))  # falls: no budget
     assert steps_to_reach([(100, 50.0)], 60.0) == (None, None)
+    assert steps_to_reach([(100, 50.0), (200, math.nan)], 60.0) == (None, None)  # an unscored evaluation: no rate
 
 
 def test_mean_curve_keeps_the_steps_every_seed_evaluated() -> None:

@@ -62,8 +62,9 @@ CASES = [
      "refused (no `--overwrite`: pick another folder)"),
     ("reproduce", "`--out` holds a reproduction of the same profile (or one from before folders were marked)",
      "continues it (finished stages kept)"),
+    ("reproduce", "`--dry-run --redo STAGE` on a finished stage", "lists the stage's commands; forgets nothing"),
     ("reproduce", "another reproduction is writing `--out` now (a second terminal, a job still running)",
-     "refused in one line naming its pid (a `--dry-run` still prints the plan); runs once that one is gone"),
+     "refused in one line naming its pid (a `--dry-run` too: it writes the stages' configs); runs once that one is gone"),
     ("data_prep vocab, train-tokenizer", "`--out` holds files the command did not write (a vocab.txt of one's own)",
      "refused, nothing changed; `--overwrite` writes there; the same run again is redone"),
     ("data_prep sample-corpus, build `--report-json`", "the output file exists and the command did not write it",
@@ -449,13 +450,27 @@ def test_a_second_reproduction_in_the_same_folder_is_refused_while_the_first_run
         err = capsys.readouterr().err.strip()
         assert err.startswith(f"error: --out {out}: another reproduction (pid {holder.pid}) is writing it now")
         assert "\n" not in err
-        assert main([*args, "--dry-run"]) == 0  # printing the plan writes nothing a running one writes
+        assert main([*args, "--dry-run"]) == 2  # it writes the stages' configs, which the running one reads
     finally:
         release.set()
         holder.join(60)
     assert main(args) == 0  # the lock went with the first process
     with exclusive(out, option="--out", command="reproduction"):  # and this one released it when it finished
         pass
+
+
+def test_a_dry_run_of_a_redo_forgets_nothing(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from skillnet.experiments.__main__ import main
+
+    out = tmp_path / "rq"
+    args = ["--quick", "--out", str(out), "--stages", "corpus"]
+    record = out / "stages" / "corpus.json"
+    record.parent.mkdir(parents=True)
+    record.write_text(json.dumps({"stage": "corpus", "seconds": 1.0}))
+    assert main([*args, "--dry-run"]) == 0 and "done before" in capsys.readouterr().out
+    assert main([*args, "--dry-run", "--redo", "corpus"]) == 0
+    assert "data_prep sample-corpus" in capsys.readouterr().out  # the plan shows the stage's commands
+    assert record.is_file()  # and the stage stays done
 
 
 def _hold_lock(out: str, held, release) -> None:  # noqa: ANN001

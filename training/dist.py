@@ -142,35 +142,40 @@ def release_shared_memory() -> None:
 _SHM_BUFFERS = "/dev/shm/deepspeed_allreduce_buffer_*"
 
 
-def _mapped_shm() -> set[str]:
-    """The allreduce buffers that some process of this user maps now (/proc/<pid>/maps)."""
-    mapped: set[str] = set()
+def _mapped_shm() -> set[int]:
+    """Inodes of the allreduce buffers that some process of this user maps now (/proc/<pid>/maps; by inode, as a
+    process in another mount namespace shows another path)."""
+    mapped: set[int] = set()
     for maps in glob.glob("/proc/[0-9]*/maps"):
-        with contextlib.suppress(OSError), open(maps, encoding="utf-8", errors="replace") as f:
-            mapped.update(line.split(None, 5)[-1].strip() for line in f if "/deepspeed_allreduce_buffer_" in line)
+        with contextlib.suppress(OSError, ValueError), open(maps, encoding="utf-8", errors="replace") as f:
+            mapped.update(int(line.split()[4]) for line in f if "deepspeed_allreduce_buffer_" in line)
     return mapped
 
 
 def remove_stale_shared_memory(min_age_s: float = 60.0) -> list[str]:
     """Unlink the /dev/shm allreduce buffers that killed CPU launches left (66 MB per rank and launch: a killed
     rank never reaches `release_shared_memory`). Docker's default /dev/shm is 64 MB, so one left-over buffer
-    there makes the next launch die with a bus error. A buffer is left over when it is this user's, no live
-    process maps it, and it is older than `min_age_s` (a launch starting beside this one creates and maps its
-    buffers within that time). Returns the paths removed, and says so in one line."""
+    there makes the next launch die with a bus error. A buffer is left over when it is this user's, no process
+    this user can see maps it, and it is older than `min_age_s` (a launch starting beside this one creates and
+    maps its buffers within that time). A process in another PID namespace (a container sharing /dev/shm) is
+    not seen: a rank that has mapped its buffer keeps working, only the file's name goes. Returns the paths
+    removed, and says so in one line."""
     now, removed, size = time.time(), [], 0
     candidates = []
     for path in glob.glob(_SHM_BUFFERS):
         with contextlib.suppress(OSError):
             st = os.stat(path)
             if st.st_uid == os.getuid() and now - st.st_mtime >= min_age_s:
-                candidates.append((path, st.st_size))
+                candidates.append((path, st.st_ino, st.st_size))
     if not candidates:
         return []
     mapped = _mapped_shm()
-    for path, n in candidates:
-        if path in mapped:
+    for path, ino, n in candidates:
+        if ino in mapped:
             continue
         with contextlib.suppress(OSError):
+            if os.stat(path).st_ino != ino:  # replaced meanwhile by a launch starting now
+                continue
             os.unlink(path)
             removed.append(path)
             size += n

@@ -68,7 +68,10 @@ def exclusive(path: str | Path, *, option: str, command: str) -> Iterator[None]:
     with open(lock, "a+", encoding="utf-8") as f:
         try:
             fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
+        except OSError as e:
+            if not isinstance(e, BlockingIOError):  # a filesystem without locks (some network mounts): go on
+                yield
+                return
             f.seek(0)
             holder = f.read().strip() or "?"
             raise OutputError(f"{option} {path}: another {command} (pid {holder}) is writing it now; wait for it to "
