@@ -261,15 +261,8 @@ def _plain_records(task: str, meta: dict[str, Any], recs: list[dict[str, Any]], 
     positions is left out, as the other checks do with long texts."""
     L, kind = int(meta["max_seq_len"]), meta["type"]
     if kind == "classification" and meta.get("kind") == "pair":
-        # Longest-first cutting of the pair to max_seq_len is the tokenizer's too (model_max_length, as matching),
-        # except where both texts are longer than half of it: there the two give the last token to different
-        # sides, so such pairs are left out and counted.
-        half = (L - 3) / 2
-        both = [r for r in recs if min(len(tok(r["text"], add_special_tokens=False)["input_ids"]),
-                                       len(tok(r.get("text_pair") or "", add_special_tokens=False)["input_ids"])) > half]
-        keep = [r for r in recs if r not in both]
-        return keep[:n], {"note": f"pairs cut longest-first at the tokenizer's model_max_length ({L}, the task's)",
-                          "left_out_both_texts_over_half": len(both)}
+        # Longest-first cutting of the pair to max_seq_len is the tokenizer's too (model_max_length, as matching).
+        return recs[:n], {"note": f"pairs cut longest-first at the tokenizer's model_max_length ({L}, the task's)"}
     if kind == "classification":
         keep = [r for r in recs if len(tok(r["text"])["input_ids"]) <= L]
     elif kind == "span":

@@ -4,6 +4,7 @@ reproduction report states both per task."""
 from __future__ import annotations
 
 import json
+import random
 from pathlib import Path
 
 from skillnet.data_prep.tasks.lengths import record_lengths
@@ -97,3 +98,21 @@ def test_a_cut_task_records_the_lexical_baseline_on_what_the_model_reads(tmp_pat
            if line.startswith("|")}
     assert row["TF-IDF"] == [f"{whole:.1f}"] and row["TF-IDF, cut"] == [f"{cut:.1f}"]
     assert any(f"TF-IDF scores {whole:.1f} on the whole examples and {cut:.1f}" in f for f in findings)
+
+
+def test_a_pair_is_cut_as_the_fast_tokenizer_cuts_it() -> None:
+    """A plain export's tokenizer cuts a pair with truncation=True (the Rust tokenizers' longest-first): the
+    project must keep the same pieces, or the exported model reads other tokens than the one it was trained as.
+    Where both texts exceed half the budget the two differed by one piece (the odd one went to `a` here)."""
+    from skillnet.finetune.task_types.base import kept_lengths
+    from tokenizers import Tokenizer
+
+    hf = Tokenizer.from_str(load_tokenizer().backend.to_str())
+    rng = random.Random(0)
+    for _ in range(500):
+        L, na, nb = rng.randint(8, 140), rng.randint(0, 160), rng.randint(1, 160)
+        hf.enable_truncation(max_length=L, strategy="longest_first")
+        enc = hf.encode("我" * na, "你" * nb)
+        ka = enc.type_ids.count(0) - 2 if enc.type_ids else 0  # [CLS] a [SEP] carry type 0
+        kb = enc.type_ids.count(1) - 1  # b [SEP]
+        assert kept_lengths(na, nb, L) == (ka, kb), (L, na, nb)

@@ -92,14 +92,19 @@ def piece_ids(tok: Any, texts: Sequence[str]) -> list[list[int]]:
 
 def kept_lengths(na: int, nb: int | None, max_len: int) -> tuple[int, int]:
     """How many pieces of `a` (and `b`: None for one text) fit ``[CLS] a [SEP] (b [SEP])`` in ``max_len``, cut
-    longest-first (as BERT's run_classifier): the longer side loses a piece first, `b` on a tie."""
-    nb_, budget = nb or 0, max_len - (3 if nb is not None else 2)
-    while na + nb_ > budget and na + nb_:
-        if nb_ and nb_ >= na:
-            nb_ -= 1
-        else:
-            na -= 1
-    return na, nb_
+    longest-first as transformers' tokenizers do (``truncation=True``), so that a plain export's tokenizer cuts
+    exactly as training and ``predict`` did: the shorter text (`a` on a tie) keeps up to half the budget, the
+    longer one the rest."""
+    budget = max(0, max_len - (3 if nb is not None else 2))
+    if nb is None:
+        return min(na, budget), 0
+    if na + nb <= budget:
+        return na, nb
+    if na > nb:
+        kb = min(nb, budget // 2)
+        return min(na, budget - kb), kb
+    ka = min(na, budget // 2)
+    return ka, min(nb, budget - ka)
 
 
 def cut_texts(tok: Any, a: str, b: str | None, max_len: int) -> tuple[str, str | None]:
