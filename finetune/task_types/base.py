@@ -121,8 +121,8 @@ def cut_texts(tok: Any, a: str, b: str | None, max_len: int) -> tuple[str, str |
 
 
 def pair(tok: Any, a: list[int], b: list[int] | None, max_len: int) -> Encoded:
-    """``[CLS] a [SEP]`` or ``[CLS] a [SEP] b [SEP]``, cut longest-first (as BERT's run_classifier) to
-    ``max_len``; ``extra["truncated"]`` says whether anything was cut."""
+    """``[CLS] a [SEP]`` or ``[CLS] a [SEP] b [SEP]``, cut longest-first to ``max_len`` as transformers'
+    tokenizers cut (``kept_lengths``); ``extra["truncated"]`` says whether anything was cut."""
     na, nb = kept_lengths(len(a), len(b) if b is not None else None, max_len)
     cut = na < len(a) or (b is not None and nb < len(b))
     a, b = list(a[:na]), (list(b[:nb]) if b is not None else None)
