@@ -145,17 +145,17 @@ def main(argv: list[str] | None = None) -> int:
     try:
         claim_outputs(a, profile.name, out, report)
         # a dry run too: it writes the stages' configs, which a running reproduction reads
-        with exclusive(out, option="--out", command="reproduction"):
-            return run_stages(a, profile, out, report, parts, part_stages)
+        with exclusive(out, option="--out", command="reproduction") as lock_fd:
+            return run_stages(a, profile, out, report, parts, part_stages, lock_fd)
     except OutputError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
 
 
 def run_stages(a: argparse.Namespace, profile: Profile, out: Path, report: Path, parts: tuple[str, ...],
-               part_stages: list[str]) -> int:
+               part_stages: list[str], lock_fd: int | None = None) -> int:
     """Every pending stage of `a` in order, then the report (main holds the folder's lock meanwhile)."""
-    r = Runner(out, profile, dry_run=a.dry_run)
+    r = Runner(out, profile, dry_run=a.dry_run, lock_fd=lock_fd)
     if not a.dry_run:  # a dry run lists a redone stage's commands below and forgets nothing
         for name in a.redo:
             (out / "stages" / f"{name}.json").unlink(missing_ok=True)

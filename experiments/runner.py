@@ -24,8 +24,10 @@ PY = sys.executable
 class Runner:
     """Runs commands of a stage, logs them to <out>/logs/<stage>.log, records them for the report."""
 
-    def __init__(self, out: Path, profile: Profile, dry_run: bool = False) -> None:
-        self.out, self.p, self.dry_run = out, profile, dry_run
+    def __init__(self, out: Path, profile: Profile, dry_run: bool = False, lock_fd: int | None = None) -> None:
+        # lock_fd: the output folder's lock (outputs.exclusive); every command inherits it, so the folder stays
+        # locked while a command runs even if this process is killed.
+        self.out, self.p, self.dry_run, self.lock_fd = out, profile, dry_run, lock_fd
         (out / "stages").mkdir(parents=True, exist_ok=True)
         (out / "logs").mkdir(parents=True, exist_ok=True)
         self.stage: str = ""
@@ -55,7 +57,9 @@ class Runner:
         that cannot start (e.g. `deepspeed` not installed) fails like one that exits 127, with the reason
         in its output, so the other commands of the stage still reach the log."""
         try:
-            return subprocess.run(cmd, cwd=REPO, stdout=f, stderr=subprocess.STDOUT, env=self.env()).returncode
+            fds = () if self.lock_fd is None else (self.lock_fd,)
+            return subprocess.run(cmd, cwd=REPO, stdout=f, stderr=subprocess.STDOUT, env=self.env(),
+                                  pass_fds=fds).returncode
         except OSError as e:
             f.write(f"cannot run {cmd[0]}: {e}\n")
             return 127

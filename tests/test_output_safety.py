@@ -459,6 +459,60 @@ def test_a_second_reproduction_in_the_same_folder_is_refused_while_the_first_run
         pass
 
 
+def test_a_killed_reproduction_leaves_the_folder_locked_while_its_stage_command_runs(tmp_path: Path) -> None:
+    """A reproduction killed (SIGKILL, an out-of-memory kill, a closed session) while a stage runs leaves that
+    stage's command running and writing; a rerun started then would run the same stage beside it. The command
+    holds the folder's lock too, so the rerun is refused in one line until it ends."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from skillnet.training.outputs import OutputError, exclusive
+
+    out, started = tmp_path / "rq", tmp_path / "child.pid"
+    stage = f"import os, time; open({str(started)!r}, 'w').write(str(os.getpid())); time.sleep(120)"
+    parent_code = (
+        "import sys\n"
+        "from pathlib import Path\n"
+        "from skillnet.experiments.profiles import PROFILES\n"
+        "from skillnet.experiments.runner import Runner\n"
+        "from skillnet.training.outputs import exclusive\n"
+        f"out = Path({str(out)!r})\n"
+        "with exclusive(out, option='--out', command='reproduction') as fd:\n"
+        "    r = Runner(out, PROFILES['quick'], lock_fd=fd)\n"
+        "    r.stage = 'stage'\n"
+        f"    r.run([sys.executable, '-c', {stage!r}])\n")
+    parent = subprocess.Popen([sys.executable, "-c", parent_code])
+    child_pid = None
+    try:
+        deadline = time.time() + 60
+        while not (started.is_file() and started.read_text()) and time.time() < deadline:
+            assert parent.poll() is None, "the reproduction ended before its stage command started"
+            time.sleep(0.1)
+        child_pid = int(started.read_text())
+        parent.send_signal(signal.SIGKILL)
+        parent.wait(30)
+        with pytest.raises(OutputError) as e, exclusive(out, option="--out", command="reproduction"):
+            pass
+        msg = str(e.value)
+        assert f"pid {parent.pid}, which has ended; a command it started still runs" in msg and "\n" not in msg
+    finally:
+        if parent.poll() is None:
+            parent.kill()
+        if child_pid is not None:
+            os.kill(child_pid, signal.SIGKILL)
+    deadline = time.time() + 30
+    while time.time() < deadline:  # the killed command is reaped by init; its descriptor closes with it
+        try:
+            with exclusive(out, option="--out", command="reproduction"):
+                break
+        except OutputError:
+            time.sleep(0.1)
+    else:
+        raise AssertionError("the lock outlived every process holding it")
+
+
 def test_a_dry_run_of_a_redo_forgets_nothing(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     from skillnet.experiments.__main__ import main
 

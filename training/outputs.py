@@ -16,7 +16,9 @@ replaced only when it is what the command writes (its own test, e.g. the report'
 
 A command that runs for hours and resumes from its folder (the reproduction) also holds ``exclusive`` on it while
 it runs: a second one started on the same folder (another terminal, a rerun of a job still running) is refused
-in one line naming the first one's pid, instead of both writing the same stages.
+in one line naming the first one's pid, instead of both writing the same stages. The lock is held by the
+commands it starts too (``exclusive`` yields the lock's descriptor for them to inherit), so a reproduction killed
+with its stage still running leaves the folder locked until that stage ends.
 
 ``check_options`` turns a value outside an option's range (``--lr -1``, ``--max-steps 0``) into one line
 naming the option and the range, through the command's own parser (exit status 2, as argparse does).
@@ -54,36 +56,49 @@ class Claim:
 
 
 @contextlib.contextmanager
-def exclusive(path: str | Path, *, option: str, command: str) -> Iterator[None]:
+def exclusive(path: str | Path, *, option: str, command: str) -> Iterator[int | None]:
     """Hold an exclusive lock on the folder ``path`` (its LOCK file) while the block runs; raise OutputError in
-    one line when another process holds it. The lock goes with the process (a killed run leaves nothing to
-    clean up). Where the platform has no fcntl (Windows), nothing is locked."""
+    one line when another process holds it. Yields the lock's file descriptor: a child process given it
+    (``pass_fds``) shares the lock, which lasts until the last process holding it ends, so a killed parent leaves
+    nothing to clean up and no window while its children still write. Where the platform has no fcntl
+    (Windows) or the filesystem no locks (some network mounts), nothing is locked and None is yielded."""
     try:
         import fcntl
     except ImportError:
-        yield
+        yield None
         return
     lock = Path(path) / LOCK
     lock.parent.mkdir(parents=True, exist_ok=True)
+    # No explicit unlock: closing this descriptor ends the lock only when no child holds it any more.
     with open(lock, "a+", encoding="utf-8") as f:
         try:
             fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as e:
-            if not isinstance(e, BlockingIOError):  # a filesystem without locks (some network mounts): go on
-                yield
+            if not isinstance(e, BlockingIOError):  # a filesystem without locks: go on
+                yield None
                 return
             f.seek(0)
             holder = f.read().strip() or "?"
-            raise OutputError(f"{option} {path}: another {command} (pid {holder}) is writing it now; wait for it to "
+            who = f"pid {holder}"
+            if holder.isdigit() and not _alive(int(holder)):
+                who += ", which has ended; a command it started still runs"
+            raise OutputError(f"{option} {path}: another {command} ({who}) is writing it now; wait for it to "
                               "finish (rerunning then continues where it stopped) or give another folder") from None
-        try:
-            f.seek(0)
-            f.truncate()
-            f.write(f"{os.getpid()}\n")
-            f.flush()
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
+        f.seek(0)
+        f.truncate()
+        f.write(f"{os.getpid()}\n")
+        f.flush()
+        yield f.fileno()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # it exists, owned by someone else
+        return True
+    return True
 
 
 def _writable(path: Path) -> bool:
