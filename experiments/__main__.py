@@ -34,11 +34,14 @@ commands inside a stage resume where they stopped, so the run can be spread over
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import os
 import sys
+import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 from skillnet.experiments.profiles import PROFILES, Profile
@@ -152,6 +155,38 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
 
+# How often a running stage records its seconds so far: a sitting killed without a chance to say so (SIGKILL,
+# a closed session, a batch job's time limit) still counts in the stage's wall time, less at most this much.
+HEARTBEAT_S = 30.0
+
+
+def _write_seconds(path: Path, seconds: float) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps({"seconds": round(seconds, 1)}) + "\n")
+    os.replace(tmp, path)
+
+
+@contextlib.contextmanager
+def _heartbeat(partial: Path | None, earlier: float, t0: float) -> Iterator[None]:
+    """While the block runs, keep `partial` holding the stage's seconds over every sitting so far."""
+    if partial is None:
+        yield
+        return
+    stop = threading.Event()
+
+    def beat() -> None:
+        while not stop.wait(HEARTBEAT_S):
+            _write_seconds(partial, earlier + time.time() - t0)
+
+    t = threading.Thread(target=beat, name="stage-heartbeat", daemon=True)
+    t.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        t.join()
+
+
 def run_stages(a: argparse.Namespace, profile: Profile, out: Path, report: Path, parts: tuple[str, ...],
                part_stages: list[str], lock_fd: int | None = None) -> int:
     """Every pending stage of `a` in order, then the report (main holds the folder's lock meanwhile)."""
@@ -176,10 +211,11 @@ def run_stages(a: argparse.Namespace, profile: Profile, out: Path, report: Path,
         earlier = json.loads(partial.read_text())["seconds"] if partial.is_file() else 0.0
         t0 = time.time()
         try:
-            info = st.fn(r)
+            with _heartbeat(None if a.dry_run else partial, earlier, t0):
+                info = st.fn(r)
         except (RuntimeError, KeyboardInterrupt) as e:
             if not a.dry_run:
-                partial.write_text(json.dumps({"seconds": round(earlier + time.time() - t0, 1)}) + "\n")
+                _write_seconds(partial, earlier + time.time() - t0)
             if isinstance(e, KeyboardInterrupt):
                 raise
             print(f"error: {e}\nrerun the same command to continue from here", file=sys.stderr)

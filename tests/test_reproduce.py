@@ -347,3 +347,44 @@ def test_task_converters_warn_at_the_longest_length_the_task_can_get(tmp_path, n
                for c in r.commands if "data_prep.tasks convert" in c}
     assert lengths == {"sentiment": str(positions), "ner": str(positions), "domain": "48",
                        "qa_match": str(positions), "span": str(positions), "answer_select": str(positions)}
+
+
+_SLOW_STAGE = """
+import sys, time
+import skillnet.experiments.__main__ as m
+from skillnet.experiments.runner import Stage
+m.HEARTBEAT_S = 0.1
+i = [s.name for s in m.STAGES].index("corpus")
+m.STAGES[i] = Stage("corpus", "a stage that takes its time", lambda r: time.sleep(float(sys.argv[2])) or {})
+sys.exit(m.main(["--quick", "--out", sys.argv[1], "--stages", "corpus"]))
+"""
+
+
+def test_a_killed_sitting_still_counts_in_the_stage_wall_time(tmp_path: Path) -> None:
+    """The report's wall-time table sums a stage's sittings. A sitting killed without a chance to record itself
+    (SIGKILL, a closed session, a batch job's limit) was lost: the stage then looked as fast as its last sitting."""
+    import signal
+    import time
+
+    out = tmp_path / "rq"
+    partial, record = out / "stages" / "corpus.partial.json", out / "stages" / "corpus.json"
+    p = subprocess.Popen([sys.executable, "-c", _SLOW_STAGE, str(out), "600"], cwd=REPO)
+    try:
+        deadline = time.time() + 120
+        while not partial.is_file() and time.time() < deadline:
+            assert p.poll() is None, "the reproduction ended before the stage ran"
+            time.sleep(0.05)
+        time.sleep(1.5)
+        p.send_signal(signal.SIGKILL)
+        p.wait(30)
+    finally:
+        if p.poll() is None:
+            p.kill()
+    first = json.loads(partial.read_text())["seconds"]
+    assert first >= 1.0
+    r = subprocess.run([sys.executable, "-c", _SLOW_STAGE, str(out), "0.5"], cwd=REPO, capture_output=True,
+                       text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    rec = json.loads(record.read_text())
+    assert rec["seconds"] >= first + 0.5 and rec["this_sitting"] < first + 0.5
+    assert not partial.exists()
