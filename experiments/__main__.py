@@ -162,8 +162,11 @@ HEARTBEAT_S = 30.0
 
 def _write_seconds(path: Path, seconds: float) -> None:
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps({"seconds": round(seconds, 1)}) + "\n")
-    os.replace(tmp, path)
+    try:
+        tmp.write_text(json.dumps({"seconds": round(seconds, 1)}) + "\n")
+        os.replace(tmp, path)
+    except OSError as e:  # a full disk costs the wall-time record, not the stage
+        print(f"warning: cannot record the stage's seconds in {path}: {e}", file=sys.stderr)
 
 
 @contextlib.contextmanager
@@ -182,9 +185,13 @@ def _heartbeat(partial: Path | None, earlier: float, t0: float) -> Iterator[None
     t.start()
     try:
         yield
-    finally:
+    except BaseException:
         stop.set()
         t.join()
+        _write_seconds(partial, earlier + time.time() - t0)  # whatever stopped the stage, its time counts
+        raise
+    stop.set()
+    t.join()
 
 
 def run_stages(a: argparse.Namespace, profile: Profile, out: Path, report: Path, parts: tuple[str, ...],
@@ -213,9 +220,7 @@ def run_stages(a: argparse.Namespace, profile: Profile, out: Path, report: Path,
         try:
             with _heartbeat(None if a.dry_run else partial, earlier, t0):
                 info = st.fn(r)
-        except (RuntimeError, KeyboardInterrupt) as e:
-            if not a.dry_run:
-                _write_seconds(partial, earlier + time.time() - t0)
+        except (RuntimeError, KeyboardInterrupt) as e:  # _heartbeat recorded the sitting's seconds
             if isinstance(e, KeyboardInterrupt):
                 raise
             print(f"error: {e}\nrerun the same command to continue from here", file=sys.stderr)

@@ -60,7 +60,8 @@ def exclusive(path: str | Path, *, option: str, command: str) -> Iterator[int | 
     """Hold an exclusive lock on the folder ``path`` (its LOCK file) while the block runs; raise OutputError in
     one line when another process holds it. Yields the lock's file descriptor: a child process given it
     (``pass_fds``) shares the lock, which lasts until the last process holding it ends, so a killed parent leaves
-    nothing to clean up and no window while its children still write. Where the platform has no fcntl
+    nothing to clean up, and the folder stays locked while a command it started directly still runs (that
+    command's own children, e.g. DeepSpeed's ranks, do not hold it: they end with it). Where the platform has no fcntl
     (Windows) or the filesystem no locks (some network mounts), nothing is locked and None is yielded."""
     try:
         import fcntl
@@ -80,8 +81,8 @@ def exclusive(path: str | Path, *, option: str, command: str) -> Iterator[int | 
             f.seek(0)
             holder = f.read().strip() or "?"
             who = f"pid {holder}"
-            if holder.isdigit() and not _alive(int(holder)):
-                who += ", which has ended; a command it started still runs"
+            if holder.isdigit() and not _alive(int(holder)):  # or it runs in another container or on another host
+                who += ", not running here; a command it started may still run"
             raise OutputError(f"{option} {path}: another {command} ({who}) is writing it now; wait for it to "
                               "finish (rerunning then continues where it stopped) or give another folder") from None
         f.seek(0)
