@@ -11,10 +11,12 @@ from skillnet.experiments.tables import (
     NLU_ROWS,
     NLU_STAND_INS,
     at_or_below,
+    at_positions,
     baseline_scores,
     cut_shares,
     differences,
     line_plot,
+    model_positions,
     n_seeds,
     same_task_sets,
     score_table,
@@ -169,10 +171,18 @@ def baselines(doc: Document, nlu: dict[str, Any], run_dir: Path, findings: list[
                                      ["test examples cut", *[f"{cut[t]:.1f}%" if t in cut else "-" for t in tasks]]])
     long = {t: v for t, v in cut.items() if v > 100 * WARN_CUT_SHARE}
     if long:
+        positions = model_positions(run_dir)
+        capped = at_positions(long, seq, positions)
+        why = ""
+        if capped:
+            why += (f" {' and '.join(sorted(capped))} read{'s' if len(capped) == 1 else ''} {positions} tokens, the "
+                    "model's positions: no longer input is possible without pre-training more positions.")
+        if set(long) - capped:
+            why += (f" {' and '.join(sorted(set(long) - capped))} could read more: a longer max_seq_len fits "
+                    + (f"the model's {positions} positions." if positions else "the model's positions."))
         findings.append("Cut by max_seq_len: " + ", ".join(
             f"{t} ({v:.1f}% of its test examples are longer than {seq.get(t, '?')} tokens)" for t, v in long.items())
-            + ". Their models read the start of those examples only (TF-IDF reads them whole); where the length "
-              "is the model's positions, no longer length is possible without pre-training more positions."
+            + ". Their models read the start of those examples only (TF-IDF reads them whole)." + why
             + "".join(f" {t}: TF-IDF scores {lex[t]:.1f} on the whole examples and {lex_cut[t]:.1f} on what the "
                       "model reads of them, so the cut " + ("costs a reader of the characters little (a gap of "
                       f"{lex[t] - lex_cut[t]:+.1f} points)" if abs(lex[t] - lex_cut[t]) < 2.0 else

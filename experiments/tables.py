@@ -54,6 +54,20 @@ def cut_shares(cmp_dir: Path, cmp: dict[str, Any]) -> dict[str, float]:
     return {t: 100.0 * n / size[t] for t, n in baseline_scores(cmp_dir, cmp, "test_truncated").items() if size.get(t)}
 
 
+def model_positions(cmp_dir: Path) -> int | None:
+    """The fewest positions (``max_position_embeddings``) among a comparison's exported models: the longest
+    input any of its rows can read. None when no run has exported a model."""
+    found = [load(f) or {} for f in sorted(cmp_dir.glob("*/seed*/export/config.json"))
+             + sorted(cmp_dir.glob("*/seed*/*/export/config.json"))]
+    n = [c["max_position_embeddings"] for c in found if isinstance(c.get("max_position_embeddings"), int)]
+    return min(n) if n else None
+
+
+def at_positions(cut: dict[str, float], seq: dict[str, Any], positions: int | None) -> set[str]:
+    """The tasks of ``cut`` whose max_seq_len is the model's positions: none of them can be read longer."""
+    return {t for t in cut if positions is not None and isinstance(seq.get(t), int) and seq[t] >= positions}
+
+
 def scored(x: Any) -> bool:
     """A number that was measured (an unscored mean is None or NaN)."""
     return isinstance(x, (int, float)) and not math.isnan(x)

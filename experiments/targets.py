@@ -25,7 +25,14 @@ from skillnet.experiments.report_nlg import (
     task_results,
 )
 from skillnet.experiments.runner import logged
-from skillnet.experiments.tables import at_or_below, baseline_scores, cut_shares, scored
+from skillnet.experiments.tables import (
+    at_or_below,
+    at_positions,
+    baseline_scores,
+    cut_shares,
+    model_positions,
+    scored,
+)
 from skillnet.finetune.document import Document
 
 # NLU: SkillNet-NLU's test score (mean over seeds) on these tasks ("average": the row's average over tasks), at
@@ -125,9 +132,10 @@ def average_curve(curves: Sequence[list[tuple[int, float]]]) -> list[tuple[int, 
 
 
 def cut_row(nlu: dict[str, Any], run_dir: Path) -> list[str]:
-    """One table row: no task has more than WARN_CUT_SHARE of its test examples cut by its max_seq_len. A
-    task above it is named with its length; the baselines' finding says what the cut costs and why no longer
-    length is possible."""
+    """One table row: no task has more than WARN_CUT_SHARE of its test examples cut by its max_seq_len, unless
+    the report says why. It says why for a task whose length is the model's positions (no longer input can be
+    read): that row is **explained**, and the baselines' finding says what the cut costs. A task cut at a
+    length below the positions could have read more, and misses."""
     seq = baseline_scores(run_dir, nlu, "max_seq_len")
     cut = cut_shares(run_dir, nlu)
     long = {t: v for t, v in cut.items() if v > 100 * WARN_CUT_SHARE}
@@ -135,9 +143,18 @@ def cut_row(nlu: dict[str, Any], run_dir: Path) -> list[str]:
     if not cut:
         return [name, "-", _verdict(None), "-"]
     worst = max(cut, key=lambda t: cut[t])
-    return [name, f"largest {worst} {cut[worst]:.1f}%", _verdict(not long),
-            ", ".join(f"{t} {v:.1f}% at {seq.get(t, '?')} tokens" for t, v in sorted(long.items(), key=lambda x: -x[1]))
-            + " (why, and what it costs: the baselines' finding)" if long else "-"]
+    measured = f"largest {worst} {cut[worst]:.1f}%"
+    if not long:
+        return [name, measured, _verdict(True), "-"]
+    positions = model_positions(run_dir)
+    capped = at_positions(long, seq, positions)
+    order = sorted(long.items(), key=lambda x: -x[1])
+    parts = [f"{t} {v:.1f}% at {seq.get(t, '?')} tokens" + (", the model's positions" if t in capped else
+             f", below the model's {positions} positions" if positions else "") for t, v in order]
+    verdict = "**explained**" if len(capped) == len(long) else _verdict(False)
+    why = (" (no longer input can be read without pre-training more positions; what the cut costs: the "
+           "baselines' finding)") if capped else ""
+    return [name, measured, verdict, "; ".join(parts) + why]
 
 
 def above_trivial(cmp: dict[str, Any], run_dir: Path, name: str) -> list[str]:

@@ -141,3 +141,43 @@ def test_a_degenerate_pair_shows_its_dev_curve_the_chosen_checkpoints_and_the_st
     assert row[3].startswith("`a` on t (20%: dev 30 / 50 / 70% at steps 200, 400, 800")
     assert "chosen on dev, steps 200, 200" in row[3]
     assert "90% at ~1,600 steps" in row[3]  # +20 points per doubling from 70 at step 800
+
+
+def test_a_task_cut_at_the_models_positions_is_explained_and_one_cut_below_them_misses(tmp_path: Path) -> None:
+    """#32: no task has more than 10% of its test examples cut, unless the report says why. The why is the
+    model's positions: a task whose max_seq_len is already all of them cannot read more, and the target is
+    explained; a task cut below them could have read more, and misses. The finding says which is which."""
+    from skillnet.experiments.report_nlu import baselines
+    from skillnet.experiments.targets import cut_row
+    from skillnet.finetune.document import Document
+
+    run_dir = tmp_path / "nlu_main"
+    seed = run_dir / "skillnet" / "seed0"
+    task = {"metric": "accuracy", "trivial_test": {"accuracy": 50.0}, "lexical_test": {"accuracy": 80.0},
+            "lexical_cut_test": {"accuracy": 79.5}, "test_examples": 100}
+    _write_run(seed, {"qa_match": {**task, "test_truncated": 100, "max_seq_len": 128},
+                      "sentiment": {**task, "test_truncated": 16, "max_seq_len": 128},
+                      "ner": {**task, "test_truncated": 3, "max_seq_len": 64}})
+    nlu = {"tasks": ["qa_match", "sentiment", "ner"], "methods": {"skillnet": _row(
+        {"qa_match": [60.0, 61.0], "sentiment": [85.0, 86.0], "ner": [70.0, 71.0]}, {})}}
+    row = cut_row(nlu, run_dir)
+    assert row[2] == "**missed**" and "below" not in row[3]  # no exported model: the positions are not known
+    (seed / "export").mkdir()
+    (seed / "export" / "config.json").write_text(json.dumps({"max_position_embeddings": 128}))
+    row = cut_row(nlu, run_dir)
+    assert row[1:3] == ["largest qa_match 100.0%", "**explained**"]
+    assert row[3].startswith("qa_match 100.0% at 128 tokens, the model's positions; sentiment 16.0% at 128 tokens")
+    findings: list[str] = []
+    baselines(Document(), nlu, run_dir, findings)
+    cut = next(f for f in findings if f.startswith("Cut by max_seq_len"))
+    assert "qa_match and sentiment read 128 tokens, the model's positions" in cut and "could read more" not in cut
+
+    (seed / "results.json").write_text(json.dumps({"tasks": {
+        "qa_match": {**task, "test_truncated": 100, "max_seq_len": 128},
+        "sentiment": {**task, "test_truncated": 16, "max_seq_len": 96}}}))
+    row = cut_row({**nlu, "tasks": ["qa_match", "sentiment"]}, run_dir)
+    assert row[2] == "**missed**" and "sentiment 16.0% at 96 tokens, below the model's 128 positions" in row[3]
+    findings = []
+    baselines(Document(), {**nlu, "tasks": ["qa_match", "sentiment"]}, run_dir, findings)
+    cut = next(f for f in findings if f.startswith("Cut by max_seq_len"))
+    assert "qa_match reads 128 tokens" in cut and "sentiment could read more: a longer max_seq_len fits the model's 128" in cut
