@@ -183,15 +183,15 @@ def _heartbeat(partial: Path | None, earlier: float, t0: float) -> Iterator[None
 
     t = threading.Thread(target=beat, name="stage-heartbeat", daemon=True)
     t.start()
+    finished = False
     try:
         yield
-    except BaseException:
+        finished = True
+    finally:
         stop.set()
         t.join()
-        _write_seconds(partial, earlier + time.time() - t0)  # whatever stopped the stage, its time counts
-        raise
-    stop.set()
-    t.join()
+        if not finished:  # whatever stopped the stage, its time counts
+            _write_seconds(partial, earlier + time.time() - t0)
 
 
 def run_stages(a: argparse.Namespace, profile: Profile, out: Path, report: Path, parts: tuple[str, ...],

@@ -15,8 +15,8 @@ from skillnet.experiments.tables import (
     baseline_scores,
     cut_shares,
     differences,
+    exported_positions,
     line_plot,
-    model_positions,
     n_seeds,
     same_task_sets,
     score_table,
@@ -171,7 +171,7 @@ def baselines(doc: Document, nlu: dict[str, Any], run_dir: Path, findings: list[
                                      ["test examples cut", *[f"{cut[t]:.1f}%" if t in cut else "-" for t in tasks]]])
     long = {t: v for t, v in cut.items() if v > 100 * WARN_CUT_SHARE}
     if long:
-        positions = model_positions(run_dir)
+        positions = exported_positions(run_dir)
         capped = at_positions(long, seq, positions)
         why = ""
         if capped:

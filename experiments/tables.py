@@ -54,7 +54,7 @@ def cut_shares(cmp_dir: Path, cmp: dict[str, Any]) -> dict[str, float]:
     return {t: 100.0 * n / size[t] for t, n in baseline_scores(cmp_dir, cmp, "test_truncated").items() if size.get(t)}
 
 
-def model_positions(cmp_dir: Path) -> int | None:
+def exported_positions(cmp_dir: Path) -> int | None:
     """The fewest positions (``max_position_embeddings``) among a comparison's exported models: the longest
     input any of its rows can read. None when no run has exported a model."""
     found = [load(f) or {} for f in sorted(cmp_dir.glob("*/seed*/export/config.json"))

@@ -30,7 +30,7 @@ from skillnet.experiments.tables import (
     at_positions,
     baseline_scores,
     cut_shares,
-    model_positions,
+    exported_positions,
     scored,
 )
 from skillnet.finetune.document import Document
@@ -146,7 +146,7 @@ def cut_row(nlu: dict[str, Any], run_dir: Path) -> list[str]:
     measured = f"largest {worst} {cut[worst]:.1f}%"
     if not long:
         return [name, measured, _verdict(True), "-"]
-    positions = model_positions(run_dir)
+    positions = exported_positions(run_dir)
     capped = at_positions(long, seq, positions)
     order = sorted(long.items(), key=lambda x: -x[1])
     parts = [f"{t} {v:.1f}% at {seq.get(t, '?')} tokens" + (", the model's positions" if t in capped else
