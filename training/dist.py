@@ -124,6 +124,10 @@ def barrier() -> None:
         dist.barrier()
 
 
+# DeepSpeed's CPU allreduce buffers: /dev/shm/<prefix><...>_<addr>_<port>_<rank>
+_SHM_PREFIX = "deepspeed_allreduce_buffer_"
+
+
 def release_shared_memory() -> None:
     """Unlink this rank's /dev/shm buffer of DeepSpeed's CPU shared-memory allreduce
     (``deepspeed_allreduce_buffer_*_<addr>_<port>_<rank>``, 66 MB per rank and launch, never removed by DeepSpeed).
@@ -134,12 +138,9 @@ def release_shared_memory() -> None:
     addr, port = os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT")
     if not (_active() and addr and port):
         return
-    for path in glob.glob(f"/dev/shm/deepspeed_allreduce_buffer_*_{addr}_{port}_{rank()}"):
+    for path in glob.glob(f"/dev/shm/{_SHM_PREFIX}*_{addr}_{port}_{rank()}"):
         with contextlib.suppress(OSError):
             os.unlink(path)
-
-
-_SHM_BUFFERS = "/dev/shm/deepspeed_allreduce_buffer_*"
 
 
 def _mapped_shm() -> set[int]:
@@ -148,7 +149,7 @@ def _mapped_shm() -> set[int]:
     mapped: set[int] = set()
     for maps in glob.glob("/proc/[0-9]*/maps"):
         with contextlib.suppress(OSError, ValueError), open(maps, encoding="utf-8", errors="replace") as f:
-            mapped.update(int(line.split()[4]) for line in f if "deepspeed_allreduce_buffer_" in line)
+            mapped.update(int(line.split()[4]) for line in f if _SHM_PREFIX in line)
     return mapped
 
 
@@ -162,7 +163,7 @@ def remove_stale_shared_memory(min_age_s: float = 60.0) -> list[str]:
     removed, and says so in one line."""
     now, removed, size = time.time(), [], 0
     candidates = []
-    for path in glob.glob(_SHM_BUFFERS):
+    for path in glob.glob(f"/dev/shm/{_SHM_PREFIX}*"):
         with contextlib.suppress(OSError):
             st = os.stat(path)
             if st.st_uid == os.getuid() and now - st.st_mtime >= min_age_s:
