@@ -74,11 +74,17 @@ SHM = "/dev/shm/deepspeed_allreduce_buffer_*"
 def straight_fp32(shards: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """2N steps straight on 2 ranks with ds_configs/cpu_fp32.json: the reference of several tests (its ranks
     start warm, tests/fixtures/warm.py: the runs compared with it are the user's `deepspeed` command). Also
-    records the shared-memory files the run's ranks left behind (``shm_left.json``)."""
+    records the shared-memory files the run's ranks left behind (``shm_left.json``): those of its own port, so
+    that a launch beside it (another test worker) is not counted, and before the launcher's own clean-up."""
+    from tests.fixtures.pretrain.helpers import free_port
+
     out = tmp_path_factory.mktemp("straight") / "run"
-    before = set(glob.glob(SHM))
-    launch_fixture("pretrain/run.py", _args(shards, out, CPU_FP32, 2 * N))
-    (out / "shm_left.json").write_text(json.dumps(sorted(set(glob.glob(SHM)) - before)))
+    port = free_port()
+    launch_fixture("pretrain/run.py", _args(shards, out, CPU_FP32, 2 * N), port=port, remove_shm=False)
+    left = sorted(glob.glob(SHM.replace("*", f"*_127.0.0.1_{port}_*")))
+    for path in left:
+        Path(path).unlink(missing_ok=True)
+    (out / "shm_left.json").write_text(json.dumps(left))
     return out
 
 
