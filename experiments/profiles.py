@@ -1,4 +1,4 @@
-"""Sizes and budgets of a reproduction: `quick` (~10 min, CPU), `full` (~4 h, CPU), `scale` (BERT-base /
+"""Sizes and budgets of a reproduction: `quick` (~10 min, CPU), `full` (~5.5 h, CPU), `scale` (BERT-base /
 BART-base on GPUs)."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from typing import Any
 
 @dataclass
 class Profile:
-    """Every size and budget of a reproduction. The full CPU profile takes about 4 hours on 2 cores (its
+    """Every size and budget of a reproduction. The full CPU profile takes about 5.5 hours on 2 cores (its
     report gives each stage's measured time); what it cuts relative to the papers is listed in the report."""
 
     name: str
