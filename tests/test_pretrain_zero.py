@@ -75,7 +75,7 @@ def straight_fp32(shards: Path, tmp_path_factory: pytest.TempPathFactory) -> Pat
     """2N steps straight on 2 ranks with ds_configs/cpu_fp32.json: the reference of several tests (its ranks
     start warm, tests/fixtures/warm.py: the runs compared with it are the user's `deepspeed` command). Also
     records the shared-memory files the run's ranks left behind (``shm_left.json``): those of its own port, so
-    that a launch beside it (another test worker) is not counted, and before the launcher's own clean-up."""
+    that another launch on this machine is not counted, and before the launcher's own clean-up."""
     from tests.fixtures.pretrain.helpers import free_port
 
     out = tmp_path_factory.mktemp("straight") / "run"
