@@ -235,6 +235,16 @@ def test_char_edits_hand_computed() -> None:
     assert char_edits("我 爱 北京", "我爱北京") == Counter()  # whitespace is removed first
 
 
+def test_char_edits_are_a_fresh_counter_at_every_call() -> None:
+    """The edits are cached (a split's reference edits are the same at every evaluation): a caller that
+    changes what it got must not change what the next caller gets."""
+    first = char_edits("我朋唷打算", "我朋友打算")
+    first[(0, 1, "x")] += 5
+    del first[(2, 3, "友")]
+    assert char_edits("我朋唷打算", "我朋友打算") == Counter({(2, 3, "友"): 1})
+    assert char_edits(" 我朋唷打算", "我朋友 打算") == Counter({(2, 3, "友"): 1})  # the same key once spaces go
+
+
 def test_correction_prf_hand_computed() -> None:
     src = "我朋唷打算去法国"
     ref = "我朋友打算去法国"
