@@ -1,24 +1,44 @@
-"""Shared training machinery for pre-training and fine-tuning (never imports DeepSpeed at import time)."""
+"""Shared training machinery for pre-training and fine-tuning (never imports DeepSpeed at import time).
 
-from .batch import Batch, BatchSource
-from .callbacks import TrainerCallback
-from .checkpoint import CheckpointManager
-from .config import DsConfigError, TrainConfig
-from .launch import prepare
-from .optim import MaskedAdamW
-from .skill_stats import SkillStatistics
-from .trainer import Trainer, TrainResult
+The names below load on first use: the package's light modules (``training.cli``, ``training.outputs``) serve
+command lines that never train, such as the data converters, which then start without importing torch."""
 
-__all__ = [
-    "Batch",
-    "BatchSource",
-    "CheckpointManager",
-    "DsConfigError",
-    "MaskedAdamW",
-    "SkillStatistics",
-    "TrainConfig",
-    "TrainResult",
-    "Trainer",
-    "TrainerCallback",
-    "prepare",
-]
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+_WHERE = {
+    "Batch": "batch",
+    "BatchSource": "batch",
+    "CheckpointManager": "checkpoint",
+    "DsConfigError": "config",
+    "MaskedAdamW": "optim",
+    "SkillStatistics": "skill_stats",
+    "TrainConfig": "config",
+    "TrainResult": "trainer",
+    "Trainer": "trainer",
+    "TrainerCallback": "callbacks",
+    "prepare": "launch",
+}
+
+__all__ = ["Batch", "BatchSource", "CheckpointManager", "DsConfigError", "MaskedAdamW", "SkillStatistics",
+           "TrainConfig", "TrainResult", "Trainer", "TrainerCallback", "prepare"]
+
+if TYPE_CHECKING:
+    from .batch import Batch, BatchSource
+    from .callbacks import TrainerCallback
+    from .checkpoint import CheckpointManager
+    from .config import DsConfigError, TrainConfig
+    from .launch import prepare
+    from .optim import MaskedAdamW
+    from .skill_stats import SkillStatistics
+    from .trainer import Trainer, TrainResult
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _WHERE:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{_WHERE[name]}", __name__), name)
+    globals()[name] = value
+    return value
