@@ -45,7 +45,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from skillnet.experiments.profiles import PROFILES, Profile
-from skillnet.experiments.runner import REPO, Runner
+from skillnet.experiments.runner import REPO, Runner, Stage
 from skillnet.experiments.stages import PARTS, STAGES
 
 
@@ -202,6 +202,14 @@ def run_stages(a: argparse.Namespace, profile: Profile, out: Path, report: Path,
         for name in a.redo:
             (out / "stages" / f"{name}.json").unlink(missing_ok=True)
     todo = [s for s in STAGES if (a.stages is None and s.name in part_stages) or (a.stages and s.name in a.stages)]
+    try:
+        return _run_stages(a, r, profile, out, report, parts, part_stages, todo)
+    finally:
+        r.close()
+
+
+def _run_stages(a: argparse.Namespace, r: Runner, profile: Profile, out: Path, report: Path, parts: tuple[str, ...],
+                part_stages: list[str], todo: list[Stage]) -> int:
     t_all = time.time()
     print(f"[reproduce] profile {profile.name}, output {out}", flush=True)
     for i, st in enumerate(todo, 1):

@@ -61,7 +61,9 @@ class Profile:
     # Fine-tuning runs of a comparison at once, each on cores / jobs threads: tiny models use one thread
     # better than two (bench/compare_jobs.py); GPUs run one at a time.
     jobs: int = 2
-    in_process: bool = True  # one-process fine-tuning runs inside compare (no start-up per run)
+    # One-process fine-tuning runs inside compare (no start-up per run), and the comparisons, exports and
+    # held-out checks inside the reproduction's process (runner.IN_PROCESS: no start-up per command)
+    in_process: bool = True
     # Stop before fine-tuning when a pre-trained model is below its accuracy floor (runner.FLOORS); a
     # profile too short to reach the floors only records the check in its report.
     enforce_floors: bool = True

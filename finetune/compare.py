@@ -23,6 +23,7 @@ gap, so most small differences at this scale are within noise.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -32,7 +33,7 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -40,7 +41,7 @@ from typing import Any
 from skillnet.finetune.config import ConfigError, FinetuneConfig
 from skillnet.finetune.document import Document, copied_to, paired_test
 from skillnet.finetune.methods import METHODS
-from skillnet.training.cli import Parser
+from skillnet.training.cli import Parser, output_to
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -182,7 +183,6 @@ def run_command(a: argparse.Namespace, config: Path, row: Row, seed: int, rdir: 
 def _run_in_process(cmd: list[str], rdir: Path) -> tuple[int, float]:
     """The run of `cmd` (a plain `python -m skillnet.finetune.run ...`) in this process, its output in
     run.log: no interpreter and library start-up per run (seconds each, which dominate tiny runs)."""
-    import contextlib
     import logging
 
     import torch
@@ -204,7 +204,7 @@ def _run_in_process(cmd: list[str], rdir: Path) -> tuple[int, float]:
         root.handlers[:] = [handler]
         root.setLevel(logging.INFO)
         try:
-            with contextlib.redirect_stdout(logf), contextlib.redirect_stderr(logf):
+            with output_to(logf):
                 rc = run_cli.main(args)
         except Exception:  # noqa: BLE001 (a failed run is reported like a failed subprocess)
             import traceback
@@ -251,12 +251,15 @@ def _run_job(job: Job) -> tuple[int, float]:
         _RUNNING.remove(rdir)
 
 
-def _watch_parent(parent: int, grace_s: float = 120.0) -> None:
+def _watch_parent(parent: int, grace_s: float = 120.0, held: Any = None) -> None:
     """Worker initializer: when the comparison's process is gone (killed, or stopped by SIGTERM), the worker
     gets SIGTERM itself (its run saves a checkpoint and stops, as a preempted run does), and exits after
-    `grace_s` at the latest; an orphaned worker would otherwise wait for work forever."""
+    `grace_s` at the latest; an orphaned worker would otherwise wait for work forever. `held`: the descriptor
+    of an output folder's lock, which the worker holds (open, unused) for as long as it lives."""
     import signal
     import threading
+
+    _HELD.append(held)
 
     def watch() -> None:
         while os.getppid() == parent:
@@ -270,25 +273,86 @@ def _watch_parent(parent: int, grace_s: float = 120.0) -> None:
     threading.Thread(target=watch, daemon=True).start()
 
 
+_HELD: list[Any] = []  # in a worker: what it was given to hold (_watch_parent)
+
+
+class _InheritedFd:
+    """A file descriptor that a spawned worker inherits under the same number: multiprocessing passes it to
+    the child when the worker's start arguments are pickled (this is how its own pipes reach the child)."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        from multiprocessing import reduction
+
+        return (_detach, (reduction.DupFd(self.fd),))
+
+
+def _detach(dup: Any) -> int:
+    return dup.detach()
+
+
+def _new_pool(jobs: int, lock_fd: int | None = None) -> Any:
+    import concurrent.futures as cf
+    import multiprocessing as mp
+
+    held = None if lock_fd is None else _InheritedFd(lock_fd)
+    return cf.ProcessPoolExecutor(max_workers=jobs, mp_context=mp.get_context("spawn"), initializer=_watch_parent,
+                                  initargs=(os.getpid(), 120.0, held))
+
+
+# The worker pool shared by the comparisons of this process, by number of workers (shared_workers), or None.
+_SHARED: dict[int, Any] | None = None
+_SHARED_LOCK_FD: int | None = None
+
+
+@contextlib.contextmanager
+def shared_workers(lock_fd: int | None = None) -> Iterator[None]:
+    """Within the block, the in-process runs of every comparison that this process runs (``main``, called once
+    per comparison, as a reproduction does) go to one pool of worker processes, kept from one comparison to
+    the next: a worker pays its start-up (importing torch, transformers and the model code: ~10 s on a
+    laptop core) and warms its caches (metric scorers, baselines) once, not once per comparison. `lock_fd`:
+    the descriptor of an output folder's lock (training/outputs.exclusive), which every worker holds too,
+    so that the folder stays locked while a worker runs even if this process is killed."""
+    global _SHARED, _SHARED_LOCK_FD
+    if _SHARED is not None:  # nested: the outer block's pool serves
+        yield
+        return
+    _SHARED, _SHARED_LOCK_FD = {}, lock_fd
+    try:
+        yield
+    finally:
+        pools, _SHARED, _SHARED_LOCK_FD = _SHARED, None, None
+        for pool in pools.values():
+            pool.shutdown(wait=True, cancel_futures=True)
+
+
 def _run_all(todo: list[Job], jobs: int, finished: Callable[[Job, int, float], None]) -> None:
     """Every run of `todo`, up to `jobs` at once; `finished(job, exit code, seconds)` as each ends. In-process
-    runs go to long-lived worker processes (start-up paid once per worker, not per run); the others are
-    subprocesses anyway."""
+    runs go to long-lived worker processes (start-up paid once per worker, not per run; once per process
+    within ``shared_workers``); the others are subprocesses anyway."""
     if jobs <= 1 or len(todo) <= 1:
         for job in todo:
             print(f"{job[0]}: running (log: {job[2] / 'run.log'})", file=sys.stderr, flush=True)
             finished(job, *_run_job(job))
         return
     import concurrent.futures as cf
-    import multiprocessing as mp
 
     pool: cf.Executor
+    owned = True
     if all(j[3] for j in todo):
-        pool = cf.ProcessPoolExecutor(max_workers=min(jobs, len(todo)), mp_context=mp.get_context("spawn"),
-                                      initializer=_watch_parent, initargs=(os.getpid(),))
+        if _SHARED is not None:
+            if jobs not in _SHARED:
+                _SHARED[jobs] = _new_pool(jobs, _SHARED_LOCK_FD)
+            pool, owned = _SHARED[jobs], False
+        else:
+            pool = _new_pool(min(jobs, len(todo)))
     else:
         pool = cf.ThreadPoolExecutor(max_workers=min(jobs, len(todo)))
-    with pool:
+    with contextlib.ExitStack() as stack:
+        if owned:
+            stack.enter_context(pool)
         futures = {pool.submit(_run_job, job): job for job in todo}
         print(f"[compare] {len(todo)} runs, {jobs} at a time (logs: <run dir>/run.log)", file=sys.stderr, flush=True)
         for f in cf.as_completed(futures):
@@ -297,6 +361,10 @@ def _run_all(todo: list[Job], jobs: int, finished: Callable[[Job, int, float], N
             except Exception as e:  # noqa: BLE001 (the worker process itself died)
                 print(f"{futures[f][0]}: worker died: {e}", file=sys.stderr, flush=True)
                 rc, secs = 1, 0.0
+                # a broken pool takes no more work: the next comparison starts another
+                if (not owned and isinstance(e, cf.process.BrokenProcessPool) and _SHARED is not None
+                        and _SHARED.pop(jobs, None) is not None):
+                    pool.shutdown(wait=False)
             finished(futures[f], rc, secs)
 
 

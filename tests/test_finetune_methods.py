@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
+import sys
 from pathlib import Path
 
 import pytest
@@ -311,27 +312,72 @@ def test_compare_in_process_gives_the_same_results_as_subprocesses(compared, tmp
         assert "(in process)" in log and "method" in log  # the run's own output went to its log
 
 
+def test_a_run_in_process_logs_what_bypasses_sys_stderr(tmp_path, capfd, monkeypatch):
+    """An in-process run's log gets what a subprocess's would: also output that does not go through sys.stderr,
+    such as a library's log handler made with the process's first stderr (transformers' load report) or C
+    code writing to descriptor 2. Before, that went to the terminal of the process that started the workers."""
+    import os
+
+    lib = logging.getLogger("some_library")
+    handler = logging.StreamHandler(sys.__stderr__)
+    lib.addHandler(handler)
+    lib.propagate = False
+
+    def run(args):
+        lib.warning("from the library's handler")
+        os.write(2, b"from descriptor 2\n")
+        print("from print", file=sys.stderr)
+        return 0
+
+    monkeypatch.setattr(run_cli, "main", run)
+    try:
+        rc, _ = compare_cli._run_in_process([sys.executable, "-m", "skillnet.finetune.run", "--seed", "0"], tmp_path)
+        os.write(2, b"after the run\n")
+    finally:
+        lib.removeHandler(handler)
+    log = (tmp_path / "run.log").read_text(encoding="utf-8")
+    assert rc == 0 and all(x in log for x in ("from the library's handler", "from descriptor 2", "from print"))
+    err = capfd.readouterr().err
+    assert "after the run" in err and "library" not in err and "descriptor 2" not in err
+
+
 @pytest.mark.slow  # uses the subprocess runs of `compared`
 def test_compare_jobs_two_gives_the_same_results_as_one_at_a_time(compared, tmp_path, capsys):
     """`--jobs 2 --in-process`: the same four runs in two worker processes, one thread each, give the
     results of `compared`'s subprocess runs (two at a time, one thread each; the test above checks seed 0 run
-    one at a time against them), and each run's output still goes to its own log."""
+    one at a time against them), and each run's output still goes to its own log. They run as two comparisons
+    of one process inside `shared_workers`, as a reproduction runs its stages: both use the same two workers,
+    and each worker holds the output folder's lock that it was given."""
+    import os
+
+    from skillnet.training.outputs import LOCK, exclusive
+
     work, args, _ = compared
     cfg = args[args.index("--config") + 1]
-    base = ["--config", cfg, "--methods", "skillnet", "dense_joint", "--seeds", "0", "1", "--no-plots"]
-    assert compare_cli.main([*base, "--output-dir", str(tmp_path / "jobs"), "--in-process", "--jobs", "2"]) == 0
+    base = ["--config", cfg, "--seeds", "0", "1", "--no-plots", "--in-process", "--jobs", "2"]
+    with (exclusive(tmp_path, option="--out", command="reproduction") as fd,
+          compare_cli.shared_workers(fd)):
+        assert compare_cli.main([*base, "--methods", "skillnet", "--output-dir", str(tmp_path / "jobs")]) == 0
+        workers = set(compare_cli._SHARED[2]._processes)
+        assert len(workers) == 2
+        for pid in workers:
+            held = {os.readlink(f"/proc/{pid}/fd/{n}") for n in os.listdir(f"/proc/{pid}/fd")}
+            assert str(tmp_path / LOCK) in held, pid
+        assert compare_cli.main([*base, "--methods", "dense_joint", "--output-dir", str(tmp_path / "jobs2")]) == 0
+        assert set(compare_cli._SHARED[2]._processes) == workers  # the second comparison started no worker
+    assert compare_cli._SHARED is None and not any(os.path.exists(f"/proc/{pid}/cmdline") for pid in workers)
     err = capsys.readouterr().err
-    assert "4 runs, 2 at a time" in err and err.count("finished in") == 4
-    for m in ("skillnet", "dense_joint"):
+    assert err.count("2 runs, 2 at a time") == 2 and err.count("finished in") == 4
+    for m, folder in (("skillnet", "jobs"), ("dense_joint", "jobs2")):
         for seed in (0, 1):
             a = json.loads((work / "cmp" / m / f"seed{seed}" / "results.json").read_text())["tasks"]
-            b = json.loads((tmp_path / "jobs" / m / f"seed{seed}" / "results.json").read_text())["tasks"]
+            b = json.loads((tmp_path / folder / m / f"seed{seed}" / "results.json").read_text())["tasks"]
             for t in a:
                 assert a[t]["dev"] == b[t]["dev"] and a[t]["test"] == b[t]["test"], (m, seed, t)
-            log = (tmp_path / "jobs" / m / f"seed{seed}" / "run.log").read_text()
+            log = (tmp_path / folder / m / f"seed{seed}" / "run.log").read_text()
             assert "(in process)" in log and "--threads 1" in log
     with pytest.raises(SystemExit) as bad:  # the shared option check: argparse's one-line error, exit 2
-        compare_cli.main([*base, "--output-dir", str(tmp_path / "bad"), "--jobs", "0"])
+        compare_cli.main([*base, "--methods", "skillnet", "--output-dir", str(tmp_path / "bad"), "--jobs", "0"])
     assert bad.value.code == 2 and "--jobs 0: must be >= 1" in capsys.readouterr().err
 
 

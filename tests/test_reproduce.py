@@ -263,6 +263,37 @@ def test_run_streams_to_the_stage_log_skips_done_commands_and_reports_a_failure(
     assert "kept" in (tmp_path / "logs" / "demo.log").read_text()
 
 
+def test_a_comparison_runs_in_the_reproductions_process_with_its_output_and_exit_code(tmp_path):
+    """A profile with in-process runs runs each `finetune.compare` stage command (and the exports and held-out
+    checks) in the reproduction's own process (a comparison's runs then go to workers that every comparison
+    shares): the command's output still goes to the stage log, also what it writes to descriptor 2 directly,
+    and its exit code still fails the stage, as a subprocess's would. The scale profile keeps subprocesses."""
+    import dataclasses
+
+    compare = [sys.executable, "-m", "skillnet.finetune.compare"]
+    r = Runner(tmp_path, PROFILES["quick"])
+    r.stage = "demo"
+    try:
+        with pytest.raises(RuntimeError, match=r"stage demo: command failed \(exit 2\)") as e:
+            r.run([*compare, "--config", str(tmp_path / "none.json"), "--methods", "skillnet", "--seeds", "0",
+                   "--output-dir", str(tmp_path / "cmp")])
+        assert "none.json" in str(e.value)  # compare's own one-line error, from the stage log
+        r.run([*compare, "--help"])
+        with pytest.raises(RuntimeError, match=r"stage demo: command failed \(exit 2\)") as e:
+            r.run([sys.executable, "-m", "skillnet.pretrain.export", "--checkpoint", str(tmp_path / "none"),
+                   "--out", str(tmp_path / "hf")])
+        assert "none" in str(e.value)
+    finally:
+        r.close()
+    log = (tmp_path / "logs" / "demo.log").read_text()
+    assert log.count("(run in the reproduction's process") == 3 and "--jobs JOBS" in log
+    sub = Runner(tmp_path / "sub", dataclasses.replace(PROFILES["quick"], in_process=False))
+    sub.stage = "demo"
+    sub.run([sys.executable, "-m", "skillnet.pretrain.heldout", "--help"])
+    log = (tmp_path / "sub" / "logs" / "demo.log").read_text()
+    assert "--max-windows" in log and "reproduction's process" not in log
+
+
 def test_a_stage_spread_over_two_sittings_is_timed_over_both(tmp_path, monkeypatch):
     import json
     import time

@@ -10,10 +10,11 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Iterator, Sequence
+from typing import IO, Any
 
 
 class HelpFormatter(argparse.RawDescriptionHelpFormatter):
@@ -86,3 +87,28 @@ class Parser(argparse.ArgumentParser):
         if args is None:
             args = sys.argv[1:]
         return super().parse_known_args(self._normalise(list(args)), namespace)
+
+
+@contextlib.contextmanager
+def output_to(f: IO[str]) -> Iterator[None]:
+    """Within the block, this process's whole output goes to the open file `f`, as a subprocess's does when
+    started with its stdout and stderr on `f`: sys.stdout and sys.stderr, and file descriptors 1 and 2 too,
+    for what bypasses those two (a library's log handler made with the process's first stderr, such as
+    transformers' load report; C code). For a command run in a long-lived process (a worker, a reproduction)."""
+    streams = [s for s in (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__) if s is not None]
+    for s in streams:
+        s.flush()
+    f.flush()
+    saved = [os.dup(1), os.dup(2)]
+    try:
+        os.dup2(f.fileno(), 1)
+        os.dup2(f.fileno(), 2)
+        with contextlib.redirect_stdout(f), contextlib.redirect_stderr(f):
+            yield
+    finally:
+        for s in (*streams, f):
+            s.flush()
+        os.dup2(saved[0], 1)
+        os.dup2(saved[1], 2)
+        for fd in saved:
+            os.close(fd)
