@@ -305,6 +305,44 @@ def test_log_after_kill_and_resume_holds_each_step_once(tmp_path: Path) -> None:
     assert [r["loss"] for r in resumed if "loss" in r] == [r["loss"] for r in straight if "loss" in r]
 
 
+@pytest.mark.parametrize("save_every", [0, 3])
+def test_a_run_resumed_from_its_final_checkpoint_evaluates_its_last_step_once(tmp_path: Path, save_every: int) -> None:
+    """A run killed after its final checkpoint, before it wrote its results, is resumed by the rerun (as a
+    comparison's rerun does). Its last step is evaluated once in all: its evaluator state and log.jsonl hold
+    one dev point there, not two (a second point per task in the comparison's curves). save_every 0: the
+    final checkpoint holds the final evaluation, which the resumed run does not repeat; 3: the last step
+    was saved before the final evaluation, which the resumed run repeats in place of the earlier line."""
+    calls: list[int] = []
+
+    class Evaluator:
+        def __init__(self) -> None:
+            self.history: list[int] = []
+
+        def __call__(self, model: Any, step: int) -> dict[str, float]:
+            calls.append(step)
+            self.history.append(step)
+            return {"probe": float(step)}
+
+        def state_dict(self) -> dict[str, Any]:
+            return {"history": list(self.history)}
+
+        def load_state_dict(self, s: dict[str, Any]) -> None:
+            self.history = list(s["history"])
+
+    def run(**kw: Any) -> Evaluator:
+        ev = Evaluator()
+        Trainer(ToyModel(), ToySource(8, 1), _cfg(tmp_path, max_steps=6, log_every=1, eval_every=2,
+                                                  save_every=save_every, tensorboard=False, **kw),
+                evaluator=ev, extra_state={"evaluator": ev}).train()
+        return ev
+
+    assert run().history == [2, 4, 6]
+    resumed = run(resume="auto")
+    assert resumed.history == [2, 4, 6]
+    assert [r["step"] for r in _log(tmp_path) if r["split"] == "eval"] == [2, 4, 6]
+    assert calls == ([2, 4, 6] if save_every == 0 else [2, 4, 6, 6])
+
+
 def test_resume_auto_ignores_an_incomplete_checkpoint(tmp_path: Path) -> None:
     """A save cut short (no 'complete' marker) is never loaded: --resume auto takes the previous complete
     checkpoint, even when 'latest' names the incomplete one (its files half rewritten by another run)."""

@@ -34,6 +34,7 @@ class MetricsLogger:
         initial_step: int = 0,
         tensorboard: bool = True,
         progress: bool = True,
+        drop_eval_at_initial: bool = False,
     ) -> None:
         self.enabled = enabled
         self.tb = None
@@ -43,7 +44,7 @@ class MetricsLogger:
             return
         out = Path(output_dir)
         out.mkdir(parents=True, exist_ok=True)
-        dropped = truncate_log(out / "log.jsonl", initial_step)
+        dropped = truncate_log(out / "log.jsonl", initial_step, drop_eval_at_step=drop_eval_at_initial)
         if dropped:
             self.message(
                 f"[trainer] log.jsonl: dropped {dropped} line(s) past step {initial_step}, where this run "
@@ -121,21 +122,24 @@ class MetricsLogger:
         self.bar = self.tb = self.jsonl = None
 
 
-def truncate_log(path: Path, step: int) -> int:
+def truncate_log(path: Path, step: int, drop_eval_at_step: bool = False) -> int:
     """Keep only the lines of ``path`` logged at or before ``step``; returns how many were dropped.
 
     A run that resumes from the checkpoint of step S replays steps S+1... . Lines a killed run had
     logged past S (and a last line cut short by the kill) are dropped, atomically, so every reader of
     log.jsonl sees each step once, as in an uninterrupted run. A run from scratch (S = 0) starts an
-    empty log.
+    empty log. `drop_eval_at_step`: the evaluation at S came after its checkpoint (a run's last step is
+    saved before its final evaluation), so the resumed run evaluates S again, and the earlier line goes too.
     """
     if not path.is_file():
         return 0
     kept, dropped = [], 0
     for line in path.read_text(encoding="utf-8").splitlines():
         try:
-            keep = int(json.loads(line)["step"]) <= step
-        except (ValueError, KeyError, TypeError):
+            rec = json.loads(line)
+            at = int(rec["step"])
+            keep = at < step or (at == step and not (drop_eval_at_step and rec.get("split") == "eval"))
+        except (ValueError, KeyError, TypeError, AttributeError):
             keep = False
         if keep:
             kept.append(line + "\n")

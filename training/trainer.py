@@ -185,6 +185,10 @@ class Trainer:
         self._skipped_dev: torch.Tensor | None = None  # sync-free plain path: skipped steps, on the device
         self._window_stats: dict[str, list[float]] = {}  # the callbacks' statistics: (sum, count) per name
         self._last_saved_step = -1
+        # The step of the last evaluation: saved with each checkpoint, so that a run resumed from its final
+        # checkpoint (killed before it wrote its results) does not evaluate that step a second time. None: a
+        # checkpoint from before this was saved, whose final evaluation is repeated as it always was.
+        self._evaluated_step: int | None = -1
         self._task_steps: dict[str, int] = {}  # micro-batches per task (objective) since the start: the mix
         # Optimizer steps skipped for non-finite gradients: DeepSpeed's own count (fp16 loss scaling) plus
         # this base (the plain path's skips, the device guard's once read back, and a resumed run's total).
@@ -231,8 +235,11 @@ class Trainer:
         cfg = self.cfg
         if cfg.resume:
             self.maybe_resume(cfg.resume)
+        # an evaluation logged at the resumed step after its checkpoint was saved is repeated: its line goes
         self.logger = MetricsLogger(
-            cfg.output_dir, self.is_main, cfg.max_steps, self.global_step, cfg.tensorboard, cfg.progress
+            cfg.output_dir, self.is_main, cfg.max_steps, self.global_step, cfg.tensorboard, cfg.progress,
+            drop_eval_at_initial=(self.global_step > 0 and self._evaluated_step is not None
+                                  and self._evaluated_step != self.global_step),
         )
         if self.config_text:
             self.logger.text("config", self.config_text, self.global_step)
@@ -281,7 +288,7 @@ class Trainer:
                     self._clock_pause()
                     ckpt = self.save_checkpoint()
                     self._clock_resume()
-            if self.evaluator is not None:
+            if self.evaluator is not None and self._evaluated_step != self.global_step:
                 self.evaluate()
             if self._last_saved_step != self.global_step:
                 ckpt = self.save_checkpoint()
@@ -454,6 +461,7 @@ class Trainer:
         try:
             with torch.no_grad():
                 res = self.evaluator(self.module, self.global_step)
+            self._evaluated_step = self.global_step
         finally:
             self._model_train(True)
         if self.logger is not None:
@@ -492,6 +500,7 @@ class Trainer:
             "train_config": self.cfg.to_json(),
             "task_steps": dict(self._task_steps),
             "skipped_steps": self.skipped_steps,
+            "evaluated_step": self._evaluated_step,
         }
         path = self.checkpoints.save(
             self.global_step, state, engine=self.engine, plain=self._plain_state(),
@@ -521,6 +530,7 @@ class Trainer:
         self.global_step = int(state["step"])
         self._check_schedule(tdir, state.get("train_config"))
         self._last_saved_step = self.global_step
+        self._evaluated_step = state.get("evaluated_step")
         self.skipped_steps = int(state.get("skipped_steps", 0))
         if "resharded_from" in state:
             # Rank 0's counts of micro-batches per task, rescaled to this run's accumulation; the dropout
