@@ -76,7 +76,7 @@ class Runner:
         """Run one command from the repository root, its output (stdout and stderr) into `f`. A command
         that cannot start (e.g. `deepspeed` not installed) fails like one that exits 127, with the reason
         in its output, so the other commands of the stage still reach the log."""
-        if self.p.in_process and not threaded and cmd[:2] == [PY, "-m"] and cmd[2:3] and cmd[2] in IN_PROCESS:
+        if self.p.in_process and not threaded and len(cmd) > 2 and cmd[:2] == [PY, "-m"] and cmd[2] in IN_PROCESS:
             return self._exec_in_process(cmd, f)
         try:
             fds = () if self.lock_fd is None else (self.lock_fd,)

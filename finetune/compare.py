@@ -255,11 +255,10 @@ def _watch_parent(parent: int, grace_s: float = 120.0, held: Any = None) -> None
     """Worker initializer: when the comparison's process is gone (killed, or stopped by SIGTERM), the worker
     gets SIGTERM itself (its run saves a checkpoint and stops, as a preempted run does), and exits after
     `grace_s` at the latest; an orphaned worker would otherwise wait for work forever. `held`: the descriptor
-    of an output folder's lock, which the worker holds (open, unused) for as long as it lives."""
+    of an output folder's lock (an _InheritedFd in the parent), open in the worker for as long as it lives:
+    nothing closes it, so the worker holds the lock; its number is all that arrives here."""
     import signal
     import threading
-
-    _HELD.append(held)
 
     def watch() -> None:
         while os.getppid() == parent:
@@ -271,9 +270,6 @@ def _watch_parent(parent: int, grace_s: float = 120.0, held: Any = None) -> None
         os._exit(1)
 
     threading.Thread(target=watch, daemon=True).start()
-
-
-_HELD: list[Any] = []  # in a worker: what it was given to hold (_watch_parent)
 
 
 class _InheritedFd:

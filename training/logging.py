@@ -139,7 +139,7 @@ def truncate_log(path: Path, step: int, drop_eval_at_step: bool = False) -> int:
             rec = json.loads(line)
             at = int(rec["step"])
             keep = at < step or (at == step and not (drop_eval_at_step and rec.get("split") == "eval"))
-        except (ValueError, KeyError, TypeError, AttributeError):
+        except (ValueError, KeyError, TypeError):
             keep = False
         if keep:
             kept.append(line + "\n")
