@@ -3,11 +3,12 @@ PYTHON ?= python3
 PIP ?= $(PYTHON) -m pip
 STAMP := .setup.stamp
 
-.PHONY: setup test test-fast demo reproduce reproduce-quick lint bench clean help
+.PHONY: setup slurm test test-fast demo reproduce reproduce-quick lint bench clean help
 
 help:
 	@echo "make setup   install SkillNet + dev/data extras into the current Python (torch==2.13.0 pinned)"
 	@echo "make test    setup, then run the whole test suite (unit + integration, CPU fp32)"
+	@echo "make slurm   install Debian's slurm-wlm + munge (root on Debian) for the real-Slurm tests (make test does)"
 	@echo "make demo    setup, then the quick reproduction (~8 min): every stage on packaged Chinese data, a report"
 	@echo "make reproduce  setup, then the full CPU reproduction (~5.5 h, resumable): docs/report.md"
 	@echo "make lint    ruff"
@@ -28,7 +29,17 @@ $(STAMP): pyproject.toml
 
 setup: $(STAMP)
 
-test: setup
+# A local Slurm for tests/test_slurm_real.py: Debian's slurm-wlm and munge, installed where this runs
+# as root on Debian (CI does); the tests start their own daemons. Elsewhere, or if apt fails, those tests skip
+# and say why.
+slurm:
+	@if command -v slurmctld >/dev/null 2>&1 || [ -x /usr/sbin/slurmctld ]; then :; \
+	elif [ "$$(id -u)" = 0 ] && [ -f /etc/debian_version ]; then \
+	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq slurm-wlm munge) \
+	    || echo "make slurm: apt-get failed: the Slurm tests will skip"; \
+	else echo "make slurm: not root on Debian: the Slurm tests skip (install slurm-wlm and munge to run them)"; fi
+
+test: setup slurm
 	$(PYTHON) -m pytest -q tests
 
 test-fast: setup

@@ -81,12 +81,12 @@ def _timed(fn: Any) -> Any:
 def bert_speed(model: Any, task: str, batches: list[int], seq: int, warmup: int, reps: int, onnx_dir: Path | None,
                tok: Any) -> list[dict[str, Any]]:
     """Forward time of the sparse model, the plain model and (with `onnx_dir`) its ONNX fp32 and int8 sessions."""
-    from skillnet.model.plain import plain_bert
+    from skillnet.export.flatten import plain_bert
 
     plain = plain_bert(model, task).model
     arms: dict[str, Any] = {"plain": plain}
     if onnx_dir is not None:
-        from skillnet.pretrain.plain_onnx import OrtModel, export_onnx
+        from skillnet.export.onnx_graphs import OrtModel, export_onnx
 
         onnx_dir.mkdir(parents=True, exist_ok=True)
         arms.update({k: OrtModel(p) for k, p in export_onnx(plain, onnx_dir, tok).items()})
@@ -130,11 +130,11 @@ def bart_speed(sparse: Any, arms: dict[str, Any], task: str, sources: list[str],
 
 def bart_arms(plain: Any, widths: list[int], ort_dir: Path | None, gen: dict[str, Any]) -> dict[str, Any]:
     """The plain (zero-padded) model, the same with each layer at its own width, and the ONNX runners."""
-    from skillnet.pretrain.plain_onnx import trim_padding
+    from skillnet.export.onnx_graphs import trim_padding
 
     arms: dict[str, Any] = {"plain": plain, "trimmed": trim_padding(plain, widths)}
     if ort_dir is not None:
-        from skillnet.pretrain.onnx_seq2seq import OrtSeq2Seq
+        from skillnet.export.onnx_seq2seq import OrtSeq2Seq
 
         arms.update({k: OrtSeq2Seq(ort_dir, int8=k == "int8", generation_config=gen) for k in ("fp32", "int8")})
     return arms
@@ -146,8 +146,9 @@ _PRESET_NEW_TOKENS = 32
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
+    from skillnet.export.plain import export_plain
+    from skillnet.finetune.predict import task_source
     from skillnet.model import SkillNetBertConfig, SkillNetBertForMultiTask
-    from skillnet.pretrain.plain_export import export_plain
     from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
     nlu, nlg = (Path(args.nlu), Path(args.nlg)) if args.nlu else _exports(Path(args.run))
@@ -155,7 +156,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     cfg = json.loads((nlu / "config.json").read_text(encoding="utf-8"))
     tasks = {}
     for task in cfg["task_heads"]:
-        export_plain(nlu, tmp / task, task, onnx=args.onnx)
+        export_plain(nlu, tmp / task, task, onnx=args.onnx, task_loader=task_source)
         tasks[task] = json.loads((tmp / task / "plain_export.json").read_text(encoding="utf-8"))
     sizes: dict[str, Any] = {"reproduction": SkillNetBertForMultiTask.from_pretrained(str(nlu)).eval()}
     for p in args.presets:
@@ -167,14 +168,14 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     speed = {name: bert_speed(m, task, args.batches, args.seq, args.warmup, args.reps,
                               tmp / f"onnx_{name}" if args.onnx else None, tok) for name, m in sizes.items()}
     gen_task = json.loads((nlg / "config.json").read_text(encoding="utf-8"))["default_task"]
-    export_plain(nlg, tmp / "nlg", gen_task, onnx=args.onnx)
+    export_plain(nlg, tmp / "nlg", gen_task, onnx=args.onnx, task_loader=task_source)
     nlg_facts = json.loads((tmp / "nlg" / "plain_export.json").read_text(encoding="utf-8"))
+    from skillnet.export.flatten import plain_bart as flatten_bart
+    from skillnet.export.onnx_graphs import ORT_DIR
+    from skillnet.export.plain import load_source
     from skillnet.model import SkillNetBartConfig, SkillNetBartForConditionalGeneration
-    from skillnet.model.plain import plain_bart as flatten_bart
-    from skillnet.pretrain.plain_export import _load_source
-    from skillnet.pretrain.plain_onnx import ORT_DIR
 
-    sparse_bart, _ = _load_source(nlg)
+    sparse_bart, _ = load_source(nlg, task_source)
     plain = AutoModelForSeq2SeqLM.from_pretrained(str(tmp / "nlg")).eval()
     gen_tok = AutoTokenizer.from_pretrained(str(tmp / "nlg"))
     sources = [nlg_facts.get("prefix", "") + s for s in ("今天天气很好，我们去公园散步。", "他跑得非常快", "我想喝一杯茶水")]

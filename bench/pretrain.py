@@ -43,7 +43,13 @@ import contextlib  # noqa: E402
 
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
-from skillnet.experiments.benchdoc import machine_line, md_table, paired_ratio, write_section  # noqa: E402
+from skillnet.experiments.benchdoc import (  # noqa: E402
+    encoder_step_flops,
+    machine_line,
+    md_table,
+    paired_ratio,
+    write_section,
+)
 from skillnet.model import PRESETS, SkillNetBertConfig, SkillNetBertForPreTraining  # noqa: E402
 from skillnet.training.optim import MaskedAdamW, build_param_groups  # noqa: E402
 from transformers import BertConfig, BertForPreTraining  # noqa: E402
@@ -111,11 +117,8 @@ def dense_loss(model: BertForPreTraining, objective: str, batch: dict[str, torch
 
 
 def step_flops(H: int, L: int, V: int, W: int, B: int, T: int, objective: str, masked: int) -> float:
-    """Matmul FLOPs of forward + backward (3 x forward) for one step; W = activated FFN width."""
-    tokens = B * T
-    per_layer = 2 * tokens * (4 * H * H + 2 * H * W) + 2 * 2 * B * T * T * H  # projections+FFN, QK^T and PV
-    head = 2 * masked * (H * H + H * V) if objective == "mlm" else 2 * B * (H * H + 2 * H)
-    return 3.0 * (L * per_layer + head)
+    """Matmul FLOPs of forward + backward (3 x forward) for one step of B full rows; W = activated FFN width."""
+    return encoder_step_flops(H, L, V, W, B * T, B * T * T, objective, masked, B)
 
 
 DOC = "docs/pretrain.md"

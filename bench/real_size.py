@@ -1,4 +1,4 @@
-"""Real-size bench: BERT-base and BART-base SkillNet through DeepSpeed on 2 CPU ranks (issue #31 items 1-2).
+"""Real-size bench: BERT-base and BART-base SkillNet through DeepSpeed on 2 CPU ranks.
 
 For each configuration (architecture x sequence 128/512 x ZeRO-2 / ZeRO-3 / ZeRO-2 with CPU offload, plus
 activation checkpointing at ZeRO-2), one 2-rank ``deepspeed`` launch of bench/real_size_rank.py, fp32,

@@ -18,8 +18,8 @@ import os
 import sys
 from pathlib import Path
 
+from skillnet.common.cli import HelpFormatter, Parser
 from skillnet.data_prep.sentences import MODES
-from skillnet.training.cli import HelpFormatter, Parser
 
 
 def _size(s: str) -> int:
@@ -213,7 +213,7 @@ def build_parser() -> Parser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from skillnet.training.outputs import at_least, check_options, positive
+    from skillnet.common.outputs import at_least, check_options, positive
 
     ap = build_parser()
     a = ap.parse_args(argv)
@@ -226,7 +226,7 @@ def main(argv: list[str] | None = None) -> int:
                             "max_doc_bytes": positive()},
     }
     check_options(ap, a, rules.get(a.cmd, {}))
-    from skillnet.data_prep.corpus import BadInputError
+    from skillnet.data_prep.bad_input import BadInputError
     from skillnet.data_prep.shards import ShardError
     from skillnet.data_prep.tokenizer import TokenizerError
 
@@ -257,8 +257,8 @@ def _is_bad_input_report(path: Path) -> bool:
 
 def _claim_folder(a: argparse.Namespace, identity: dict) -> None:
     """--out of a command that writes a few files into a folder: its own earlier output is redone, anything
-    else is refused without --overwrite (training/outputs.py)."""
-    from skillnet.training.outputs import claim_output
+    else is refused without --overwrite (common/outputs.py)."""
+    from skillnet.common.outputs import claim_output
 
     claim_output(a.out, option="--out", command=f"data_prep {a.cmd}", identity=identity, overwrite=a.overwrite)
 
@@ -277,8 +277,8 @@ def _run(a: argparse.Namespace) -> int:
               f"--vocab {Path(a.out) / 'vocab.txt'}")
         return 0
     if a.cmd == "sample-corpus":
+        from skillnet.common.outputs import claim_file, starts_with
         from skillnet.data_prep.sample_corpus import packaged_chinese_docs, write_sample_corpus
-        from skillnet.training.outputs import claim_file, starts_with
 
         docs = packaged_chinese_docs()
         claim_file(a.out, option="--out", overwrite=a.overwrite, own=starts_with(docs[0] + "\n") if docs else None)
@@ -292,11 +292,11 @@ def _run(a: argparse.Namespace) -> int:
               + (f"; one in {every} held out -> {a.held_out}" if a.held_out else ""))
         return 0
     if a.cmd == "build":
+        from skillnet.data_prep.bad_input import BadInputReport
         from skillnet.data_prep.build import BuildConfig, build
-        from skillnet.data_prep.corpus import BadInputReport
 
         if a.report_json:  # checked before the build: an hour of tokenising must not end on an unwritable path
-            from skillnet.training.outputs import claim_file
+            from skillnet.common.outputs import claim_file
 
             claim_file(a.report_json, option="--report-json", overwrite=a.overwrite, own=_is_bad_input_report,
                        inputs=a.inputs)
@@ -365,7 +365,7 @@ def _run(a: argparse.Namespace) -> int:
         print(f"ok: {len(m['shards'])} shards, {m['totals']['num_tokens']:,} tokens ({a.level} check)")
         return 0
     if a.cmd == "show":
-        from skillnet.data_prep.corpus import BadInputReport
+        from skillnet.data_prep.bad_input import BadInputReport
         from skillnet.data_prep.shards import iter_documents_ids, load_manifest
         from skillnet.data_prep.tokenizer import load_tokenizer
 
@@ -374,7 +374,7 @@ def _run(a: argparse.Namespace) -> int:
         print(BadInputReport.from_json(m["bad_input"]).table())
 
         vocab = a.vocab or (str(Path(a.dir) / "vocab.txt") if (Path(a.dir) / "vocab.txt").is_file() else None)
-        tok = load_tokenizer(vocab, lowercase=m["tokenizer"]["settings"]["lowercase"])
+        tok = load_tokenizer(vocab, lowercase=m["tokenizer"]["settings"]["lowercase"], option="--vocab" if a.vocab else None)
         if tok.fingerprint != m["tokenizer"]["fingerprint"]:
             print("(this tokenizer differs from the shards' one, pass --vocab: showing ids)")
             tok = None
@@ -382,6 +382,8 @@ def _run(a: argparse.Namespace) -> int:
             print(f"--- document {i}: {len(doc)} sentences")
             for sent in doc:
                 print("  " + (tok.decode(sent) if tok else " ".join(map(str, sent.tolist()))))
+        print(f"how much of a pre-training row these shards fill (padded and packed): "
+              f"python -m skillnet.pretrain.padding {a.dir} --max-seq-len 512")
         return 0
     if a.cmd == "train-tokenizer":
         from skillnet.data_prep.corpus import ReadConfig, iter_texts

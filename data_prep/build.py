@@ -19,16 +19,9 @@ import time
 from pathlib import Path
 
 import numpy as np
-from skillnet.data_prep.corpus import (
-    BadInputReport,
-    ReadConfig,
-    Unit,
-    expand_inputs,
-    file_format,
-    is_compressed,
-    iter_documents,
-    plan_units,
-)
+from skillnet.common.files import atomic_write_bytes
+from skillnet.data_prep.bad_input import BadInputReport
+from skillnet.data_prep.corpus import ReadConfig, iter_documents
 from skillnet.data_prep.sentences import MODES, is_latin, plain_dots
 from skillnet.data_prep.shards import (
     FORMAT_VERSION,
@@ -39,6 +32,7 @@ from skillnet.data_prep.shards import (
     shard_is_finished,
 )
 from skillnet.data_prep.tokenizer import TokenizerConfig, WordPieceTokenizer
+from skillnet.data_prep.units import Unit, expand_inputs, file_format, is_compressed, plan_units
 
 SENTENCE_ENDERS = ("。", "！", "？", "!", "?", ".", "…")
 SENTENCE_CLOSERS = ("”", "」", "』", '"', "'", "’", "）", ")")
@@ -64,7 +58,7 @@ class BuildConfig:
     batch_bytes: int = 1 << 20
     strict: bool = False
     progress: bool = True
-    overwrite: bool = False  # replace an --out that holds another build (training/outputs.py)
+    overwrite: bool = False  # replace an --out that holds another build (common/outputs.py)
 
     def read_config(self) -> ReadConfig:
         return ReadConfig(self.fmt, self.doc_separator, self.text_field, self.max_doc_bytes, self.batch_bytes)
@@ -182,7 +176,7 @@ _STATE: dict = {}
 
 def _init(cfg: BuildConfig, counters) -> None:
     os.environ["TOKENIZERS_PARALLELISM"] = "false"  # one core per worker; --workers decides parallelism
-    tok = WordPieceTokenizer(TokenizerConfig(vocab_file=cfg.vocab, lowercase=cfg.lowercase))
+    tok = WordPieceTokenizer(TokenizerConfig(vocab_file=cfg.vocab, lowercase=cfg.lowercase), option="--vocab")
     _STATE.update(cfg=cfg, tok=tok, enc=Encoder(tok, cfg.whole_word, cfg.sentence_split, cfg.abbreviations),
                   counters=counters)
 
@@ -273,10 +267,10 @@ BUILD_FILES = ("manifest.json", "manifest.part-*.json", "vocab.txt", "shard-*.bi
 
 
 def _claim(out: Path, header: dict, overwrite: bool) -> None:
-    """``--out`` for this build (training/outputs.py): the same inputs and settings resume (finished shards are
+    """``--out`` for this build (common/outputs.py): the same inputs and settings resume (finished shards are
     kept, others redone); another build there is refused, or with ``overwrite`` its files go first, so that no
     stale shard of it stays beside the new manifest."""
-    from skillnet.training.outputs import claim_output, remove_own
+    from skillnet.common.outputs import claim_output, remove_own
 
     def describe(p: Path) -> str:
         return ("an earlier build of other inputs or settings (manifest.json)" if (p / "manifest.json").is_file()
@@ -353,7 +347,8 @@ def build(cfg: BuildConfig) -> dict:
     units = plan_units(paths, cfg.unit_bytes, _splittable(cfg))
     mine = [u for u in units if u.index % cfg.num_shards == cfg.shard_index]
     # Only for the header (fingerprint, vocab): no fast-path table needed in this process.
-    tok = WordPieceTokenizer(TokenizerConfig(vocab_file=cfg.vocab, lowercase=cfg.lowercase), fast_cjk=False)
+    tok = WordPieceTokenizer(TokenizerConfig(vocab_file=cfg.vocab, lowercase=cfg.lowercase), fast_cjk=False,
+                             option="--vocab")
     header = manifest_header(cfg, tok, units)
     fit = vocab_fit(units, cfg, tok) if cfg.shard_index == 0 else None  # one job of an array says it
     if fit is not None:
@@ -361,10 +356,8 @@ def build(cfg: BuildConfig) -> dict:
     _claim(out, header, cfg.overwrite)
     # A copy of the vocab travels with the shards so readers can decode and check the fingerprint anywhere.
     vocab_copy = out / "vocab.txt"
-    if not vocab_copy.is_file() or vocab_copy.read_bytes() != tok.vocab_path.read_bytes():
-        tmp = out / f"vocab.txt.tmp{os.getpid()}"
-        tmp.write_bytes(tok.vocab_path.read_bytes())
-        os.replace(tmp, vocab_copy)
+    if not vocab_copy.is_file() or vocab_copy.read_bytes() != tok.vocab_bytes:
+        atomic_write_bytes(vocab_copy, tok.vocab_bytes)
     counters = mp.Array("q", 2) if cfg.workers > 1 else None
     total = sum(u.nbytes for u in mine)
     bar = None

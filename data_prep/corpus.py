@@ -1,19 +1,15 @@
-"""Reading raw corpora: input globs -> work units -> batches of documents, with bad input counted.
+"""Reading raw corpora: the documents of a work unit (units.py) in batches, with bad input counted
+(bad_input.py).
 
 Inputs are plain text (one document per line, or documents separated by blank lines) or JSONL with a
 text field, optionally gzip (.gz) or zstd (.zst) compressed. Reading is block-based (a few MB at a time,
 split with C-level bytes/str methods), so memory stays bounded and per-document Python work is small.
-
-Work units are the deterministic grain of parallelism: sorted input files are packed (small files) or
-cut into byte ranges (large uncompressed line-oriented files) of about `unit_bytes`; unit k always
-becomes shard k, whatever the number of workers or cluster jobs.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
-import glob
 import gzip
 import io
 import json
@@ -24,107 +20,11 @@ from bisect import bisect_right
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from .bad_input import BadInputError, BadInputReport
+from .units import Segment, Unit, expand_inputs, file_format, is_compressed, plan_units
+
 BLOCK_BYTES = 1 << 20
 BINARY_SNIFF_BYTES = 1 << 16
-
-REASONS = {
-    "invalid_utf8": "document is not valid UTF-8",
-    "nul_bytes": "document contains NUL bytes",
-    "empty_document": "document is empty or has no tokens",
-    "too_long": "document longer than --max-doc-bytes",
-    "binary_file": "file looks binary (many control bytes)",
-    "bad_json": "JSONL line is not valid JSON",
-    "missing_text_field": "JSON object has no string text field",
-    "corrupt_compressed": "compressed stream is truncated or corrupt (documents before it kept)",
-    "unreadable_file": "file could not be read",
-}
-
-
-class BadInputError(ValueError):
-    """Raised for bad input under --strict; the message names file and line/offset."""
-
-
-@dataclasses.dataclass
-class BadInputReport:
-    """Per-reason counts (items and bytes) plus a few example locations."""
-
-    counts: dict[str, int] = dataclasses.field(default_factory=dict)
-    nbytes: dict[str, int] = dataclasses.field(default_factory=dict)
-    examples: dict[str, list[str]] = dataclasses.field(default_factory=dict)
-    strict: bool = False
-
-    def add(self, reason: str, nbytes: int, where: str | Callable[[], str], count: int = 1) -> None:
-        if reason not in REASONS:
-            raise KeyError(reason)
-        if self.strict:
-            loc = where() if callable(where) else where
-            raise BadInputError(
-                f"{loc}: {REASONS[reason]} ({reason}); rerun without --strict to skip and count"
-            )
-        self.counts[reason] = self.counts.get(reason, 0) + count
-        self.nbytes[reason] = self.nbytes.get(reason, 0) + nbytes
-        ex = self.examples.setdefault(reason, [])
-        if len(ex) < 3:
-            ex.append(where() if callable(where) else where)
-
-    def merge(self, other: BadInputReport | dict) -> None:
-        o = other if isinstance(other, BadInputReport) else BadInputReport.from_json(other)
-        for r, c in o.counts.items():
-            self.counts[r] = self.counts.get(r, 0) + c
-            self.nbytes[r] = self.nbytes.get(r, 0) + o.nbytes.get(r, 0)
-            ex = self.examples.setdefault(r, [])
-            ex.extend(o.examples.get(r, [])[: max(0, 3 - len(ex))])
-
-    def total(self) -> int:
-        return sum(self.counts.values())
-
-    def to_json(self) -> dict:
-        keys = sorted(self.counts)
-        return {
-            "counts": {k: self.counts[k] for k in keys},
-            "bytes": {k: self.nbytes.get(k, 0) for k in keys},
-            "examples": {k: self.examples.get(k, []) for k in keys},
-        }
-
-    @classmethod
-    def from_json(cls, d: dict) -> BadInputReport:
-        return cls(
-            dict(d.get("counts", {})),
-            dict(d.get("bytes", {})),
-            {k: list(v) for k, v in d.get("examples", {}).items()},
-        )
-
-    def table(self) -> str:
-        if not self.counts:
-            return "bad input: none"
-        lines = ["bad input (skipped, counted):", f"  {'reason':<20} {'items':>10} {'bytes':>14}  example"]
-        for r in sorted(self.counts):
-            ex = (self.examples.get(r) or [""])[0]
-            lines.append(f"  {r:<20} {self.counts[r]:>10,} {self.nbytes.get(r, 0):>14,}  {ex}")
-        return "\n".join(lines)
-
-
-@dataclasses.dataclass(frozen=True)
-class Segment:
-    """Byte range [start, end) of one input file; end=None = to EOF. Lines starting in the range are owned."""
-
-    path: str
-    start: int = 0
-    end: int | None = None
-
-    def to_json(self) -> list:
-        return [self.path, self.start, self.end]
-
-
-@dataclasses.dataclass(frozen=True)
-class Unit:
-    index: int
-    segments: tuple[Segment, ...]
-    nbytes: int
-
-    def to_json(self) -> list:
-        return [s.to_json() for s in self.segments]
-
 
 @dataclasses.dataclass
 class ReadConfig:
@@ -136,57 +36,6 @@ class ReadConfig:
 
     def to_json(self) -> dict:
         return dataclasses.asdict(self)
-
-
-def is_compressed(path: str) -> bool:
-    return path.endswith((".gz", ".zst", ".zstd"))
-
-
-def file_format(path: str, fmt: str) -> str:
-    if fmt != "auto":
-        return fmt
-    base = re.sub(r"\.(gz|zst|zstd)$", "", path)
-    return "jsonl" if base.endswith((".jsonl", ".json", ".ndjson")) else "text"
-
-
-def expand_inputs(patterns: list[str]) -> list[str]:
-    """Sorted, de-duplicated files matching the globs; a glob matching nothing is an error."""
-    out: set[str] = set()
-    for pat in patterns:
-        hits = [p for p in glob.glob(pat, recursive=True) if os.path.isfile(p)]
-        if not hits:
-            raise FileNotFoundError(f"input pattern matches no file: {pat!r}")
-        out.update(hits)
-    return sorted(out)
-
-
-def plan_units(paths: list[str], unit_bytes: int, splittable: Callable[[str], bool]) -> list[Unit]:
-    """Deterministic work units: small files packed together, big splittable files cut into byte ranges."""
-    units: list[Unit] = []
-    cur: list[Segment] = []
-    cur_bytes = 0
-
-    def close() -> None:
-        nonlocal cur, cur_bytes
-        if cur:
-            units.append(Unit(len(units), tuple(cur), cur_bytes))
-        cur, cur_bytes = [], 0
-
-    for p in paths:
-        size = os.path.getsize(p)
-        if size > unit_bytes and splittable(p):
-            close()
-            for a in range(0, size, unit_bytes):
-                units.append(
-                    Unit(len(units), (Segment(p, a, min(a + unit_bytes, size)),), min(unit_bytes, size - a))
-                )
-            continue
-        if cur and cur_bytes + size > unit_bytes:
-            close()
-        cur.append(Segment(p, 0, None))
-        cur_bytes += size
-    close()
-    return units
 
 
 class _CountingReader(io.RawIOBase):
@@ -660,11 +509,7 @@ def iter_texts(patterns: list[str], cfg: ReadConfig, max_bytes: int | None = Non
                     return
 
 
-def describe_inputs(paths: list[str]) -> str:
-    total = sum(os.path.getsize(p) for p in paths)
-    return f"{len(paths)} files, {total / 1e6:,.1f} MB on disk"
-
-
+# The input planning and the report live beside this module; their names stay importable from here too.
 __all__ = [
     "BadInputError",
     "BadInputReport",
@@ -672,6 +517,8 @@ __all__ = [
     "Segment",
     "Unit",
     "expand_inputs",
+    "file_format",
+    "is_compressed",
     "iter_documents",
     "iter_texts",
     "plan_units",

@@ -12,6 +12,8 @@ import os
 from collections.abc import Iterator
 from pathlib import Path
 
+from skillnet.common.files import atomic_write
+
 
 def _package_file(module: str, *parts: str) -> Path:
     spec = importlib.util.find_spec(module)
@@ -45,10 +47,7 @@ def packaged_chinese_docs() -> list[str]:
 
 
 def _write_lines(path: Path, docs: list[str]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text("".join(d + "\n" for d in docs), encoding="utf-8")
-    tmp.replace(path)
+    atomic_write(path, lambda f: f.writelines(d + "\n" for d in docs))
 
 
 def write_sample_corpus(out: str | os.PathLike, max_docs: int | None = None, held_out: str | os.PathLike | None = None,

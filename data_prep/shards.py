@@ -20,6 +20,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import numpy as np
+from skillnet.common import files as fileio
 
 FORMAT = "skillnet-shards"
 FORMAT_VERSION = 1
@@ -31,17 +32,11 @@ class ShardError(RuntimeError):
     """A shard directory is missing, truncated, corrupted or inconsistent; the message names the file."""
 
 
-def atomic_write_text(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
 def atomic_write_json(path: Path, obj: dict) -> None:
-    atomic_write_text(path, json.dumps(obj, indent=1, ensure_ascii=False) + "\n")
+    """The shard folder's JSON files (records, manifests; one space of indent). Each has one writer (the job
+    of its shard, the merge), which first removes what a killed earlier write of the file left."""
+    fileio.remove_temporaries(path)
+    fileio.atomic_write_json(path, obj, indent=1)
 
 
 def file_sha256(path: Path, bufsize: int = 8 << 20) -> str:
@@ -352,7 +347,7 @@ def iter_documents_ids(shard_dir: str | os.PathLike) -> Iterator[list[np.ndarray
 
 def assemble_manifest(header: dict, records: Sequence[dict]) -> dict:
     """The manifest, a pure function of build settings and shard records (so 1 job == M jobs + merge)."""
-    from skillnet.data_prep.corpus import BadInputReport
+    from skillnet.data_prep.bad_input import BadInputReport
 
     recs = sorted(records, key=lambda r: r["unit"])
     bad = BadInputReport()

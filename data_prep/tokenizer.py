@@ -17,6 +17,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 import numpy as np
+from skillnet.common.files import InputFileError, atomic_write_text, read_bytes, read_text
 
 SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
 FAST_ENV = "SKILLNET_FAST_CJK"  # "0": CJK fast path off (debugging); the output is identical either way
@@ -41,6 +42,45 @@ def default_vocab_path() -> Path:
     return path
 
 
+def read_vocab(path: Path, option: str | None = None) -> tuple[Path, list[str], bytes]:
+    """(the file read, its tokens by id, the vocab as vocab.txt bytes) of a WordPiece vocab: a vocab.txt, or a
+    Hugging Face model folder (what a user has of a Hub checkpoint): its vocab.txt, else the WordPiece vocab
+    of its tokenizer.json (all that transformers 5's ``save_pretrained`` writes). A tokenizer.json's vocab
+    gives the bytes of the vocab.txt it stands for, hence the same fingerprint. Errors name `option` and
+    the file."""
+    where = f"{option} {path}" if option else str(path)
+    if path.is_dir():
+        found = next((path / n for n in ("vocab.txt", "tokenizer.json") if (path / n).is_file()), None)
+        if found is None:
+            raise TokenizerError(f"{where}: a folder without vocab.txt or tokenizer.json (give a WordPiece "
+                                 "vocab.txt, or a Hugging Face model folder that holds one of them)")
+        path = found
+    try:
+        data = read_bytes(path, option=option)
+        text = read_text(path, option=option, data=data)
+    except InputFileError as e:
+        raise TokenizerError(str(e)) from None
+    where = f"{option} {path}" if option else str(path)
+    if path.suffix == ".json":
+        try:
+            model = json.loads(text).get("model") or {}
+        except (ValueError, AttributeError):
+            raise TokenizerError(f"{where}: not a tokenizer.json (no JSON object)") from None
+        ids = model.get("vocab")
+        if model.get("type") != "WordPiece" or not isinstance(ids, dict):
+            raise TokenizerError(f"{where}: a {model.get('type') or 'unknown'} tokenizer; SkillNet reads "
+                                 "WordPiece vocabs (BERT's)")
+        vocab = sorted(ids, key=ids.__getitem__)
+        if sorted(ids.values()) != list(range(len(vocab))):
+            raise TokenizerError(f"{where}: the vocab's ids are not 0..{len(vocab) - 1}")
+        return path, vocab, "".join(t + "\n" for t in vocab).encode("utf-8")
+    # split("\n"), not splitlines(): the vocab holds tokens such as \x1c and \u2028 that splitlines() breaks on
+    vocab = [t.rstrip("\r") for t in text.split("\n")]
+    while vocab and not vocab[-1]:
+        vocab.pop()
+    return path, vocab, data
+
+
 @dataclasses.dataclass
 class TokenizerConfig:
     """Normalisation settings; together with the vocab bytes they define the fingerprint."""
@@ -62,24 +102,21 @@ class TokenizerConfig:
 class WordPieceTokenizer:
     """Thin wrapper over `tokenizers.BertWordPieceTokenizer` with the calls the pipeline needs."""
 
-    def __init__(self, config: TokenizerConfig | None = None, fast_cjk: bool | None = None) -> None:
+    def __init__(self, config: TokenizerConfig | None = None, fast_cjk: bool | None = None,
+                 option: str | None = None) -> None:
+        """`option`: the command-line option the vocab was given as, named by the errors."""
         from tokenizers import BertWordPieceTokenizer, decoders
 
         self.config = config or TokenizerConfig()
         path = Path(self.config.vocab_file) if self.config.vocab_file else default_vocab_path()
-        if not path.is_file():
-            raise TokenizerError(f"vocab file not found: {path}")
-        self.vocab_path = path
-        vocab_bytes = path.read_bytes()
-        # split("\n"), not splitlines(): the vocab holds tokens such as \x1c and \u2028 that splitlines() breaks on
-        self.vocab: list[str] = [t.rstrip("\r") for t in vocab_bytes.decode("utf-8").split("\n")]
-        while self.vocab and not self.vocab[-1]:
-            self.vocab.pop()
+        # vocab_path: the file read (a vocab.txt or a tokenizer.json); vocab_bytes: the vocab as vocab.txt
+        self.vocab_path, self.vocab, self.vocab_bytes = read_vocab(path, option)
         missing = [t for t in SPECIAL_TOKENS if t not in set(self.vocab)]
         if missing:
-            raise TokenizerError(f"{path}: vocab lacks the special tokens {missing}")
+            raise TokenizerError(f"{option + ' ' if option else ''}{self.vocab_path}: vocab lacks the special tokens {missing}")
         self._tok = BertWordPieceTokenizer(
-            str(path),
+            # a vocab.txt as the tokenizers library reads it; a tokenizer.json's vocab as its ids say
+            str(self.vocab_path) if self.vocab_path.suffix != ".json" else {t: i for i, t in enumerate(self.vocab)},
             clean_text=self.config.clean_text,
             handle_chinese_chars=self.config.handle_chinese_chars,
             strip_accents=self.config.strip_accents,
@@ -92,7 +129,7 @@ class WordPieceTokenizer:
         settings = json.dumps(
             {k: v for k, v in self.config.to_json().items() if k != "vocab_file"}, sort_keys=True
         )
-        self.fingerprint = hashlib.sha256(vocab_bytes + b"\0" + settings.encode()).hexdigest()[:32]
+        self.fingerprint = hashlib.sha256(self.vocab_bytes + b"\0" + settings.encode()).hexdigest()[:32]
         ids = {t: i for i, t in enumerate(self.vocab)}
         self.pad_id, self.unk_id, self.cls_id, self.sep_id, self.mask_id = (ids[t] for t in SPECIAL_TOKENS)
         self.vocab_size = len(self.vocab)
@@ -166,8 +203,9 @@ class WordPieceTokenizer:
         }
 
 
-def load_tokenizer(vocab_file: str | os.PathLike | None = None, lowercase: bool = True) -> WordPieceTokenizer:
-    return WordPieceTokenizer(TokenizerConfig(vocab_file=str(vocab_file or ""), lowercase=lowercase))
+def load_tokenizer(vocab_file: str | os.PathLike | None = None, lowercase: bool = True,
+                   option: str | None = None) -> WordPieceTokenizer:
+    return WordPieceTokenizer(TokenizerConfig(vocab_file=str(vocab_file or ""), lowercase=lowercase), option=option)
 
 
 def train_wordpiece(
@@ -194,9 +232,7 @@ def train_wordpiece(
     out.mkdir(parents=True, exist_ok=True)
     vocab = tok.get_vocab()
     lines = "\n".join(t for t, _ in sorted(vocab.items(), key=lambda kv: kv[1])) + "\n"
-    tmp = out / "vocab.txt.tmp"
-    tmp.write_text(lines, encoding="utf-8")
-    os.replace(tmp, out / "vocab.txt")
+    atomic_write_text(out / "vocab.txt", lines)
     return out / "vocab.txt"
 
 

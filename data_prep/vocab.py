@@ -21,7 +21,9 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .shards import atomic_write_json, atomic_write_text
+from skillnet.common.files import atomic_write_text
+
+from .shards import atomic_write_json
 from .tokenizer import SPECIAL_TOKENS, TokenizerConfig, WordPieceTokenizer, load_tokenizer
 
 BATCH = 2000
@@ -120,7 +122,7 @@ def build_compact_vocab(inputs: Sequence[str | os.PathLike], out: str | os.PathL
     missing = [str(p) for p in [*paths, *map(Path, check)] if not p.is_file()]
     if missing:
         raise FileNotFoundError(f"no such file: {', '.join(missing)}")
-    base = load_tokenizer(base_vocab, lowercase=lowercase)
+    base = load_tokenizer(base_vocab, lowercase=lowercase, option="--base")
     counts: Counter[int] = Counter()
     for batch in _batches(paths):
         for ids in base.encode_batch(batch):

@@ -37,13 +37,13 @@ import argparse
 import contextlib
 import dataclasses
 import json
-import os
 import sys
 import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
+from skillnet.common.files import atomic_write_json
 from skillnet.experiments.profiles import PROFILES, Profile
 from skillnet.experiments.runner import REPO, Runner, Stage
 from skillnet.experiments.stages import PARTS, STAGES
@@ -90,11 +90,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def claim_outputs(a: argparse.Namespace, profile_name: str, out: Path, report: Path) -> None:
-    """--out and the report files (training/outputs.py), before any stage runs, a dry run included (it
+    """--out and the report files (common/outputs.py), before any stage runs, a dry run included (it
     writes the stages' configs). A reproduction continues in a folder of the same profile; anything else is
     refused: with no list of what every stage writes, nothing there can be removed safely."""
+    from skillnet.common.outputs import LOCK, claim_file, claim_output, starts_with
     from skillnet.experiments.report import MARK
-    from skillnet.training.outputs import LOCK, claim_file, claim_output, starts_with
 
     claim_output(out, option="--out", command="reproduce", identity={"profile": profile_name}, overwrite=None,
                  adopt=lambda d: any((d / "stages").glob("*.json")), ignore=(LOCK,))
@@ -104,7 +104,7 @@ def claim_outputs(a: argparse.Namespace, profile_name: str, out: Path, report: P
 
 
 def main(argv: list[str] | None = None) -> int:
-    from skillnet.training.outputs import (
+    from skillnet.common.outputs import (
         OutputError,
         at_least,
         check_options,
@@ -161,10 +161,8 @@ HEARTBEAT_S = 30.0
 
 
 def _write_seconds(path: Path, seconds: float) -> None:
-    tmp = path.with_name(path.name + ".tmp")
     try:
-        tmp.write_text(json.dumps({"seconds": round(seconds, 1)}) + "\n")
-        os.replace(tmp, path)
+        atomic_write_json(path, {"seconds": round(seconds, 1)}, indent=None)
     except OSError as e:  # a full disk costs the wall-time record, not the stage
         print(f"warning: cannot record the stage's seconds in {path}: {e}", file=sys.stderr)
 
@@ -238,9 +236,7 @@ def _run_stages(a: argparse.Namespace, r: Runner, profile: Profile, out: Path, r
         secs = time.time() - t0
         rec = {"stage": st.name, "seconds": round(earlier + secs, 1), "this_sitting": round(secs, 1),
                "commands": r.commands, "info": info, "finished": time.strftime("%Y-%m-%d %H:%M:%S")}
-        tmp = rec_path.with_name(rec_path.name + ".tmp")
-        tmp.write_text(json.dumps(rec, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
-        os.replace(tmp, rec_path)
+        atomic_write_json(rec_path, rec)
         partial.unlink(missing_ok=True)
         print(f"{head}: finished in {secs:.0f} s", flush=True)
     if a.dry_run or (a.stages is not None and "report" not in a.stages):

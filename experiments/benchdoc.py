@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from skillnet.training.checkpoint import atomic_write_text
+from skillnet.common.files import atomic_write_text
 
 
 def paired_ratio(num: Sequence[float], den: Sequence[float], key: str, digits: int = 3) -> dict[str, float]:
@@ -98,3 +98,15 @@ def md_table(header: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
     return "\n".join(lines)
+
+
+def encoder_step_flops(H: int, L: int, V: int, W: int, tokens: int, attn_pairs: int, objective: str,
+                       masked: int, samples: int) -> float:
+    """Matmul FLOPs of forward + backward (3 x forward) of one BERT pre-training step: ``tokens`` token slots
+    through the projections and an FFN of width W (the activated skills), ``attn_pairs`` query-key pairs
+    (QK^T and PV), then the MLM head at ``masked`` positions or the NSP head on ``samples`` pooled outputs.
+    Padded rows: tokens = B*T, attn_pairs = B*T^2. The useful work of the same samples: tokens = sum L_i,
+    attn_pairs = sum L_i^2 (what a variable-length kernel computes)."""
+    per_layer = 2 * tokens * (4 * H * H + 2 * H * W) + 4 * attn_pairs * H
+    head = 2 * masked * (H * H + H * V) if objective == "mlm" else 2 * samples * (H * H + 2 * H)
+    return 3.0 * (L * per_layer + head)

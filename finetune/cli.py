@@ -25,8 +25,8 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from skillnet.common.cli import Parser
 from skillnet.data_prep.tasks.schema import TaskDataError
-from skillnet.training.cli import Parser
 
 from .config import SELECTIONS, ConfigError, FinetuneConfig, NewSkill
 from .methods import METHODS, method_names
@@ -180,11 +180,11 @@ RUN_FILES = ("checkpoints", "best", "export", "results.json", "results.md", "par
 
 
 def claim_run_dir(cfg: FinetuneConfig, resume: str | None, overwrite: bool) -> str | None:
-    """The output dir for this run (training/outputs.py); returns the --resume to use, or "done".
+    """The output dir for this run (common/outputs.py); returns the --resume to use, or "done".
 
     Same configuration: a finished run (results.json) is left as it is ("done"), an unfinished one resumes
     from its newest intact checkpoint. Another run there is refused, or with ``overwrite`` its files go."""
-    from skillnet.training.outputs import claim_output, remove_own
+    from skillnet.common.outputs import claim_output, remove_own
 
     ident = cfg.to_dict()
     ident.pop("output_dir", None)
@@ -210,7 +210,7 @@ def claim_run_dir(cfg: FinetuneConfig, resume: str | None, overwrite: bool) -> s
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from skillnet.training.outputs import at_least, check_options, in_range, non_negative, positive
+    from skillnet.common.outputs import at_least, check_options, in_range, non_negative, positive
 
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     parser = build_parser()
@@ -227,10 +227,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         import torch
 
         torch.set_num_threads(a.threads)
+    from skillnet.common.outputs import OutputError
     from skillnet.data_prep.tokenizer import TokenizerError
     from skillnet.training.config import DsConfigError
     from skillnet.training.dist import LaunchError
-    from skillnet.training.outputs import OutputError
 
     from .run import run
 

@@ -4,15 +4,14 @@ Markdown, TensorBoard's HPARAMS)."""
 
 from __future__ import annotations
 
-import json
 import logging
 import math
-import os
 import sys
 from pathlib import Path
 from typing import Any
 
 import torch
+from skillnet.common.files import atomic_write_json
 
 from . import skill_map
 from .build import load_weights, save_model_dir
@@ -200,7 +199,7 @@ def final_scores(model: torch.nn.Module, cfg: FinetuneConfig, data: dict[str, Ta
         results[name] = r
     model.load_state_dict(final_state)
     if samples:
-        _write_json(out / "samples.json", samples)
+        write_json(out / "samples.json", samples)
     return results
 
 
@@ -226,10 +225,8 @@ def results_markdown(results: dict[str, Any], summary: dict[str, Any] | None = N
     return "\n".join(lines) + "\n"
 
 
-def _write_json(path: Path, obj: Any) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(obj, ensure_ascii=False, indent=2) + "\n", encoding="utf-8")
-    os.replace(tmp, path)
+def write_json(path: Path, obj: Any) -> None:
+    atomic_write_json(path, obj)
 
 
 def write_hparams(out: Path, cfg: FinetuneConfig, summary: dict[str, Any]) -> None:
@@ -263,13 +260,13 @@ def write_hparams(out: Path, cfg: FinetuneConfig, summary: dict[str, Any]) -> No
             w.add_scalar(k, v)
 
 
-def _write_results(out: Path, summary: dict[str, Any]) -> None:
-    _write_json(out / "results.json", summary)
+def write_results(out: Path, summary: dict[str, Any]) -> None:
+    write_json(out / "results.json", summary)
     md = results_markdown(summary["tasks"], summary)
     (out / "results.md").write_text(md, encoding="utf-8")
     print(md, file=sys.stderr)
 
 
-def _mix_table(target: dict[str, float], real: dict[str, float]) -> str:
+def mix_table(target: dict[str, float], real: dict[str, float]) -> str:
     rows = ["task mix      target  realised"] + [f"  {t:<12} {target[t]:6.3f}  {real[t]:6.3f}" for t in target]
     return "\n".join(rows)

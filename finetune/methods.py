@@ -73,7 +73,7 @@ class Method:
 
     @property
     def archs(self) -> tuple[str, ...]:
-        """Architectures (finetune/archs.py) it is defined for: the router's and the extras' backbones."""
+        """Architectures (model/spec.py) it is defined for: the router's and the extras' backbones."""
         types = router_class(self.router).model_types
         archs = ("bert", "bart") if types is None else tuple(t.removeprefix("skillnet-") for t in types)
         return ("bert",) if self.extras else archs  # task extras hook into SkillNet-BERT's layers

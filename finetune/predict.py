@@ -26,11 +26,11 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from skillnet.common.cli import Parser
+from skillnet.common.files import atomic_write
 from skillnet.data_prep.tasks.schema import TaskDataError, check_record, iter_jsonl
+from skillnet.export.card import FINETUNE_META as META_FILE
 from skillnet.finetune.tasks import TaskData
-from skillnet.training.cli import Parser
-
-META_FILE = "finetune_tasks.json"
 
 
 class Predictor:
@@ -39,7 +39,7 @@ class Predictor:
     def __init__(self, model_dir: str | os.PathLike[str], device: str = "cpu") -> None:
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
         from skillnet.data_prep.tokenizer import load_tokenizer
-        from skillnet.finetune.archs import arch_of_model_type
+        from skillnet.model.spec import family_of_model_type
         from transformers.utils import logging as hf_logging
 
         hf_logging.disable_progress_bar()
@@ -53,10 +53,10 @@ class Predictor:
         vocab = d / meta.get("vocab", "vocab.txt")
         self.tok = load_tokenizer(vocab if vocab.is_file() else None, lowercase=meta.get("lowercase", True))
         model_type = json.loads((d / "config.json").read_text(encoding="utf-8")).get("model_type")
-        arch = arch_of_model_type(model_type)
-        if arch is None or model_type != arch.skillnet_type:
+        family = family_of_model_type(model_type)
+        if family is None or model_type != family.model_type:
             raise FileNotFoundError(f"{d}: model_type {model_type!r} is not a fine-tuned SkillNet export")
-        self.model = arch.model_cls().from_pretrained(str(d)).to(device).eval()
+        self.model = family.load("task_model").from_pretrained(str(d)).to(device).eval()
         self.tasks = {n: TaskData.for_inference(n, m, self.tok) for n, m in meta["tasks"].items()}
 
     def check(self, obj: Any, task: str) -> dict[str, Any]:
@@ -69,6 +69,15 @@ class Predictor:
         preds = d.predict_records(self.model, recs, batch_size)
         return [d.codec.present(r, p) for r, p in zip(recs, preds)]
 
+
+
+def task_source(folder: Path) -> tuple[Any, Predictor] | None:
+    """(model, Predictor) of a fine-tuned export, None for a folder without fine-tuned tasks: the task
+    loader of ``export --plain`` (export/plain.py ``TaskLoader``)."""
+    if not (Path(folder) / META_FILE).is_file():
+        return None
+    pred = Predictor(folder)
+    return pred.model, pred
 
 def build_parser() -> argparse.ArgumentParser:
     p = Parser("skillnet.finetune.predict", description=__doc__.split("\n\n")[0],
@@ -122,13 +131,9 @@ def predict_file(pred: Predictor, inp: str, out: str, default_task: str | None =
                     results[i] = p
                 per_task[task] = per_task.get(task, 0) + len(part)
                 bar.update(len(part))
-    outp = Path(out)
-    outp.parent.mkdir(parents=True, exist_ok=True)
-    tmp = outp.with_name(f".{outp.name}.tmp")
-    with open(tmp, "w", encoding="utf-8") as f:
-        for i, (_, raw, task, _) in enumerate(rows):
-            f.write(json.dumps({**raw, "task": task, "prediction": results[i]}, ensure_ascii=False) + "\n")
-    os.replace(tmp, outp)
+    atomic_write(out, lambda f: f.writelines(json.dumps({**raw, "task": task, "prediction": results[i]},
+                                                        ensure_ascii=False) + "\n"
+                                             for i, (_, raw, task, _) in enumerate(rows)))
     return {"written": len(rows), "skipped": skipped, "per_task": per_task}
 
 
@@ -143,7 +148,7 @@ def holds_predictions(path: Path) -> bool:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from skillnet.training.outputs import OutputError, at_least, check_options, claim_file
+    from skillnet.common.outputs import OutputError, at_least, check_options, claim_file
 
     parser = build_parser()
     a = parser.parse_args(argv)

@@ -24,8 +24,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from skillnet.common.cli import Parser
 from skillnet.finetune.document import Document
-from skillnet.training.cli import Parser
 
 
 def _plt() -> Any:

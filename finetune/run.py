@@ -3,7 +3,8 @@ what a run writes are in ``finetune/cli.py`` (``python -m skillnet.finetune.run 
 
 This module is the orchestration (setup, the joint run, one run per task for ``per_task`` methods, the
 plan printed at the start); the command line is finetune/cli.py, the model finetune/build.py, evaluation
-and results finetune/evaluation.py. Their public names are importable from here as before.
+and results finetune/evaluation.py. The command's entry point is ``finetune.cli:main``: this module does not import
+the command line (which imports it), so ``python -m skillnet.finetune.run`` hands over to it at the bottom.
 """
 
 from __future__ import annotations
@@ -20,26 +21,15 @@ from typing import Any
 import torch
 from skillnet.data_prep.tasks.schema import TaskDataError
 from skillnet.finetune import skill_map
-from skillnet.finetune.build import (  # noqa: F401  (re-exported: the public names of finetune.run)
-    META_FILE,
-    build_model,
-    build_reference,
-    freeze_all_but,
-    load_weights,
-    parameter_report,
-    save_model_dir,
-)
-from skillnet.finetune.cli import apply_overrides, build_parser, main  # noqa: F401
+from skillnet.finetune.build import META_FILE, build_model, parameter_report, save_model_dir
 from skillnet.finetune.config import FinetuneConfig
-from skillnet.finetune.evaluation import (  # noqa: F401
+from skillnet.finetune.evaluation import (
     DevEvaluator,
-    _mix_table,
-    _write_json,
-    _write_results,
     final_scores,
-    request_stop,
-    results_markdown,
+    mix_table,
     write_hparams,
+    write_json,
+    write_results,
 )
 from skillnet.finetune.methods import METHODS
 from skillnet.finetune.samplers import annealing_warning, build_sampler
@@ -72,7 +62,7 @@ def setup(cfg: FinetuneConfig, *, ds_config: str | None = None, resume: str | No
     load every task once and train each alone)."""
     from skillnet.data_prep.tokenizer import load_tokenizer
     from skillnet.model.surgery import skill_parameters
-    from skillnet.training import TrainConfig, Trainer, prepare
+    from skillnet.training import SkillStatistics, TrainConfig, Trainer, prepare
     from skillnet.training import dist as D
     from skillnet.training.activation_checkpointing import (
         enable_activation_checkpointing,
@@ -112,7 +102,8 @@ def setup(cfg: FinetuneConfig, *, ds_config: str | None = None, resume: str | No
     steps_per_epoch = max(1, sum(math.ceil(k / global_batch) for k in sizes.values()))
     sampler = build_sampler(cfg.sampler, sizes, seed=tc.seed, steps_per_epoch=steps_per_epoch,
                             max_steps=tc.max_steps)
-    source = MultiTaskBatchSource(data, sampler, tcfg.micro_batch_size, rank=rank, world_size=world, seed=tc.seed)
+    source = MultiTaskBatchSource(data, sampler, tcfg.micro_batch_size, rank=rank, world_size=world, seed=tc.seed,
+                                  packing=tc.packing)
 
     ckpt = resolve_activation_checkpointing(tc.gradient_checkpointing, load_ds_config(ds_config) if ds_config else None,
                                             ds_config or "<ds_config>", flag_source="config")
@@ -123,7 +114,7 @@ def setup(cfg: FinetuneConfig, *, ds_config: str | None = None, resume: str | No
     if rank == 0:
         out.mkdir(parents=True, exist_ok=True)
         (out / "finetune_config.json").write_text(cfg.to_json(), encoding="utf-8")
-        _write_json(out / "params.json", params)
+        write_json(out / "params.json", params)
         _print_plan(cfg, data, sampler, params, new_skills, steps_per_epoch, ckpt.describe())
     inherited = None
     if cfg.model.init and (Path(cfg.resolve(cfg.model.init)) / META_FILE).is_file():
@@ -134,7 +125,7 @@ def setup(cfg: FinetuneConfig, *, ds_config: str | None = None, resume: str | No
     groups = build_param_groups(model, tc.weight_decay, {frag: tc.skill_map_lr} if frag else None,
                                 check=method.zero_grad_fragments)
     loss_fn = label_smoothed_loss(tc.label_smoothing) if tc.label_smoothing > 0 else None
-    trainer = Trainer(model, source, tcfg, evaluator=evaluator, skill_params=skill_parameters(model),
+    trainer = Trainer(model, source, tcfg, evaluator=evaluator, callbacks=[SkillStatistics(skill_parameters(model))],
                       param_groups=groups, loss_fn=loss_fn, config_text=cfg.to_json(),
                       extra_state={"evaluator": evaluator})
     evaluator.trainer = trainer
@@ -176,7 +167,7 @@ def run(cfg: FinetuneConfig, *, ds_config: str | None = None, resume: str | None
 
 def _run_joint(cfg: FinetuneConfig, *, ds_config: str | None, resume: str | None, tensorboard: bool,
                progress: bool, data: dict[str, TaskData] | None = None, write: bool = True) -> dict[str, Any]:
-    from skillnet.model.card import refresh_model_cards
+    from skillnet.export.card import refresh_model_cards
     from skillnet.training import dist as D
 
     t_start = time.time()
@@ -207,9 +198,9 @@ def _run_joint(cfg: FinetuneConfig, *, ds_config: str | None, resume: str | None
                    "task_mix": {t: {"target": mix_t[t], "realised": mix_r[t]} for t in mix_t},
                    "params": st.params, "tasks": results}
         if write:
-            _write_results(out, summary)
+            write_results(out, summary)
             refresh_model_cards(out)  # the exports' cards, now with the scores
-            print(_mix_table(mix_t, mix_r), file=sys.stderr)
+            print(mix_table(mix_t, mix_r), file=sys.stderr)
         if tensorboard:
             write_hparams(out, cfg, summary)
     D.barrier()
@@ -272,8 +263,8 @@ def _run_per_task(cfg: FinetuneConfig, *, ds_config: str | None, resume: str | N
                "budget": budget, "seconds": round(time.time() - t_start, 1), "world_size": D.world_size(),
                "sampler": cfg.sampler.to_dict(), "params": params, "tasks": tasks}
     out.mkdir(parents=True, exist_ok=True)
-    _write_json(out / "params.json", params)
-    _write_results(out, summary)
+    write_json(out / "params.json", params)
+    write_results(out, summary)
     return tasks
 
 
@@ -315,5 +306,7 @@ def _print_plan(cfg: FinetuneConfig, data: dict[str, TaskData], sampler: Any, pa
     print("\n".join(lines), file=sys.stderr, flush=True)
 
 
-if __name__ == "__main__":
+if __name__ == "__main__":  # python -m skillnet.finetune.run, deepspeed finetune/run.py: the command
+    from skillnet.finetune.cli import main
+
     sys.exit(main())

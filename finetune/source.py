@@ -13,6 +13,7 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 from skillnet.training.batch import Batch
+from skillnet.training.packing import pack_where_it_pays
 
 from .samplers import TaskSampler
 from .tasks import TaskData
@@ -20,7 +21,7 @@ from .tasks import TaskData
 
 class MultiTaskBatchSource:
     def __init__(self, tasks: Mapping[str, TaskData], sampler: TaskSampler, micro_batch_size: int,
-                 rank: int = 0, world_size: int = 1, seed: int = 0) -> None:
+                 rank: int = 0, world_size: int = 1, seed: int = 0, packing: bool = False) -> None:
         missing = [t for t in sampler.tasks if t not in tasks]
         if missing:
             raise ValueError(f"sampler names tasks without data: {missing}")
@@ -34,6 +35,9 @@ class MultiTaskBatchSource:
         self.seed = seed
         self.step = 0  # global micro-step
         self.draws: Counter[str] = Counter()
+        # Tasks whose head reads pooled outputs only get rows of several examples (training/packing.py):
+        # the same examples and losses, fewer padded slots. The data order and the state do not change.
+        self.packing = packing
 
     @property
     def global_batch(self) -> int:
@@ -53,6 +57,9 @@ class MultiTaskBatchSource:
         mine = idx[self.rank * self.micro:(self.rank + 1) * self.micro]
         # Matching negatives are drawn per (draw, rank) so ranks see different negatives.
         tensors = data.train_batch(mine, seed=self.seed, draw=k * self.world + self.rank)
+        if self.packing and data.codec.packs:
+            tensors = pack_where_it_pays(tensors, data.tok.pad_id,
+                                         row_len=max(data.max_len, tensors["input_ids"].shape[1]))
         self.draws[task] += 1
         self.step += 1
         self.sampler.step = self.step

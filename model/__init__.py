@@ -1,7 +1,7 @@
 """Skill-sparse BERT (SkillNet-NLU) and BART (SkillNet-NLG). Plain PyTorch + transformers; knows nothing
 about DeepSpeed."""
 
-from transformers import AutoConfig, AutoModel, AutoModelForPreTraining, AutoModelForSeq2SeqLM
+import transformers
 
 from .bart import (
     BART_PRESETS,
@@ -19,6 +19,7 @@ from .counts import activated_parameters, count_parameters, trainable_activated_
 from .heads import SkillNetBertForMultiTask, SkillNetBertForPreTraining, TaskOutput
 from .skill_ffn import SkillFFN, SkillRouting
 from .skill_layout import SkillLayoutMixin
+from .spec import MODEL_FAMILIES, ModelSpec, family_of_model_type, model_family, register_model_family
 from .surgery import (
     add_skill,
     export_skill,
@@ -29,20 +30,30 @@ from .surgery import (
     skillnet_from_dense,
 )
 
-AutoConfig.register(SkillNetBertConfig.model_type, SkillNetBertConfig, exist_ok=True)
-AutoModel.register(SkillNetBertConfig, SkillNetBertModel, exist_ok=True)
-AutoModelForPreTraining.register(SkillNetBertConfig, SkillNetBertForPreTraining, exist_ok=True)
-AutoConfig.register(SkillNetBartConfig.model_type, SkillNetBartConfig, exist_ok=True)
-AutoModel.register(SkillNetBartConfig, SkillNetBartModel, exist_ok=True)
-AutoModelForSeq2SeqLM.register(SkillNetBartConfig, SkillNetBartForConditionalGeneration, exist_ok=True)
+
+def _register_auto_classes() -> None:
+    """Every built-in family's classes in transformers' Auto API, as its spec lists them (a family registered
+    later, from outside this package, registers its own where it wants the Auto API)."""
+    for spec in MODEL_FAMILIES.values():
+        config = spec.load("config")
+        for auto, part in spec.auto_classes:
+            if auto == "AutoConfig":
+                transformers.AutoConfig.register(spec.model_type, config, exist_ok=True)
+            else:
+                getattr(transformers, auto).register(config, spec.load(part), exist_ok=True)
+
+
+_register_auto_classes()
 
 __all__ = [
     "BART_PRESETS",
     "DEFAULT_SKILLS",
     "DEFAULT_TASKS",
+    "MODEL_FAMILIES",
     "NLG_SKILLS",
     "NLG_TASKS",
     "PRESETS",
+    "ModelSpec",
     "SkillFFN",
     "SkillNetBartConfig",
     "SkillNetBartForConditionalGeneration",
@@ -61,8 +72,11 @@ __all__ = [
     "add_skill",
     "count_parameters",
     "export_skill",
+    "family_of_model_type",
     "freeze_skills",
     "import_skill",
+    "model_family",
+    "register_model_family",
     "skill_parameters",
     "skillnet_bart_from_dense",
     "skillnet_from_dense",

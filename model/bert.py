@@ -8,6 +8,7 @@ layer without skills (see ``config.skill_layers``) keeps HF's ``intermediate.den
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -15,13 +16,13 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 from transformers import PreTrainedModel
 from transformers.activations import ACT2FN
 from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.utils import ModelOutput
 
+from .attention import AttentionMask, attend
 from .config import SkillNetBertConfig
 from .extras import LayerHook, TaskExtras, combine_hooks
 from .hub import has_tokenizer, save_tokenizer, write_remote_code
@@ -42,17 +43,22 @@ class Embeddings(nn.Module):
         self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
         self.dropout = nn.Dropout(config.hidden_dropout_prob)
 
-    def forward(self, input_ids_BT: torch.Tensor, token_type_ids_BT: torch.Tensor | None) -> torch.Tensor:
+    def forward(self, input_ids_BT: torch.Tensor, token_type_ids_BT: torch.Tensor | None,
+                position_ids_BT: torch.Tensor | None = None) -> torch.Tensor:
+        """``position_ids_BT``: each token's position in its own sample (packed rows restart at 0 per sample);
+        None: 0..T-1 in every row."""
         T = input_ids_BT.shape[1]
         if self.position_embeddings.num_embeddings < T:
             raise ValueError(
                 f"sequence length {T} exceeds max_position_embeddings={self.position_embeddings.num_embeddings}"
             )
-        pos = torch.arange(T, device=input_ids_BT.device)
         if token_type_ids_BT is None:
             token_type_ids_BT = torch.zeros_like(input_ids_BT)
         x = self.word_embeddings(input_ids_BT) + self.token_type_embeddings(token_type_ids_BT)
-        x = x + self.position_embeddings(pos)[None]
+        if position_ids_BT is None:
+            x = x + self.position_embeddings(torch.arange(T, device=input_ids_BT.device))[None]
+        else:
+            x = x + self.position_embeddings(position_ids_BT)
         return self.dropout(self.LayerNorm(x))
 
 
@@ -69,7 +75,7 @@ class SelfAttention(nn.Module):
         self.value = nn.Linear(config.hidden_size, config.hidden_size)
         self.dropout_p = config.attention_probs_dropout_prob
 
-    def forward(self, x_BTD: torch.Tensor, mask_B11T: torch.Tensor | None) -> torch.Tensor:
+    def forward(self, x_BTD: torch.Tensor, mask: AttentionMask | None) -> torch.Tensor:
         B, T, D = x_BTD.shape
         H = self.num_heads
 
@@ -77,9 +83,7 @@ class SelfAttention(nn.Module):
             return t.view(B, T, H, D // H).transpose(1, 2)
 
         q, k, v = heads(self.query(x_BTD)), heads(self.key(x_BTD)), heads(self.value(x_BTD))
-        o_BHTd = F.scaled_dot_product_attention(
-            q, k, v, attn_mask=mask_B11T, dropout_p=self.dropout_p if self.training else 0.0
-        )
+        o_BHTd = attend(q, k, v, mask, self.dropout_p if self.training else 0.0)
         return o_BHTd.transpose(1, 2).reshape(B, T, D)
 
 
@@ -100,8 +104,8 @@ class Attention(nn.Module):
             config.hidden_size, config.hidden_size, config.layer_norm_eps, config.hidden_dropout_prob
         )
 
-    def forward(self, x_BTD: torch.Tensor, mask_B11T: torch.Tensor | None) -> torch.Tensor:
-        h = self.output.dropout(self.output.dense(self.self(x_BTD, mask_B11T)))
+    def forward(self, x_BTD: torch.Tensor, mask: AttentionMask | None) -> torch.Tensor:
+        h = self.output.dropout(self.output.dense(self.self(x_BTD, mask)))
         return self.output.LayerNorm(h + x_BTD)
 
 
@@ -135,11 +139,16 @@ class Layer(GradientCheckpointingLayer):
         if not per_skill_ln:
             self.output = _DenseLN(f, d, eps, p, dense=not has_skills)
 
+    def compile_targets(self) -> list[nn.Module]:
+        """What `--compile` compiles (training/compile.py): the attention, which takes no
+        routing, so that no skill set or objective recompiles it."""
+        return [self.attention]
+
     def forward(
-        self, x_BTD: torch.Tensor, mask_B11T: torch.Tensor | None, routing: SkillRouting,
+        self, x_BTD: torch.Tensor, mask: AttentionMask | None, routing: SkillRouting,
         extra: Callable[[torch.Tensor], torch.Tensor | None] | None = None,
     ) -> torch.Tensor:
-        a_BTD = self.attention(x_BTD, mask_B11T)
+        a_BTD = self.attention(x_BTD, mask)
         if not self.has_skills:
             h = self.output.dense(self.act(self.intermediate.dense(a_BTD)))
         elif self.skill_ffn.per_skill_layernorm:
@@ -168,8 +177,10 @@ class Pooler(nn.Module):
         super().__init__()
         self.dense = nn.Linear(config.hidden_size, config.hidden_size)
 
-    def forward(self, h_BTD: torch.Tensor) -> torch.Tensor:
-        return torch.tanh(self.dense(h_BTD[:, 0]))
+    def forward(self, h_BTD: torch.Tensor, cls_positions: torch.Tensor | None = None) -> torch.Tensor:
+        """Each sample's first token: the row's, or at ``cls_positions`` (flat [B*T] indices) in packed rows."""
+        first = h_BTD[:, 0] if cls_positions is None else h_BTD.flatten(0, 1).index_select(0, cls_positions)
+        return torch.tanh(self.dense(first))
 
 
 @dataclass
@@ -268,8 +279,17 @@ class SkillNetBertModel(SkillNetBertPreTrainedModel):
         skill_ids: Sequence[int] | Sequence[Sequence[int]] | torch.Tensor | None = None,
         routing: SkillRouting | None = None,
         output_hidden_states: bool = False,
+        position_ids: torch.Tensor | None = None,
+        segment_ids: torch.Tensor | None = None,
+        cls_positions: torch.Tensor | None = None,
+        token_order: torch.Tensor | None = None,
         **unused: object,
     ) -> EncoderOutput:
+        """Padded rows (one sample each) or packed rows (training/packing.py): ``segment_ids`` [B, T] numbers
+        the samples of each row (0 = padding), each attends only to itself; ``position_ids`` restart at 0 per
+        sample; ``cls_positions`` [N] (flat indices) are the samples' first tokens, whose pooled outputs come
+        back in that order ([N, D]); ``token_order`` lists the real tokens in the samples' order, which a token
+        gate fills its capacity in."""
         if task is not None and not isinstance(task, str) and len(task) != input_ids.shape[0]:
             raise ValueError(f"{len(task)} tasks given for a batch of {input_ids.shape[0]} rows")
         if task is None and skill_ids is None:
@@ -278,13 +298,12 @@ class SkillNetBertModel(SkillNetBertPreTrainedModel):
         if routing is None:
             keep = attention_mask.bool() if attention_mask is not None and router.routes_tokens else None
             routing = router.route(self, task, skill_ids, token_mask_BT=keep, device=input_ids.device)
+            if token_order is not None and routing.token_mask is not None:
+                routing = dataclasses.replace(routing, token_order=token_order)
         routing.aux.clear()  # a routing passed in again: only this forward's losses count
-        x = self.embeddings(input_ids, token_type_ids)
-        mask = None
-        if attention_mask is not None:
-            # Additive mask: 0 where attended, dtype-min where padded (as HF BERT).
-            mask = (1.0 - attention_mask[:, None, None, :].to(x.dtype)) * torch.finfo(x.dtype).min
-        hook = self._extras_hook(task, mask, input_ids.device)
+        x = self.embeddings(input_ids, token_type_ids, position_ids)
+        mask = AttentionMask.build(attention_mask, segment_ids, x.dtype)
+        hook = self._extras_hook(task, mask.additive, input_ids.device)
         hidden = [x] if output_hidden_states else None
         for i, layer in enumerate(self.encoder.layer):
             extra = None
@@ -294,7 +313,7 @@ class SkillNetBertModel(SkillNetBertPreTrainedModel):
             x = layer(x, mask, routing, extra)
             if hidden is not None:
                 hidden.append(x)
-        pooled = self.pooler(x) if self.pooler is not None else None
+        pooled = self.pooler(x, cls_positions) if self.pooler is not None else None
         aux = router.aux_losses(self, [routing])
         weighted = router.weighted(aux)
         return EncoderOutput(

@@ -36,7 +36,7 @@ def register_extras(name: str) -> Callable[[type], type]:
 class TaskExtras:
     """Mixed into an ``nn.Module`` that holds per-task parameters."""
 
-    # Why a task with these extras has no stock transformers form (model/plain.py refuses it with this).
+    # Why a task with these extras has no stock transformers form (export/flatten.py refuses it with this).
     plain_refusal = "it adds per-task modules beside the shared layers, which a stock BERT has no place for"
 
     def task_modules(self) -> dict[str, nn.Module]:

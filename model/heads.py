@@ -110,7 +110,8 @@ class SkillNetBertForPreTraining(SkillNetBertPreTrainedModel):
         instead makes the host wait for the device to count them, once per MLM batch."""
         if task not in ("mlm", "nsp"):
             raise ValueError(f"pre-training task must be 'mlm' or 'nsp', got {task!r}")
-        enc = self.bert(input_ids, attention_mask, token_type_ids, task=task)
+        # Packed rows (training/packing.py) carry their layout; NSP then reads each pair's own [CLS].
+        enc = self.bert(input_ids, attention_mask, token_type_ids, task=task, **packed_layout(unused))
         if task == "mlm":
             if labels is None:
                 logits = self.cls.predictions.decoder(self.cls.predictions.transform(enc.last_hidden_state))
@@ -139,6 +140,15 @@ class SkillNetBertForPreTraining(SkillNetBertPreTrainedModel):
             logits=logits,
             metrics={"nsp_correct": correct, "nsp_count": next_sentence_label.numel()},
         )
+
+
+# What a packed batch carries beside the usual inputs (training/packing.py writes them), for the encoder.
+PACKED_LAYOUT = ("position_ids", "segment_ids", "cls_positions", "token_order")
+
+
+def packed_layout(batch: dict[str, Any]) -> dict[str, torch.Tensor]:
+    """The packed-row layout a batch carries, taken out of it for the encoder; {} for padded rows."""
+    return {k: batch.pop(k) for k in PACKED_LAYOUT if isinstance(batch.get(k), torch.Tensor)}
 
 
 # ---- fine-tuning heads ---------------------------------------------------------------------------------
@@ -433,7 +443,7 @@ class SkillNetBertForMultiTask(SkillNetBertPreTrainedModel):
             token_type_ids = token_type_ids.flatten(0, 1) if token_type_ids is not None else None
         elif isinstance(head, MatchingHead):
             raise ValueError(f"task {task!r} is a matching task: input_ids must be [groups, candidates, T]")
-        enc = self.bert(input_ids, attention_mask, token_type_ids, task=task)
+        enc = self.bert(input_ids, attention_mask, token_type_ids, task=task, **packed_layout(batch))
         out = head(enc, batch)
         return _with_aux(out, enc)
 

@@ -25,22 +25,17 @@ import re
 from pathlib import Path
 from typing import Any
 
+from .spec import skillnet_family
+
 _MODEL_DIR = Path(__file__).resolve().parent
 _REL_IMPORT = re.compile(r"^(\s*from\s+)\.(\w+)(\s+import\b)", re.M)
 
-# The classes each architecture exposes to the Auto API: (auto class, module, class name).
-AUTO_CLASSES: dict[str, list[tuple[str, str, str]]] = {
-    "skillnet-bert": [
-        ("AutoConfig", "config", "SkillNetBertConfig"),
-        ("AutoModel", "bert", "SkillNetBertModel"),
-        ("AutoModelForPreTraining", "heads", "SkillNetBertForPreTraining"),
-    ],
-    "skillnet-bart": [
-        ("AutoConfig", "bart", "SkillNetBartConfig"),
-        ("AutoModel", "bart", "SkillNetBartModel"),
-        ("AutoModelForSeq2SeqLM", "bart", "SkillNetBartForConditionalGeneration"),
-    ],
-}
+def _auto_classes(model_type: str) -> list[tuple[str, str, str]]:
+    """(Auto class, module, class) the family of `model_type` exposes (model/spec.py)."""
+    spec = skillnet_family(model_type)
+    if spec is None:
+        raise ValueError(f"model_type {model_type!r} is not a registered SkillNet model family")
+    return spec.served_auto_classes()
 
 
 def _remote_name(module: str) -> str:
@@ -101,7 +96,7 @@ def custom_pipelines(model_type: str, config: dict[str, Any] | None = None) -> d
 
 def served_classes(model_type: str, config: dict[str, Any] | None = None) -> list[tuple[str, str, str]]:
     """(auto class, module, class) an export of `config` (its config.json) can serve."""
-    classes = list(AUTO_CLASSES[model_type])
+    classes = _auto_classes(model_type)
     if model_type != "skillnet-bert" or config is None:
         return classes
     arch = (config.get("architectures") or [""])[0]
@@ -132,7 +127,12 @@ def write_remote_code(folder: str | os.PathLike, model_type: str) -> list[str]:
             written.append(f.name)
     else:
         # hf_tasks: the task classes and the custom pipelines, whether or not this export lists them
-        for m in sorted(_closure({mod for _, mod, _ in AUTO_CLASSES[model_type]} | {"hf_tasks"})):
+        modules = {mod for _, mod, _ in _auto_classes(model_type)}
+        outside = sorted(m for m in modules if not (_MODEL_DIR / f"{m}.py").is_file())
+        if outside:
+            raise ValueError(f"{model_type}: modules {outside} are not in {_MODEL_DIR}: remote code copies this "
+                             "package's files only")
+        for m in sorted(_closure(modules | {"hf_tasks"})):
             src = (_MODEL_DIR / f"{m}.py").read_text(encoding="utf-8")
             src = _REL_IMPORT.sub(lambda g: f"{g.group(1)}.{_remote_name(g.group(2))}{g.group(3)}", src)
             (folder / f"{_remote_name(m)}.py").write_text(src, encoding="utf-8")

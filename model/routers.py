@@ -157,7 +157,7 @@ class Router:
 
     def plain_mixture(self, backbone: nn.Module, task: str) -> list[tuple[int, float]]:
         """(skill id, weight) of the FFNs every token of `task` runs in evaluation, weights summing to 1.
-        One choice for the whole task is what lets a plain export merge them into one FFN (model/plain.py);
+        One choice for the whole task is what lets a plain export merge them into one FFN (export/flatten.py);
         a router that chooses per token raises `NotFlattenable`."""
         ids = self.skill_ids(task)
         return [(i, 1.0 / len(ids)) for i in ids]
@@ -243,7 +243,7 @@ class GateOutput:
 
 
 def top_k_gating(logits_NE: torch.Tensor, k: int, capacity_factor: float,
-                 keep_N: torch.Tensor | None = None) -> GateOutput:
+                 keep_N: torch.Tensor | None = None, order_M: torch.Tensor | None = None) -> GateOutput:
     """Top-k token routing with capacity, after fairseq's ``top2gating`` (deterministic second choice).
 
     Softmax in fp32. Each expert takes at most ``capacity = ceil(capacity_factor * k * tokens / E)``
@@ -251,6 +251,8 @@ def top_k_gating(logits_NE: torch.Tensor, k: int, capacity_factor: float,
     fairseq does; an assignment over capacity is dropped and the gates are renormalised over the experts
     that kept the token, so a token dropped everywhere gets 0 from the FFN and rides the residual.
     ``keep_N`` (False = padding) removes tokens from routing, from the capacity count and from the loss.
+    ``order_M`` (the real tokens' indices in priority order) replaces token order where the layout is not
+    the samples' order (packed rows), so that a packed batch drops exactly what the padded one drops.
     """
     probs_NE = logits_NE.float().softmax(-1)
     N, E = probs_NE.shape
@@ -270,7 +272,10 @@ def top_k_gating(logits_NE: torch.Tensor, k: int, capacity_factor: float,
     filled_E = torch.zeros(E, dtype=probs_NE.dtype, device=probs_NE.device)
     kept_masks = []
     for m_NE in masks:
-        loc_NE = torch.cumsum(m_NE, 0) - 1 + filled_E
+        if order_M is None:
+            loc_NE = torch.cumsum(m_NE, 0) - 1 + filled_E
+        else:  # positions counted in priority order; tokens outside the order are padding (routed nowhere)
+            loc_NE = torch.zeros_like(m_NE).index_copy(0, order_M, torch.cumsum(m_NE[order_M], 0)) - 1 + filled_E
         filled_E = filled_E + m_NE.sum(0)
         kept_masks.append(m_NE * (loc_NE < capacity))
     dispatch = torch.stack(kept_masks).sum(0)
@@ -312,9 +317,10 @@ class TokenGate(nn.Linear):
     def logits(self, x_ND: torch.Tensor) -> torch.Tensor:
         return super().forward(x_ND)
 
-    def forward(self, x_ND: torch.Tensor, keep_N: torch.Tensor | None = None) -> GateOutput:  # type: ignore[override]
+    def forward(self, x_ND: torch.Tensor, keep_N: torch.Tensor | None = None,  # type: ignore[override]
+                order_M: torch.Tensor | None = None) -> GateOutput:
         factor = self.capacity_factor if self.training else self.eval_capacity_factor
-        return top_k_gating(self.logits(x_ND), self.top_k, factor, keep_N)
+        return top_k_gating(self.logits(x_ND), self.top_k, factor, keep_N, order_M)
 
 
 @register_router("topk")

@@ -47,6 +47,9 @@ class SkillRouting:
     inverse: torch.Tensor | None  # restores batch order after the groups are concatenated
     # Token gate: [B, T] bool, False at padding, which takes no part in routing or balancing.
     token_mask: torch.Tensor | None = None
+    # Token gate on packed rows: the flat indices of the real tokens in the order of the unpacked batch
+    # (sample by sample), which is the order in which experts fill their capacity; None: layout order.
+    token_order: torch.Tensor | None = None
     # What the layers of this forward return beside their output (a token gate's balancing loss per
     # layer, in layer order); the model empties it when a forward starts and hands it to its router after,
     # which reduces and weights it.
@@ -78,9 +81,10 @@ class SkillRouting:
         return SkillRouting(tuple(groups), inverse.to(device))
 
     @staticmethod
-    def token_gate(num_skills: int, token_mask_BT: torch.Tensor | None) -> SkillRouting:
+    def token_gate(num_skills: int, token_mask_BT: torch.Tensor | None,
+                   token_order: torch.Tensor | None = None) -> SkillRouting:
         """Every FFN is a candidate; the layer's gate picks per token."""
-        return SkillRouting((SkillGroup(None, tuple(range(num_skills))),), None, token_mask_BT)
+        return SkillRouting((SkillGroup(None, tuple(range(num_skills))),), None, token_mask_BT, token_order)
 
     def active_skills(self) -> set[int]:
         return {i for g in self.groups for i in g.skill_ids}
@@ -431,7 +435,7 @@ class SkillFFN(nn.Module):
         loss goes into ``routing.aux``."""
         x_ND = x.reshape(-1, x.shape[-1])
         keep_N = None if routing.token_mask is None else routing.token_mask.reshape(-1)
-        g = self.gate(x_ND, keep_N)
+        g = self.gate(x_ND, keep_N, routing.token_order)
         routing.aux.append(g.aux_loss)
         y_ND = torch.zeros_like(x_ND)
         # Only the chosen tokens are computed. With several ranks every expert runs, the unchosen ones on

@@ -11,6 +11,7 @@ from typing import Any
 
 import torch
 from safetensors.torch import load_file, save_file
+from skillnet.common.files import atomic_write_json
 from torch import nn
 from transformers import BartConfig, BertConfig, PreTrainedConfig, PreTrainedModel
 
@@ -151,8 +152,8 @@ def skillnet_from_dense(
             continue
         bare = key[5:] if key.startswith("bert.") else key
         if not bare.startswith(("embeddings.", "encoder.", "pooler.")):
-            if enc_prefix and key.startswith("cls."):
-                mapped[key] = value  # BertForPreTraining heads share HF names
+            if enc_prefix and key.startswith("cls.") and hasattr(model, "cls"):
+                mapped[key] = value  # BertForPreTraining heads share HF names; a multi-task model has none
             continue
         m = _FFN_KEY.match(bare)
         per_skill = m is not None and (
@@ -338,9 +339,7 @@ def export_skill(model: nn.Module, name: str, path: str | Path, origin: str | No
         **facts,
         "format_version": 1,
     }
-    tmp = out / (MANIFEST_FILE + ".tmp")
-    tmp.write_text(json.dumps(manifest, indent=2, ensure_ascii=False))
-    tmp.replace(out / MANIFEST_FILE)
+    atomic_write_json(out / MANIFEST_FILE, manifest)
     return out
 
 

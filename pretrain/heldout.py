@@ -88,7 +88,7 @@ def heldout_mlm(model: torch.nn.Module, dataset: Any, *, unigram: int, batch_siz
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from skillnet.training.cli import Parser
+    from skillnet.common.cli import Parser
 
     p = Parser("skillnet.pretrain.heldout", description=__doc__.split("\n\n")[0])
     p.add_argument("--model", required=True, type=Path, help="the HF folder of a BERT pre-training export")
@@ -105,8 +105,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    from skillnet.common.outputs import at_least, check_options, in_range
     from skillnet.pretrain.dataset import PretrainingDataset
-    from skillnet.training.outputs import at_least, check_options, in_range
 
     ap = build_parser()
     a = ap.parse_args(argv)

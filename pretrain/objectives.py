@@ -18,6 +18,7 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 from skillnet.training.batch import Batch
+from skillnet.training.packing import pack_where_it_pays
 
 __all__ = ["ObjectiveSampler", "PretrainBatchSource", "PretrainingDatasetLike"]
 
@@ -82,6 +83,7 @@ class ObjectiveSampler:
 
 class PretrainingDatasetLike(Protocol):
     num_samples: int
+    pad_id: int
 
     def batch(self, indices: Sequence[int], epoch: int, objective: str) -> dict[str, Any]: ...
 
@@ -99,6 +101,10 @@ class PretrainBatchSource:
     numbers, ``prefetch`` batches queued per worker, in pinned memory with ``pin_memory``), so the GPU
     never waits for the host. A batch is a pure function of its number, so the batches, their order and
     the resumable state are those of ``workers=0``; a prefetched batch the run never took is not counted.
+
+    ``packing`` puts the micro-batch's samples into as few rows as fit (training/packing.py): the same
+    samples, in fewer rows, each attending only to itself. It changes rows, not samples, so the data order,
+    the state and a resume on another number of ranks are those of unpacked batches.
     """
 
     def __init__(
@@ -113,6 +119,7 @@ class PretrainBatchSource:
         workers: int = 0,
         prefetch: int = 4,
         pin_memory: bool = False,
+        packing: bool = False,
     ) -> None:
         if workers < 0 or prefetch < 1:
             raise ValueError(f"workers must be >= 0 and prefetch >= 1, got {workers} and {prefetch}")
@@ -147,6 +154,7 @@ class PretrainBatchSource:
         self._perm_epoch = -1
         self._perm: np.ndarray | None = None
         self.workers, self.prefetch, self.pin_memory = workers, prefetch, pin_memory
+        self.packing = packing
         self._ahead: Iterator[tuple[str, dict[str, Any]]] | None = None  # the workers' batches from self.micro
 
     def __iter__(self) -> Iterator[Batch]:
@@ -157,6 +165,8 @@ class PretrainBatchSource:
         step, k, epoch, indices = self.position(micro)
         objective = self.sampler.choice(step, k)
         tensors = self.dataset.batch(indices, epoch, objective)
+        if self.packing:
+            tensors = pack_where_it_pays(tensors, self.dataset.pad_id)
         labels = tensors.get("labels")
         if objective == "mlm" and isinstance(labels, torch.Tensor):
             # The predicted positions, found here on the host (in a worker): the model gathers them without

@@ -14,10 +14,13 @@ A setting comes from, in this order:
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
-__all__ = ["DEFAULTS", "RECIPES", "Recipe", "Setting", "resolve_settings", "ds_config_settings", "describe"]
+__all__ = ["DEFAULTS", "RECIPES", "Recipe", "Setting", "resolve_settings", "ds_config_settings", "describe",
+           "describe_checkpoint"]
 
 DEFAULTS: dict[str, Any] = {
     "preset": "tiny",
@@ -121,11 +124,14 @@ def ds_config_settings(ds: dict[str, Any] | None) -> dict[str, Any]:
 
 
 def resolve_settings(
-    flags: dict[str, Any], ds: dict[str, Any] | None, recipe: str | None, ds_source: str = "<ds_config>"
+    flags: dict[str, Any], ds: dict[str, Any] | None, recipe: str | None, ds_source: str = "<ds_config>",
+    model_from: str | None = None,
 ) -> ResolvedSettings:
     """Effective value and source of every setting in DEFAULTS.
 
     ``flags`` maps setting names to what the user gave on the command line (None = not given).
+    ``model_from``: the checkpoint the model starts from (``--init-from-dense``), whose config.json gives
+    the model's shape: no preset applies then, and ``preset`` is None with that checkpoint as its source.
     Raises ValueError for an unknown recipe or a flag that contradicts the DeepSpeed JSON.
     """
     if recipe is not None and recipe not in RECIPES:
@@ -135,7 +141,10 @@ def resolve_settings(
     out = ResolvedSettings(recipe=rec)
     for name, default in DEFAULTS.items():
         flag = flags.get(name)
-        if flag is not None:
+        if name == "preset" and model_from is not None:
+            unused = f"; --preset {flag} not used" if flag is not None else ""
+            out.values[name] = Setting(None, f"--init-from-dense {model_from}{unused}")
+        elif flag is not None:
             flag = _normalise(name, flag)
             if name in from_ds and from_ds[name] != flag and name not in _DS_DEFAULT_ONLY:
                 raise ValueError(
@@ -151,6 +160,20 @@ def resolve_settings(
         else:
             out.values[name] = Setting(default, "default")
     return out
+
+
+def describe_checkpoint(folder: str) -> str:
+    """The start log's words for a model that starts from the checkpoint `folder`: its shape, as its
+    config.json gives it (BERT's or BART's field names)."""
+    try:
+        cfg = json.loads((Path(folder) / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return f"checkpoint {folder}"  # unreadable here: loading the model reports it
+    hidden = cfg.get("hidden_size", cfg.get("d_model"))
+    layers = cfg.get("num_hidden_layers", cfg.get("encoder_layers"))
+    decoder = f" + {cfg['decoder_layers']} decoder" if cfg.get("decoder_layers") is not None else ""
+    return (f"checkpoint {folder} ({cfg.get('model_type')}): hidden {hidden}, {layers}{decoder} layers, "
+            f"{cfg.get('max_position_embeddings')} positions, vocab {cfg.get('vocab_size')}")
 
 
 def _fmt(v: Any) -> str:
@@ -171,10 +194,11 @@ def describe(
     ds_config: str | None,
     mode: str | None = None,
     memory: str | None = None,
+    model: str | None = None,
 ) -> list[str]:
     """The start log: effective optimizer, schedule, sequence length, steps and batch, with sources;
     `mode` (what is trained: architecture, objectives) and `memory` (activation checkpointing) as their
-    own lines."""
+    own lines; `model`: what the model is when no preset gives it (`describe_checkpoint`)."""
 
     def v(name: str, unit: str = "") -> str:
         return f"{_fmt(s[name])}{unit} [{s.values[name].source}]"
@@ -200,7 +224,10 @@ def describe(
     if s.recipe is not None and s.recipe.global_batch and s.recipe.global_batch != glob:
         batch += f" (recipe {s.recipe.name} was trained with {s.recipe.global_batch}; set it in the JSON)"
     lines.append(batch)
-    lines.append(f"  model      preset {v('preset')}")
+    if s["preset"] is None:  # a checkpoint gives the model's shape (resolve_settings' model_from)
+        lines.append(f"  model      {model or 'checkpoint'} [{s.values['preset'].source}]")
+    else:
+        lines.append(f"  model      preset {v('preset')}")
     if mode:
         lines.append(f"  mode       {mode}")
     if memory:

@@ -7,7 +7,9 @@
 #   bash scripts/gpu_check.sh                       # all parts; writes runs/gpu_check/{*.txt,*.json,summary.txt}
 #   PARTS="bench_pretrain pipeline" bash scripts/gpu_check.sh   # a subset: tests skill_ffn generate
 #                              # bench_pretrain pipeline pipeline_compile pipeline_dense (default: all),
-#                              # pipeline_json (the JSON's ZeRO communication options kept on one GPU), profile
+#                              # pipeline_json (the JSON's ZeRO communication options kept on one GPU), profile,
+#                              # corpus_packed corpus_unpacked (the packaged corpus, packed rows and --no-packing),
+#                              # v100_fp16 (ds_configs/v100_fp16.json on the packaged corpus: the V100 arm)
 #   STEPS=60 PRESET=base SEQ=512 bash scripts/gpu_check.sh        # the pipeline arm's size (defaults shown)
 #   DTYPES=bf16 bash scripts/gpu_check.sh           # the benches' dtypes (default: fp16, and bf16 where supported)
 #   PART_TIMEOUT=900                                # seconds each part may run before it is stopped (default)
@@ -19,7 +21,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${GPU_CHECK_OUT:-runs/gpu_check}
-PARTS=${PARTS:-tests skill_ffn generate bench_pretrain pipeline pipeline_compile pipeline_dense}
+PARTS=${PARTS:-tests skill_ffn generate bench_pretrain pipeline pipeline_compile pipeline_dense corpus_packed corpus_unpacked v100_fp16}
 STEPS=${STEPS:-60}
 PRESET=${PRESET:-base}
 SEQ=${SEQ:-512}
@@ -103,6 +105,20 @@ want pipeline_compile && run_pipeline pipeline_compile --compile
 # The JSON's overlap_comm / contiguous_gradients kept on one GPU (the default turns them off there).
 want pipeline_json && run_pipeline pipeline_json --zero_comm json
 want pipeline_dense && run_pipeline pipeline_dense --dense --model_config "$OUT/dense_width.json"
+# The packaged corpus (not --synthetic): real documents, most far shorter than a row. Packed rows (the default)
+# against one sample per row; the summary reports MFU on real tokens for both.
+if want corpus_packed || want corpus_unpacked || want v100_fp16; then
+  "$PY" -m skillnet.data_prep sample-corpus --out "$OUT/corpus.txt" --overwrite > "$OUT/corpus_build.txt" 2>&1 &&
+    "$PY" -m skillnet.data_prep build "$OUT/corpus.txt" --out "$OUT/shards" --overwrite --no-progress >> "$OUT/corpus_build.txt" 2>&1 ||
+    echo "packaged corpus: build failed (see $OUT/corpus_build.txt)"
+  # These arms read the shards in place of the synthetic corpus.
+  pipeline_args=(--ds_config "$ds_json" --shards "$OUT/shards" --preset "$PRESET" --max_seq_len "$SEQ" --log_every 10
+                 --no_progress --no_tensorboard --resume none)
+  want corpus_packed && run_pipeline corpus_packed
+  want corpus_unpacked && run_pipeline corpus_unpacked --no_packing
+  # V100's config (fp16, loss scaling, no bf16) on any card: it must run; its speed is a V100's business.
+  want v100_fp16 && run_pipeline v100_fp16 --ds_config ds_configs/v100_fp16.json --max_steps 20
+fi
 if want profile; then
   # The same run's host side under cProfile (one process, no launcher): where the host spends a step.
   rm -rf "$OUT/profile"

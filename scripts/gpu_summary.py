@@ -165,8 +165,57 @@ def main(argv: list[str] | None = None) -> int:
         if b and "datasheet_tflops" in b:
             mfu = padded * _flops_per_token(a.preset, a.seq) / (b["datasheet_tflops"] * 1e12)
             lines.append(f"  MFU vs the datasheet: {mfu:.3f} (target >= 0.40: {_mark(mfu >= 0.40)})")
+    lines += corpus_lines(out, a.preset, a.seq, b.get("datasheet_tflops") if b else None)
     print("\n".join(lines))
     return 0
+
+
+def real_flops_per_token(shards: Path, preset: str, seq: int, samples: int = 2048) -> float:
+    """Matmul FLOPs (forward + backward) per real token of the 50/50 MLM/NSP mix on these shards, counted as
+    the model computes packed rows on a GPU: each sample's own tokens, attention over its own length (the
+    variable-length kernel), the MLM head at the masked positions."""
+    import numpy as np  # noqa: PLC0415
+    from skillnet.experiments.benchdoc import encoder_step_flops  # noqa: PLC0415
+    from skillnet.model import SkillNetBertConfig  # noqa: PLC0415
+    from skillnet.pretrain.dataset import PretrainingDataset  # noqa: PLC0415
+
+    cfg = SkillNetBertConfig.preset(preset)
+    ds = PretrainingDataset(shards, max_seq_len=seq, verify="size")
+    idx = np.random.default_rng(0).permutation(len(ds))[:samples].tolist()
+    flops = tokens = 0.0
+    for o in ("mlm", "nsp"):
+        b = ds.batch(idx, 0, o)
+        lens = b["attention_mask"].sum(1)
+        masked = int((b["labels"] != -100).sum()) if o == "mlm" else 0
+        W = len(cfg.task_skill_names(o)) * cfg.intermediate_size
+        flops += encoder_step_flops(cfg.hidden_size, cfg.num_hidden_layers, cfg.vocab_size, W, int(lens.sum()),
+                                    int((lens**2).sum()), o, masked, len(idx))
+        tokens += float(lens.sum())
+    return flops / tokens
+
+
+def corpus_lines(out: Path, preset: str, seq: int, datasheet_tflops: float | None) -> list[str]:
+    """The packaged-corpus arms: real tokens/s, the real share of the rows, and MFU on real tokens."""
+    arms = {"corpus_packed": "packed rows", "corpus_unpacked": "--no-packing", "v100_fp16": "ds_configs/v100_fp16.json"}
+    lines: list[str] = []
+    per_token = None
+    if (out / "shards" / "manifest.json").is_file():
+        per_token = real_flops_per_token(out / "shards", preset, seq)
+    for name, label in arms.items():
+        p = pipeline_figures(out, name)
+        if p is None:
+            lines.append(f"{name}: not run (no {out / name / 'log.jsonl'} with three logged windows)")
+            continue
+        recs = [json.loads(x) for x in (out / name / "log.jsonl").read_text().splitlines() if '"train"' in x]
+        shares = [r["real_token_share"] for r in recs[2:] or recs[-1:] if "real_token_share" in r]
+        share = f"{statistics.mean(shares):.1%}" if shares else "n/a"
+        line = (f"{name} ({label}, packaged corpus, seq {seq}): {p['tokens_per_s']:,.0f} real tokens/s, real share "
+                f"{share}, {p['seconds_per_step'] * 1e3:.0f} ms/step")
+        if per_token and datasheet_tflops and name != "v100_fp16":
+            mfu = p["tokens_per_s"] * per_token / (datasheet_tflops * 1e12)
+            line += f"; real-token MFU {mfu:.3f} (target >= 0.40: {_mark(mfu >= 0.40)})"
+        lines.append(line)
+    return lines
 
 
 if __name__ == "__main__":

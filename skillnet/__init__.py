@@ -1,5 +1,6 @@
 """SkillNet's import path: ``skillnet.model``, ``skillnet.data_prep``, ``skillnet.pretrain``,
-``skillnet.finetune``, ``skillnet.training`` and ``skillnet.experiments``.
+``skillnet.finetune``, ``skillnet.training``, ``skillnet.export``, ``skillnet.common`` and
+``skillnet.experiments``.
 
 The repository keeps these as top-level folders (the layout the project promises); the installed name is
 ``skillnet.<folder>`` so that a user's own ``model.py`` or ``training/`` can never shadow the library.

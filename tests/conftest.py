@@ -11,6 +11,23 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 
+# What a launcher sets, and what a DeepSpeed run started in this process without one sets for itself
+# (training/dist.py one_rank_without_launcher): a test that runs such a command in-process must not hand them
+# to the commands later tests start, which would take themselves for rank 0 of a launch on a taken port.
+_LAUNCH_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+
+
+@pytest.fixture(autouse=True)
+def _launch_environment_stays_with_its_test():
+    before = {k: os.environ.get(k) for k in _LAUNCH_VARS}
+    yield
+    for k, v in before.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
+
+
 @pytest.fixture(scope="session")
 def default_shards(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The default tiny shards of tests/fixtures/pretrain/helpers.py (`build_shards` with no options: the real
@@ -24,7 +41,7 @@ def default_shards(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def pt_export(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A tiny sparse pre-training (`python pretrain/run.py ...`, started warm: tests/fixtures/warm.py) and its
     export, shared by the files that read it (HF pipelines, plain exports)."""
-    from skillnet.pretrain.export import export
+    from skillnet.export.hf_folder import export
 
     from tests.fixtures.warm import launch_fixture
 

@@ -1,4 +1,4 @@
-"""Activation checkpointing (issue #31 item 3): HF's ``activation_checkpointing_enable()`` on SkillNet-BERT and
+"""Activation checkpointing: HF's ``activation_checkpointing_enable()`` on SkillNet-BERT and
 SkillNet-BART gives the loss and gradients of the run without it (fp32), for mixed-task batches (per-row
 skill groups), every router and dropout on; and it keeps fewer activations for the backward pass."""
 

@@ -35,8 +35,8 @@ def test_presets_take_model_presets_and_profiles() -> None:
 
 
 def test_bart_speed_times_every_arm_and_the_padding_cost() -> None:
+    from skillnet.export.flatten import plain_bart
     from skillnet.model.bart import SkillNetBartConfig, SkillNetBartForConditionalGeneration
-    from skillnet.model.plain import plain_bart
 
     d = _bench()
     torch.manual_seed(0)

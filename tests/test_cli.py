@@ -14,7 +14,7 @@ import pytest
 from tests.fixtures.pretrain.helpers import REPO, subprocess_env
 
 CLIS = ["skillnet.data_prep.__main__", "skillnet.data_prep.tasks.__main__", "skillnet.pretrain.run",
-        "skillnet.pretrain.export", "skillnet.finetune.run", "skillnet.finetune.predict", "skillnet.finetune.compare",
+        "skillnet.pretrain.export", "skillnet.finetune.cli", "skillnet.finetune.predict", "skillnet.finetune.compare",
         "skillnet.finetune.report", "skillnet.training.warmup", "skillnet.experiments.memory"]
 
 
@@ -57,8 +57,8 @@ def test_underscore_and_dash_spellings_parse_alike(module):
 
 
 def test_a_whole_command_line_with_underscores(tmp_path):
+    from skillnet.finetune.cli import apply_overrides, build_parser
     from skillnet.finetune.config import FinetuneConfig
-    from skillnet.finetune.run import apply_overrides, build_parser
 
     from tests.test_finetune_e2e import tiny_config
 

@@ -1,5 +1,5 @@
 """The NER head's CRF only outputs valid IOB2: ``I-X`` follows ``B-X`` or ``I-X`` and never starts a
-sentence (issue 8, item 7). The constraint comes from the head spec's label list."""
+sentence. The constraint comes from the head spec's label list."""
 
 from __future__ import annotations
 

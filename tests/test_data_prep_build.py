@@ -14,8 +14,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import zstandard
+from skillnet.data_prep.bad_input import BadInputError
 from skillnet.data_prep.build import BuildConfig, build
-from skillnet.data_prep.corpus import BadInputError
 from skillnet.data_prep.shards import ShardError, iter_documents_ids, merge_parts, verify_dir
 from skillnet.data_prep.tokenizer import TokenizerError, load_tokenizer, train_wordpiece
 
@@ -174,7 +174,7 @@ def test_one_job_vs_three_jobs_plus_merge_identical(corpus, tmp_path):
 def test_merge_rejects_parts_with_other_settings(corpus, tmp_path):
     import shutil
 
-    from skillnet.training.outputs import OutputError
+    from skillnet.common.outputs import OutputError
 
     d, _ = corpus
     build(cfg([str(d / "*")], tmp_path / "o", unit_bytes=1500, num_shards=2, shard_index=0))

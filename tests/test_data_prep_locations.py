@@ -1,4 +1,4 @@
-"""data_prep's bad-input reports name the real line (and column) of each item (issue 8, item 10).
+"""data_prep's bad-input reports name the real line (and column) of each item.
 
 Before: JSONL lines missing the text field were all reported at the first line of their 1 MB chunk
 (`f.jsonl:1 (chunk)`), and empty documents `near byte 0`.

@@ -1,5 +1,5 @@
-"""`data_prep verify` guarantees a loadable shard, also when the checksums were recomputed after an edit
-(issue 8, item 12): token ids below the vocab size, `.idx` offsets increasing and inside the `.bin`.
+"""`data_prep verify` guarantees a loadable shard, also when the checksums were recomputed after an edit:
+token ids below the vocab size, `.idx` offsets increasing and inside the `.bin`.
 The pre-training data path checks the same cheaply, so training never dies in F.embedding."""
 
 from __future__ import annotations

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 from skillnet.data_prep.tokenizer import load_tokenizer
-from skillnet.finetune import run as run_cli
 from skillnet.finetune import tasks as tasks_mod
+from skillnet.finetune.cli import main as finetune_main
 from skillnet.finetune.config import FinetuneConfig
 from skillnet.finetune.predict import Predictor
 from skillnet.finetune.tasks import TaskData
@@ -38,7 +38,7 @@ def test_final_dev_scores_are_the_selected_checkpoints_without_a_second_dev_pass
         return predict_split(self, model, split, bs, **kw)
 
     monkeypatch.setattr(TaskData, "predict_split", counted)
-    assert run_cli.main(["--config", str(tmp_path / "c.json"), "--no-tensorboard", "--no-progress"]) == 0
+    assert finetune_main(["--config", str(tmp_path / "c.json"), "--no-tensorboard", "--no-progress"]) == 0
     assert sorted(dev_passes) == ["ner"] * 3 + ["sent"] * 3  # one per evaluation (steps 2, 4, 6), none after
     monkeypatch.setattr(TaskData, "predict_split", predict_split)
 

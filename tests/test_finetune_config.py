@@ -86,7 +86,7 @@ def test_real_config_is_valid():
     json.loads(cfg.to_json())
 
 
-# --------------------------------------------------------------------------- issue 8, item 9
+# ---------------------------------------------------------------------------
 # Every config error is one `error:` line naming the config key, raised before any data is loaded.
 @pytest.mark.parametrize("mutate,msg", [
     (lambda d: d.update(sampler={"kind": "round_robin", "order": ["ner", "nope", "mrc", "sentiment"]}),
@@ -143,6 +143,23 @@ def test_check_model_accepts_new_skills_and_an_export(tmp_path):
     d = _base(model={"init": str(tmp_path)})
     with pytest.raises(ConfigError, match=r"tasks\[0\].skills: unknown skill 's4'.*s1, s2, s3, s7"):
         FinetuneConfig.from_dict(d).check_model()
+
+
+def test_a_binary_vocab_is_one_line_naming_the_file_and_the_option(tmp_path, capsys):
+    from skillnet.finetune.cli import main
+
+    (tmp_path / "vocab.bin").write_bytes(b"\x00\xb1\xff\xfe" * 64)
+    d = _base(model={"preset": "tiny", "vocab": "vocab.bin"}, output_dir=str(tmp_path / "out"))
+    cfg = FinetuneConfig.from_dict(d, where="my.json", base_dir=str(tmp_path))
+    with pytest.raises(ConfigError, match=r"^my.json: model.vocab: .*vocab.bin: not UTF-8 text"):
+        cfg.check_model(where="my.json")
+
+    (tmp_path / "bad.json").write_text(json.dumps(d))
+    rc, err = main(["--config", str(tmp_path / "bad.json"), "--no-progress"]), capsys.readouterr().err
+    lines = err.strip().splitlines()
+    assert rc == 2 and len(lines) == 1, err
+    assert lines[0].startswith(f"error: {tmp_path / 'bad.json'}: model.vocab: ") and "vocab.bin" in lines[0], err
+    assert not (tmp_path / "out").exists()
 
 
 @pytest.mark.parametrize("mutate,key,process", [

@@ -12,6 +12,7 @@ import torch
 from safetensors.torch import load_file
 from skillnet.finetune import predict as predict_cli
 from skillnet.finetune import run as run_cli
+from skillnet.finetune.cli import main as finetune_main
 from skillnet.finetune.config import FinetuneConfig
 
 FIX = Path(__file__).resolve().parent / "fixtures" / "finetune"
@@ -230,7 +231,7 @@ def test_bad_input_names_file_and_line(tmp_path, capsys, case, over, typ, msg):
     d["train"]["eval_every"] = 0
     p = tmp_path / "cfg.json"
     p.write_text(json.dumps(d, ensure_ascii=False), encoding="utf-8")
-    rc = run_cli.main(["--config", str(p), "--no-progress", "--no-tensorboard"])
+    rc = finetune_main(["--config", str(p), "--no-progress", "--no-tensorboard"])
     err = capsys.readouterr().err
     assert rc == 2
     assert err.startswith("error: ") and "Traceback" not in err
@@ -238,7 +239,7 @@ def test_bad_input_names_file_and_line(tmp_path, capsys, case, over, typ, msg):
 
     assert re.search(msg, err), err
     if case != "empty file":  # an empty file cannot be skipped: there is nothing to train on
-        rc = run_cli.main(["--config", str(p), "--no-progress", "--no-tensorboard", "--skip-bad"])
+        rc = finetune_main(["--config", str(p), "--no-progress", "--no-tensorboard", "--skip-bad"])
         err = capsys.readouterr().err
         assert rc == 0, err
         assert "skipped 1" in err

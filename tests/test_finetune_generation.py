@@ -12,6 +12,7 @@ import pytest
 import torch
 from skillnet.data_prep.tokenizer import default_vocab_path
 from skillnet.finetune import run as run_cli
+from skillnet.finetune.build import build_model
 from skillnet.finetune.config import ConfigError, FinetuneConfig
 from skillnet.model.hub import save_tokenizer
 from transformers import AutoTokenizer, BartConfig, BartForConditionalGeneration
@@ -78,7 +79,7 @@ def test_generation_starts_from_a_dense_bart_with_every_skill_a_copy(tmp_path):
     save_tokenizer(tmp_path / "bart", default_vocab_path())
     cfg = FinetuneConfig.from_dict(gen_config(tmp_path / "ft", model={"init": str(tmp_path / "bart")}))
     data = run_cli.load_task_data(cfg, __import__("skillnet.data_prep.tokenizer", fromlist=["x"]).load_tokenizer(None))
-    model, _ = run_cli.build_model(cfg, data)
+    model, _ = build_model(cfg, data)
     model.eval()
     ids = torch.randint(200, 8000, (2, 9))
     labels = torch.randint(200, 8000, (2, 5))

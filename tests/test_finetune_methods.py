@@ -12,6 +12,8 @@ import pytest
 import torch
 from skillnet.finetune import compare as compare_cli
 from skillnet.finetune import run as run_cli
+from skillnet.finetune import workers as compare_workers
+from skillnet.finetune.build import build_model
 from skillnet.finetune.config import ConfigError, FinetuneConfig
 from skillnet.finetune.samplers import SamplerConfig, annealing_warning, build_sampler
 from transformers import BertConfig, BertModel
@@ -33,7 +35,7 @@ def _build(tmp_path: Path, method: str, **kw) -> torch.nn.Module:
     from skillnet.data_prep.tokenizer import load_tokenizer
 
     data = run_cli.load_task_data(cfg, load_tokenizer(None))
-    model, _ = run_cli.build_model(cfg, data)
+    model, _ = build_model(cfg, data)
     return model.eval()
 
 
@@ -71,7 +73,7 @@ def test_a_task_head_starts_the_same_whatever_the_other_tasks(tmp_path):
     from skillnet.data_prep.tokenizer import load_tokenizer
 
     cfg = FinetuneConfig.from_dict(d)
-    one, _ = run_cli.build_model(cfg, run_cli.load_task_data(cfg, load_tokenizer(None)))
+    one, _ = build_model(cfg, run_cli.load_task_data(cfg, load_tokenizer(None)))
     for k, v in one.heads["ner"].state_dict().items():
         assert torch.equal(v, full.heads["ner"].state_dict()[k]), k
 
@@ -329,9 +331,11 @@ def test_a_run_in_process_logs_what_bypasses_sys_stderr(tmp_path, capfd, monkeyp
         print("from print", file=sys.stderr)
         return 0
 
-    monkeypatch.setattr(run_cli, "main", run)
+    from skillnet.finetune import cli as finetune_cli
+
+    monkeypatch.setattr(finetune_cli, "main", run)
     try:
-        rc, _ = compare_cli._run_in_process([sys.executable, "-m", "skillnet.finetune.run", "--seed", "0"], tmp_path)
+        rc, _ = compare_workers._run_in_process([sys.executable, "-m", "skillnet.finetune.run", "--seed", "0"], tmp_path)
         os.write(2, b"after the run\n")
     finally:
         lib.removeHandler(handler)
@@ -350,7 +354,7 @@ def test_compare_jobs_two_gives_the_same_results_as_one_at_a_time(compared, tmp_
     and each worker holds the output folder's lock that it was given."""
     import os
 
-    from skillnet.training.outputs import LOCK, exclusive
+    from skillnet.common.outputs import LOCK, exclusive
 
     work, args, _ = compared
     cfg = args[args.index("--config") + 1]
@@ -358,14 +362,14 @@ def test_compare_jobs_two_gives_the_same_results_as_one_at_a_time(compared, tmp_
     with (exclusive(tmp_path, option="--out", command="reproduction") as fd,
           compare_cli.shared_workers(fd)):
         assert compare_cli.main([*base, "--methods", "skillnet", "--output-dir", str(tmp_path / "jobs")]) == 0
-        workers = set(compare_cli._SHARED[2]._processes)
+        workers = set(compare_workers._SHARED[2]._processes)
         assert len(workers) == 2
         for pid in workers:
             held = {os.readlink(f"/proc/{pid}/fd/{n}") for n in os.listdir(f"/proc/{pid}/fd")}
             assert str(tmp_path / LOCK) in held, pid
         assert compare_cli.main([*base, "--methods", "dense_joint", "--output-dir", str(tmp_path / "jobs2")]) == 0
-        assert set(compare_cli._SHARED[2]._processes) == workers  # the second comparison started no worker
-    assert compare_cli._SHARED is None and not any(os.path.exists(f"/proc/{pid}/cmdline") for pid in workers)
+        assert set(compare_workers._SHARED[2]._processes) == workers  # the second comparison started no worker
+    assert compare_workers._SHARED is None and not any(os.path.exists(f"/proc/{pid}/cmdline") for pid in workers)
     err = capsys.readouterr().err
     assert err.count("2 runs, 2 at a time") == 2 and err.count("finished in") == 4
     for m, folder in (("skillnet", "jobs"), ("dense_joint", "jobs2")):

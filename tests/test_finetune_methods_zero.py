@@ -48,10 +48,11 @@ def _config(tmp: Path, method: str) -> Path:
 def _initial_state(cfg_path: Path) -> dict[str, torch.Tensor]:
     from skillnet.data_prep.tokenizer import load_tokenizer
     from skillnet.finetune import run as run_cli
+    from skillnet.finetune.build import build_model
     from skillnet.finetune.config import FinetuneConfig
 
     cfg = FinetuneConfig.load(cfg_path)
-    model, _ = run_cli.build_model(cfg, run_cli.load_task_data(cfg, load_tokenizer(None)))
+    model, _ = build_model(cfg, run_cli.load_task_data(cfg, load_tokenizer(None)))
     return {k: v.detach().clone() for k, v in model.state_dict().items()}
 
 

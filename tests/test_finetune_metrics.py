@@ -108,7 +108,7 @@ def test_group_top1_accuracy_by_hand():
     assert const["top1_accuracy"] == pytest.approx(25.0)
 
 
-# --------------------------------------------------------------------------- issue 8, items 6-8
+# ---------------------------------------------------------------------------
 # Metrics the paper compares with, cross-checked against the official script's logic (CMRC 2018) and
 # well-kept libraries (seqeval, scikit-learn, scipy). Accessed through the module so that a missing
 # function fails its own test only.

@@ -126,7 +126,7 @@ def test_eval_cap_is_a_sample_not_the_head_of_a_sorted_file(tmp_path, tok):
     assert again.records["dev"] == d.records["dev"]  # deterministic
 
 
-# --------------------------------------------------------------------------- issue 8, items 5, 6, 8, 11
+# ---------------------------------------------------------------------------
 PAIRS = [{"text": "花呗如何还款", "text_pair": "花呗怎么还钱", "label": "1"},
          {"text": "今天天气好", "text_pair": "借呗利息多少", "label": "0"}]
 

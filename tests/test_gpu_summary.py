@@ -59,3 +59,36 @@ def test_gpu_check_on_a_cpu_checks_the_set_up_then_stops(tmp_path: Path) -> None
     assert lines[0].startswith("set-up: ") and lines[1].startswith("parts: tests skill_ffn")
     assert lines[-1].startswith("no CUDA device: stopping here")
     assert (tmp_path / "setup.txt").is_file()
+
+
+def test_corpus_arms_report_mfu_on_real_tokens(summary, tmp_path: Path, default_shards: Path) -> None:
+    """The packaged-corpus arms: real tokens/s times the FLOPs per real token (each sample's own tokens and
+    attention length, the MLM head at its masked positions) over the datasheet peak."""
+    import shutil
+
+    from skillnet.experiments.benchdoc import encoder_step_flops
+    from skillnet.model import SkillNetBertConfig
+    from skillnet.pretrain.dataset import PretrainingDataset
+
+    shutil.copytree(default_shards, tmp_path / "shards")
+    _arm(tmp_path, "corpus_packed", [100, 100, 100, 100], profiled=False)
+    per_token = summary.real_flops_per_token(tmp_path / "shards", "tiny", 64, samples=16)
+    cfg = SkillNetBertConfig.preset("tiny")
+    ds = PretrainingDataset(tmp_path / "shards", max_seq_len=64, verify="size")
+    import numpy as np
+
+    idx = np.random.default_rng(0).permutation(len(ds))[:16].tolist()
+    flops = tokens = 0.0
+    for o in ("mlm", "nsp"):
+        b = ds.batch(idx, 0, o)
+        lens = b["attention_mask"].sum(1)
+        masked = int((b["labels"] != -100).sum()) if o == "mlm" else 0
+        flops += encoder_step_flops(64, 2, cfg.vocab_size, len(cfg.task_skill_names(o)) * 128, int(lens.sum()),
+                                    int((lens**2).sum()), o, masked, 16)
+        tokens += float(lens.sum())
+    assert per_token == pytest.approx(flops / tokens)
+    lines = summary.corpus_lines(tmp_path, "tiny", 64, 989.4)
+    packed = next(x for x in lines if x.startswith("corpus_packed"))
+    mfu = 10 * summary.real_flops_per_token(tmp_path / "shards", "tiny", 64) / 989.4e12  # _arm: 10 tokens/s
+    assert f"real-token MFU {mfu:.3f}" in packed and "10 real tokens/s" in packed and "real share n/a" in packed
+    assert any(x.startswith("corpus_unpacked: not run") for x in lines)

@@ -1,6 +1,6 @@
 """experiments.hf_check runs plain transformers in a temporary folder: a model folder given relative to
 the caller's working directory must still be found there (it was read as a hub repo id). Its plain-export
-check covers every task of a small run, with an ONNX row per task (issue 30 item 7)."""
+check covers every task of a small run, with an ONNX row per task."""
 
 from __future__ import annotations
 

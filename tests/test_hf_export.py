@@ -109,9 +109,9 @@ def test_plain_bert_loads_a_skillnet_folder_with_random_ffns(tmp_path):
 
 @pytest.mark.slow  # measured 40 s
 def test_pretraining_and_finetuning_exports_carry_a_tokenizer(tmp_path):
+    from skillnet.export.hf_folder import export
     from skillnet.finetune import run as run_cli
     from skillnet.finetune.config import FinetuneConfig
-    from skillnet.pretrain.export import export
 
     from tests.test_finetune_e2e import tiny_config
 

@@ -1,4 +1,4 @@
-"""Exports work wherever a transformers model works (issue 19): one test per row of its table, each run in
+"""Exports work wherever a transformers model works: one test per use (docs/hf.md), each run in
 a subprocess whose import path cannot see this project, each checked against the project's own output.
 
 Rows: fill-mask pipeline, AutoModelForMaskedLM, feature-extraction / AutoModel without task=,
@@ -206,7 +206,7 @@ def test_text_classification_matches_predict(ft_run, plain):
 
 def test_task_picks_the_head_of_a_standard_pipeline(ft_run, pt_export, plain):
     """task= per call, or task_name= per pipeline, runs that task with its labels; a task the pipeline cannot
-    run is an error naming those it can (issue 29: it used to answer with the default task's labels)."""
+    run is an error naming those it can (not an answer with the default task's labels)."""
     from skillnet.finetune.predict import Predictor
     from skillnet.model import SkillNetBertForPreTraining
     from transformers import AutoTokenizer
@@ -259,7 +259,7 @@ def test_truncation_fits_the_model(pt_export, plain):
 
 
 def test_model_card_and_no_absolute_paths(pt_export, ft_run):
-    from skillnet.model.card import absolute_paths
+    from skillnet.export.card import absolute_paths
 
     card = (ft_run / "export" / "README.md").read_text(encoding="utf-8")
     results = json.loads((ft_run / "results.json").read_text())
@@ -299,7 +299,7 @@ def test_text2text_pipeline_never_emits_unk(gen_run, plain):
 
 def test_the_unk_id_is_read_as_the_tokenizer_reads_the_vocab(tmp_path):
     """The vocab holds tokens (\\u2028, \\x1c) that splitlines() breaks on: they must not shift the id."""
-    from skillnet.model.card import _unk_id
+    from skillnet.export.card import _unk_id
     from skillnet.model.hub import save_tokenizer
 
     vocab = tmp_path / "src" / "vocab.txt"

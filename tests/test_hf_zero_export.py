@@ -1,5 +1,5 @@
 """`deepspeed pretrain/run.py --ds_config ds_configs/zero2.json`, then `export`: the folder passes the
-fill-mask and feature-extraction rows of issue 19 in an environment that cannot see the project.
+fill-mask and feature-extraction rows of tests/test_hf_pipelines.py in an environment that cannot see the project.
 
 The two runs' ranks start warm (tests/fixtures/warm.py: the environment DeepSpeed's launcher gives each rank,
 without its ~20 s start-up); the `deepspeed` command itself is run in tests/test_pretrain_zero.py (a SIGTERM to

@@ -16,9 +16,9 @@ REPO = Path(__file__).resolve().parents[1]
 
 @pytest.mark.slow  # measured 21 s
 def test_user_modules_named_like_the_folders_do_not_shadow_the_library(tmp_path):
-    for name in ("model", "training", "finetune", "data_prep", "pretrain"):
+    for name in ("model", "training", "finetune", "data_prep", "pretrain", "export"):
         (tmp_path / f"{name}.py").write_text(f"raise SystemExit('the user\\'s {name}.py was imported')\n")
-    code = ("import skillnet.finetune.run, skillnet.pretrain.run, skillnet.data_prep.__main__; "
+    code = ("import skillnet.finetune.run, skillnet.pretrain.run, skillnet.pretrain.export, skillnet.data_prep.__main__; "
             "from skillnet.model import SkillNetBertConfig; print(SkillNetBertConfig.model_type)")
     r = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True,
                        env=subprocess_env(), timeout=300)

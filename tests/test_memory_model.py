@@ -1,4 +1,4 @@
-"""The memory model (experiments/memory.py, issue #31 item 2) against what it models: the activations against
+"""The memory model (experiments/memory.py) against what it models: the activations against
 the tensors autograd saves, the model states against DeepSpeed's own estimators, and the whole peak against a
 measured CPU training step (±15%). The real-size runs (BERT-base / BART-base through DeepSpeed) are item 1's."""
 
@@ -11,6 +11,8 @@ from pathlib import Path
 import pytest
 import torch
 from skillnet.experiments import memory as M
+
+from tests.fixtures.memory_step import measure_in_subprocess
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -106,7 +108,7 @@ MEASURED = [
 @pytest.mark.parametrize(("arch", "preset", "tasks", "B", "T", "ckpt"), MEASURED)
 def test_peak_is_within_15_percent_of_a_measured_cpu_step(arch: str, preset: str, tasks: list[str], B: int, T: int,
                                                           ckpt: bool) -> None:
-    measured = M.measure_in_subprocess(arch, preset, tasks, B, T, ckpt)["peak_above_baseline"]
+    measured = measure_in_subprocess(arch, preset, tasks, B, T, ckpt)["peak_above_baseline"]
     s = M.Setup(arch=arch, preset=preset, dtype="fp32", zero=None, micro_batch=B, seq_len=T, device="cpu",
                 checkpointing=ckpt, trained_objectives=tuple(dict.fromkeys(tasks)))
     predicted = M.predict(s)["peak"]
@@ -136,7 +138,7 @@ def test_a_measured_step_does_not_read_its_parents_memory() -> None:
     process image's high-water mark instead."""
     big = bytearray(800_000_000)
     big[::4096] = b"\x01" * len(big[::4096])  # resident, not just reserved
-    measured = M.measure_in_subprocess("bert", "tiny", ["mlm"], 2, 32)["peak_above_baseline"]
+    measured = measure_in_subprocess("bert", "tiny", ["mlm"], 2, 32)["peak_above_baseline"]
     del big
     assert measured < 200e6, f"measured {measured / 1e6:.0f} MB for a tiny BERT step"
 

@@ -1,4 +1,4 @@
-"""SkillNet-BART sparse updates under the 2-rank ZeRO-2 launch (issue 10 acceptance): a step of one task
+"""SkillNet-BART sparse updates under the 2-rank ZeRO-2 launch: a step of one task
 leaves the skills it did not use bit-identical, and moves the ones it used.
 
 One `deepspeed --num_gpus 2` launch of tests/fixtures/bart_zero/sparse_step.py (see its docstring) writes

@@ -1,4 +1,4 @@
-"""MaskedAdamW counts one Adam step per optimizer step under every ZeRO stage (issue 8, item 3).
+"""MaskedAdamW counts one Adam step per optimizer step under every ZeRO stage.
 
 ZeRO-3 calls the optimizer's ``step()`` once per sub-group; ZeRO-1/2 once per param group; plain PyTorch
 once. A step count kept per param group and bumped on every call counted ZeRO-3 steps several times,

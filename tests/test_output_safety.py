@@ -107,7 +107,7 @@ def _export(*argv: object) -> Run:
 
 
 def _finetune(*argv: object) -> Run:
-    from skillnet.finetune.run import main
+    from skillnet.finetune.cli import main
 
     return _main(main, ["--config", FT_CONFIG, "--no-progress", "--no-tensorboard", *argv])
 
@@ -434,8 +434,8 @@ def test_a_second_reproduction_in_the_same_folder_is_refused_while_the_first_run
     same stages at once; the second is refused in one line naming the first's pid, and runs once it is gone."""
     import multiprocessing as mp
 
+    from skillnet.common.outputs import exclusive
     from skillnet.experiments.__main__ import main
-    from skillnet.training.outputs import exclusive
 
     out = tmp_path / "rq"
     args = ["--quick", "--out", str(out), "--stages", "report", "--report", str(tmp_path / "r.md")]
@@ -468,7 +468,7 @@ def test_a_killed_reproduction_leaves_the_folder_locked_while_its_stage_command_
     import sys
     import time
 
-    from skillnet.training.outputs import OutputError, exclusive
+    from skillnet.common.outputs import OutputError, exclusive
 
     out, started = tmp_path / "rq", tmp_path / "child.pid"
     stage = f"import os, time; open({str(started)!r}, 'w').write(str(os.getpid())); time.sleep(120)"
@@ -477,7 +477,7 @@ def test_a_killed_reproduction_leaves_the_folder_locked_while_its_stage_command_
         "from pathlib import Path\n"
         "from skillnet.experiments.profiles import PROFILES\n"
         "from skillnet.experiments.runner import Runner\n"
-        "from skillnet.training.outputs import exclusive\n"
+        "from skillnet.common.outputs import exclusive\n"
         f"out = Path({str(out)!r})\n"
         "with exclusive(out, option='--out', command='reproduction') as fd:\n"
         "    r = Runner(out, PROFILES['quick'], lock_fd=fd)\n"
@@ -528,7 +528,7 @@ def test_a_dry_run_of_a_redo_forgets_nothing(tmp_path: Path, capsys: pytest.Capt
 
 
 def _hold_lock(out: str, held, release) -> None:  # noqa: ANN001
-    from skillnet.training.outputs import exclusive
+    from skillnet.common.outputs import exclusive
 
     with exclusive(out, option="--out", command="reproduction"):
         held.set()
@@ -557,7 +557,7 @@ def render_table() -> str:
     return ("<!-- written by tests/test_output_safety.py from its CASES (SKILLNET_WRITE_DOCS=1 to rewrite) -->\n"
             "# What each command does with existing output, damaged checkpoints and bad options\n\n"
             "Every command that writes a folder marks it (`.skillnet_output.json`: the command and the settings "
-            "that make two runs the same one, training/outputs.py). It resumes or replaces only its own output "
+            "that make two runs the same one, common/outputs.py). It resumes or replaces only its own output "
             "of the same settings; anything else is refused in one line unless `--overwrite` says otherwise. "
             "Each row is checked by a test in tests/test_output_safety.py.\n\n"
             "| command | situation | what it does |\n| --- | --- | --- |\n" + rows + "\n")

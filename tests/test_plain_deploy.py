@@ -1,4 +1,4 @@
-"""``export --plain`` folders served by plain transformers (issue 30): each task type of the reproduction (sentiment,
+"""``export --plain`` folders served by plain transformers: each task type of the reproduction (sentiment,
 NER, qa_match, span; MLM; a generation task) is exported from a real fine-tuning (or pre-training) export, loaded
 by the stock Auto classes without ``trust_remote_code`` in an interpreter that cannot import the project, and
 checked against the sparse model: logits within 1e-5 in fp32, the same argmax, the same beam output, and the
@@ -258,8 +258,8 @@ def test_bart_beam_output_equals_sparse_token_for_token(plain, gen_run, exports)
 def test_onnx_fp32_within_1e4_and_int8_score_drop_reported(task, ft4, tmp_path):
     pytest.importorskip("onnxruntime")
     pytest.importorskip("onnxscript")
+    from skillnet.export.onnx_graphs import OrtModel
     from skillnet.pretrain.export import main
-    from skillnet.pretrain.plain_onnx import OrtModel
 
     out = tmp_path / task
     assert main(["--plain", "--onnx", "--checkpoint", str(ft4 / "export"), "--task", task, "--out", str(out)]) == 0

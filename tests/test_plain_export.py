@@ -1,4 +1,4 @@
-"""A task of a SkillNet model as a stock transformers model (issue 30): model/plain.py flattens a task's skills into
+"""A task of a SkillNet model as a stock transformers model: export/flatten.py flattens a task's skills into
 one FFN per layer, exactly; what cannot be flattened (MoE, PALs, per-skill LayerNorm over several skills) is
 refused with a one-line reason. These tests build tiny random models in-process; test_plain_deploy.py loads
 real exports in an interpreter that cannot import the project."""
@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import pytest
 import torch
+from skillnet.export.flatten import NotFlattenable, plain_bart, plain_bert
 from skillnet.model.bart import SkillNetBartConfig, SkillNetBartForConditionalGeneration
 from skillnet.model.config import DEFAULT_TASKS, SkillNetBertConfig
 from skillnet.model.heads import SkillNetBertForMultiTask, SkillNetBertForPreTraining
-from skillnet.model.plain import NotFlattenable, plain_bart, plain_bert
 
 HEADS = {"sentiment": {"type": "classification", "num_labels": 2, "labels": ["neg", "pos"]},
          "ner": {"type": "token_crf", "num_labels": 3, "labels": ["O", "B-PER", "I-PER"]},
@@ -200,7 +200,7 @@ def test_the_onnx_lines_of_a_matching_card_score_a_group(tmp_path):
 def test_the_card_of_a_sentence_pair_task_feeds_a_pair():
     """A task of sentence pairs (the held-back answer selection) is served with both texts: the card's line
     gave it one text, which the model never saw alone."""
-    from skillnet.pretrain.plain_export import _usage
+    from skillnet.export.plain import _usage
 
     pair = "\n".join(_usage({"class": "BertForSequenceClassification", "head": "classification", "kind": "pair"}))
     single = "\n".join(_usage({"class": "BertForSequenceClassification", "head": "classification", "kind": "single"}))

@@ -1,5 +1,5 @@
-"""SkillNet-BART as ONNX (issue 30): a task's plain BART traced to an encoder and a decoder graph (fp32 and
-dynamic int8), decoded by pretrain/onnx_seq2seq.py with numpy and onnxruntime only. The graphs' logits are
+"""SkillNet-BART as ONNX: a task's plain BART traced to an encoder and a decoder graph (fp32 and
+dynamic int8), decoded by export/onnx_seq2seq.py with numpy and onnxruntime only. The graphs' logits are
 within 1e-4 of the sparse model's and greedy and beam search give its tokens; the trimmed form (each layer
 at its own FFN width) is exact; ``export --plain --onnx`` measures and writes all of it for a fine-tuned
 BART export."""
@@ -26,9 +26,9 @@ TASK = "dialogue_generation"  # three skills: the skill layers are 3x as wide as
 def tiny(tmp_path_factory):
     """A random tiny SkillNet-BART with EOS made likely (so beams finish at different lengths), its plain
     form and the ONNX graphs of that."""
+    from skillnet.export.flatten import plain_bart
+    from skillnet.export.onnx_graphs import export_bart_onnx
     from skillnet.model.bart import SkillNetBartConfig, SkillNetBartForConditionalGeneration
-    from skillnet.model.plain import plain_bart
-    from skillnet.pretrain.plain_onnx import export_bart_onnx
 
     torch.manual_seed(0)
     m = SkillNetBartForConditionalGeneration(SkillNetBartConfig.preset("tiny")).eval()
@@ -49,7 +49,7 @@ def _inputs() -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def test_trim_padding_is_exact_and_narrows_the_layers_without_skills(tiny):
-    from skillnet.pretrain.plain_onnx import trim_padding
+    from skillnet.export.onnx_graphs import trim_padding
 
     m, flat, _, _ = tiny
     k = len(m.config.skill_ids(TASK))
@@ -71,7 +71,7 @@ def test_trim_padding_is_exact_and_narrows_the_layers_without_skills(tiny):
 
 
 def test_onnx_logits_within_1e4_and_int8_differs(tiny):
-    from skillnet.pretrain.onnx_seq2seq import OrtSeq2Seq
+    from skillnet.export.onnx_seq2seq import OrtSeq2Seq
 
     m, flat, folder, paths = tiny
     assert set(paths) == {"encoder", "decoder", "encoder_int8", "decoder_int8"}
@@ -94,7 +94,7 @@ def test_onnx_logits_within_1e4_and_int8_differs(tiny):
                                       {"num_beams": 2, "early_stopping": False}, {"num_beams": 3, "min_length": 5}],
                          ids=["greedy", "beam3", "beam4_lp", "beam2_not_early", "beam3_min_length"])
 def test_onnx_generation_equals_sparse_token_for_token(tiny, settings):
-    from skillnet.pretrain.onnx_seq2seq import OrtSeq2Seq
+    from skillnet.export.onnx_seq2seq import OrtSeq2Seq
 
     m, flat, folder, _ = tiny
     r = OrtSeq2Seq(folder, generation_config=flat.model.generation_config.to_dict())
@@ -114,7 +114,7 @@ def test_onnx_generation_equals_sparse_token_for_token(tiny, settings):
 
 
 def test_unsupported_settings_are_refused(tiny):
-    from skillnet.pretrain.onnx_seq2seq import OrtSeq2Seq
+    from skillnet.export.onnx_seq2seq import OrtSeq2Seq
 
     _, flat, folder, _ = tiny
     r = OrtSeq2Seq(folder, generation_config=flat.model.generation_config.to_dict())

@@ -17,7 +17,8 @@ import numpy as np
 import pytest
 import torch
 from safetensors.torch import load_file
-from skillnet.pretrain import export as export_mod
+from skillnet.export import hf_folder as export_mod
+from skillnet.pretrain import export as export_cmd
 from skillnet.pretrain import run as run_mod
 from skillnet.pretrain.dataset import PretrainingDataset
 from skillnet.pretrain.denoising import DenoisingDataset, infill, poisson_cdf
@@ -174,7 +175,7 @@ def test_help_and_start_log_name_the_modes(shards: Path, tmp_path: Path, capsys:
         assert flag in text, flag
     assert "(default 0.3, as BART)" in " ".join(text.split())
     with pytest.raises(SystemExit):
-        export_mod.main(["--help"])
+        export_cmd.main(["--help"])
     assert "--dense" in capsys.readouterr().out
     argv = ["--arch", "bart", "--shards", str(shards), "--output_dir", str(tmp_path), "--dry_run"]
     assert run_mod.main(argv) == 0
@@ -235,9 +236,10 @@ def test_dense_bert_exports_a_plain_bert_for_sparse_pretraining_and_finetuning(
     assert run_mod.main([*_common(shards, sparse_run, 2), "--init_from_dense", str(hf_dir)]) == 0
     assert sorted(losses_by_step(sparse_run)) == [1, 2]
     # model.init of fine-tuning: a dense HF BERT becomes SkillNet-BERT with every skill a copy of its FFN.
-    from skillnet.finetune.archs import ARCHS
+    from skillnet.model.spec import model_family
 
-    mt = ARCHS["bert"].from_dense()(str(hf_dir))
+    bert = model_family("bert")
+    mt = bert.load("from_dense")(str(hf_dir), model_class=bert.load("task_model"))
     assert torch.equal(mt.bert.skill_modules("s4")[0].intermediate.dense.weight, ffn)
     with pytest.raises(ValueError, match="not pre-trained with pretrain/run.py --dense"):
         export_mod.export(sparse_run, tmp_path / "hf_sparse", dense=True)

@@ -1,4 +1,4 @@
-"""NSP pairs carry no surface cue of their label (issue 8, item 1).
+"""NSP pairs carry no surface cue of their label.
 
 A true next B and a random B must be built the same way: both start at a sentence boundary and both
 take their length from the same distribution. Checked as the issue measures it: a simple classifier over

@@ -1,4 +1,4 @@
-"""`--recipe paper` and the start log of pretrain/run.py (issue 8, item 2).
+"""`--recipe paper` and the start log of pretrain/run.py.
 
 The paper's settings (Appendix B) are a named recipe usable with any ZeRO config, and every run prints
 its effective optimizer, schedule, sequence length and steps with the source of each value.
@@ -108,3 +108,26 @@ def test_paper_json_agrees_with_the_recipe() -> None:
     for name, value in in_json.items():
         assert recipe.settings.get(name, value) == value, name
     assert ds["train_batch_size"] == recipe.global_batch
+
+
+def test_init_from_dense_reports_the_checkpoint_as_the_model_s_source(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A dense BERT of hidden 96 and 3 layers is trained at its own shape; the start log, the start event and
+    run_args.json say so, instead of naming the default preset that played no part."""
+    from transformers import BertConfig, BertForPreTraining
+
+    dense = tmp_path / "dense"
+    BertForPreTraining(BertConfig(vocab_size=1024, hidden_size=96, num_hidden_layers=3, num_attention_heads=4,
+                                  intermediate_size=192, max_position_embeddings=64)).save_pretrained(str(dense))
+    out = tmp_path / "run"
+    argv = ["--synthetic", "64", "--synthetic_vocab", "1024", "--init_from_dense", str(dense), "--max_seq_len", "16"]
+    argv += ["--max_steps", "1", "--micro_batch_size", "2", "--output_dir", str(out), "--no_progress", "--no_tensorboard"]
+    assert run_mod.main(argv) == 0
+    stdout = capsys.readouterr().out
+    line = _line(stdout, "model")
+    assert "preset" not in line, line
+    assert str(dense) in line and "hidden 96" in line and "3 layers" in line, line
+    assert _start_event(stdout)["settings"]["preset"] == {"value": None, "source": f"--init-from-dense {dense}"}
+    run_args = json.loads((out / "run_args.json").read_text())
+    assert run_args["preset"] is None and run_args["init_from_dense"] == str(dense)

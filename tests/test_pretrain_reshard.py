@@ -2,7 +2,8 @@
 
 One run is saved on 2 ranks, continued on 1 rank, saved again and continued on 3 ranks
 (tests/fixtures/pretrain/reshard_state.py). The global batch (12 samples) is kept, so every step reads the
-same samples as the straight 2-rank run; the optimizer state crosses each change bit for bit; sparse
+same samples as the straight 2-rank run (in packed rows: each rank packs the samples it holds, so the rows
+change with the world size while the samples do not); the optimizer state crosses each change bit for bit; sparse
 updates still leave the skills a step does not use untouched; the losses follow the straight run.
 The end-to-end case through `deepspeed pretrain/run.py` is in tests/test_pretrain_zero.py.
 """
@@ -28,7 +29,7 @@ STEPS, MORE = 3, 3
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def runs(tmp_path_factory: pytest.TempPathFactory, default_shards: Path) -> Path:
     out = tmp_path_factory.mktemp("reshard")
     configs = []
     for stage in (1, 2, 3):
@@ -39,7 +40,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
         path.write_text(json.dumps(ds))
         configs.append(str(path))
     for phase, ranks in (("a", 2), ("b", 1), ("c", 3)):
-        launch_fixture(FIXTURE, [str(out), phase, *configs], nprocs=ranks, timeout=900)
+        launch_fixture(FIXTURE, [str(default_shards), str(out), phase, *configs], nprocs=ranks, timeout=900)
     return out
 
 

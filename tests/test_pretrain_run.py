@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file
-from skillnet.pretrain import export as export_mod
+from skillnet.export import hf_folder as export_mod
 from skillnet.pretrain import run as run_mod
 
 from tests.fixtures.pretrain.helpers import REPO, free_port, losses_by_step, subprocess_env

@@ -1,6 +1,6 @@
 """Multi-rank DeepSpeed runs through the real launcher on CPU (2 ranks, fp32, tiny shards).
 
-Acceptance (issue 4): ZeRO-2 pre-training for a few dozen steps lowers the MLM loss and leaves both
+Acceptance: ZeRO-2 pre-training for a few dozen steps lowers the MLM loss and leaves both
 ranks with identical weights; 2N straight vs N + SIGTERM + N gives the same losses and final weights
 for ZeRO-2 and ZeRO-1 (the ZeRO-1 interruption signals the whole process group, launcher included).
 """
@@ -136,7 +136,7 @@ def _assert_same_run(straight: Path, split: Path) -> None:
 
 def test_activation_checkpointing_on_zero2_ranks_trains_as_without(shards: Path, tmp_path: Path,
                                                                   straight_fp32: Path) -> None:
-    """--gradient-checkpointing (issue #31 item 3) on 2 ZeRO-2 ranks: the straight run's losses and final weights
+    """--gradient-checkpointing on 2 ZeRO-2 ranks: the straight run's losses and final weights
     (the tiny preset has dropout on: the recomputation replays the same masks)."""
     out = tmp_path / "ckpt"
     r = launch_fixture("pretrain/run.py", _args(shards, out, CPU_FP32, 2 * N, "--gradient_checkpointing"))

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file
-from skillnet.finetune import run as run_cli
+from skillnet.finetune.cli import main as finetune_main
 from skillnet.model.registry import ROUTERS, Router, register_router
 
 from tests.test_finetune_e2e import tiny_config
@@ -46,7 +46,7 @@ def test_a_router_defined_outside_the_model_package_trains_through_the_cli(tmp_p
     d = tiny_config(out, model={"init": str(tmp_path / "init")})
     d["tasks"] = d["tasks"][:2]  # sentiment: s1 s4 s7 -> s1; ner: s2 s7 -> s2
     (tmp_path / "cfg.json").write_text(json.dumps(d))
-    assert run_cli.main(["--config", str(tmp_path / "cfg.json"), "--method", "first_skill",
+    assert finetune_main(["--config", str(tmp_path / "cfg.json"), "--method", "first_skill",
                          "--no-tensorboard"]) == 0
 
     final = load_file(str(out / "export" / "model.safetensors"))

@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 import torch
 from skillnet.finetune import predict as predict_cli
-from skillnet.finetune import run as run_cli
 from skillnet.finetune import task_types
+from skillnet.finetune.cli import main as finetune_main
 from skillnet.finetune.config import ConfigError, FinetuneConfig
 from skillnet.finetune.task_types.base import Encoded, TaskCodec, bert_inputs, pair, piece_ids
 
@@ -87,7 +87,7 @@ def test_an_unregistered_type_is_a_config_error(tmp_path):
 def test_a_type_registered_from_outside_trains_through_the_cli(tmp_path, toy_type):
     cfg_file = tmp_path / "toy.json"
     cfg_file.write_text(json.dumps(_config(tmp_path / "run", toy_type)), encoding="utf-8")
-    rc = run_cli.main(["--config", str(cfg_file), "--no-tensorboard", "--no-progress"])
+    rc = finetune_main(["--config", str(cfg_file), "--no-tensorboard", "--no-progress"])
     assert rc == 0
     res = json.loads((tmp_path / "run" / "results.json").read_text(encoding="utf-8"))["tasks"]["toy"]
     assert res["type"] == toy_type and res["metric"] == "hits"

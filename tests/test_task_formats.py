@@ -1,4 +1,4 @@
-"""Task data in the formats of the HF ecosystem (issue 11, item 4): JSON, CSV, TSV, Parquet, a local
+"""Task data in the formats of the HF ecosystem: JSON, CSV, TSV, Parquet, a local
 `datasets.load_dataset` folder, a `save_to_disk` folder, and in-memory `Dataset` / `DatasetDict` objects.
 
 Each loads to the records of the JSONL fixture, and each trains the tiny multi-task run of
@@ -16,6 +16,7 @@ import pytest
 from skillnet.data_prep.tasks import TaskDataError, load_task_file
 from skillnet.data_prep.tasks.schema import infer_pair_kind
 from skillnet.finetune import run as run_cli
+from skillnet.finetune.cli import main as finetune_main
 from skillnet.finetune.config import ConfigError, FinetuneConfig, TaskConfig
 
 from tests.test_finetune_e2e import tiny_config
@@ -197,11 +198,11 @@ def test_bad_row_in_parquet_is_named_by_row(tmp_path, capsys):
     d["tasks"] = [dict(d["tasks"][0], train=p, labels=["neg", "pos"])]
     cfg = tmp_path / "cfg.json"
     cfg.write_text(json.dumps(d, ensure_ascii=False), encoding="utf-8")
-    assert run_cli.main(["--config", str(cfg), "--no-progress", "--no-tensorboard"]) == 2
+    assert finetune_main(["--config", str(cfg), "--no-progress", "--no-tensorboard"]) == 2
     err = capsys.readouterr().err
     assert err.strip().splitlines()[-1] == f"error: {p}:row 3: label 'neutral' is not in the label set ['neg', 'pos'] [single record]"
     assert "Traceback" not in err
-    assert run_cli.main(["--config", str(cfg), "--no-progress", "--no-tensorboard", "--skip-bad"]) == 0
+    assert finetune_main(["--config", str(cfg), "--no-progress", "--no-tensorboard", "--skip-bad"]) == 0
     assert "skipped 1" in capsys.readouterr().err
 
 
@@ -282,7 +283,7 @@ def test_unknown_extension_is_one_error_listing_the_formats(tmp_path, capsys):
     d["tasks"] = [dict(d["tasks"][0], train=str(p))]
     cfg = tmp_path / "cfg.json"
     cfg.write_text(json.dumps(d, ensure_ascii=False), encoding="utf-8")
-    assert run_cli.main(["--config", str(cfg), "--no-progress", "--no-tensorboard"]) == 2
+    assert finetune_main(["--config", str(cfg), "--no-progress", "--no-tensorboard"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err[-1].startswith("error: ") and "unsupported file type '.xlsx'" in err[-1]
 
@@ -329,7 +330,7 @@ def test_column_mapping(tmp_path, capsys):
     cfg_file = tmp_path / "cfg.json"
     cfg_file.write_text(json.dumps(d, ensure_ascii=False), encoding="utf-8")
     capsys.readouterr()
-    assert run_cli.main(["--config", str(cfg_file), "--no-progress", "--no-tensorboard"]) == 2
+    assert finetune_main(["--config", str(cfg_file), "--no-progress", "--no-tensorboard"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith(f"error: {cfg_file}: tasks[0]: columns: unknown field 'txt'")
     d["tasks"][0]["columns"] = {"text": ["sentence"]}

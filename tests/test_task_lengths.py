@@ -1,4 +1,4 @@
-"""Tokenised lengths of task records (issue #32: every qa_match example was cut at max_seq_len 64): what a
+"""Tokenised lengths of task records (a max_seq_len of 64 once cut every qa_match example): what a
 record needs, the statistics a conversion stores in task.json, and the converter's warning."""
 
 from __future__ import annotations

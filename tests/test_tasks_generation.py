@@ -130,7 +130,7 @@ def test_csc_bad_sighan_line(tmp_path: Path) -> None:
     (d / "sighan2015_test.tsv").write_text("好的。\t好的。\n只有一列\n", encoding="utf-8")
     with pytest.raises(ValueError, match=r"sighan2015_test.tsv:2: expected two tab-separated"):
         convert_spelling_correction(data_dir=d, text_path=FIX / "pd_sample.txt")
-    with pytest.raises(SystemExit) as e:  # the option rules of every command (training/outputs.py)
+    with pytest.raises(SystemExit) as e:  # the option rules of every command (common/outputs.py)
         main(["convert", "csc", "--out", str(tmp_path / "o"), "--data-path", str(d), "--clean-ratio", "1.5"])
     assert e.value.code == 2
 

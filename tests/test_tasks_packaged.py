@@ -306,6 +306,6 @@ def test_cli_peoples_daily_span(tmp_path: Path, capsys: pytest.CaptureFixture[st
     assert "peoples_daily_span (span): train=40, dev=8, test=8" in printed and "questions before/LOC" in printed
     ds, _ = load_task(out, "test")
     assert len(ds) == 8
-    with pytest.raises(SystemExit) as e:  # the option rules of every command (training/outputs.py)
+    with pytest.raises(SystemExit) as e:  # the option rules of every command (common/outputs.py)
         main(["convert", "peoples-daily-span", "--out", str(out), "--questions-per-sentence", "0"])
     assert e.value.code == 2 and "--questions-per-sentence 0: must be >= 1" in capsys.readouterr().err

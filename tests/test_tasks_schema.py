@@ -204,7 +204,7 @@ def test_check_record_public_validation() -> None:
         check_record({"text": "x"}, "single")
 
 
-# --------------------------------------------------------------------------- issue 8, items 5 and 10
+# ---------------------------------------------------------------------------
 def test_truncated_json_line_reports_the_real_column(tmp_path: Path) -> None:
     # The line's own newline must not move the error to "column 1" of a second line.
     truncated = '{"text": "abc", "label": "1"'  # the ',' or '}' expected at column 29

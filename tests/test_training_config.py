@@ -6,8 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
-from skillnet.training.config import DsConfigError, TrainConfig, load_ds_config, resolve_ds_config
-from skillnet.training.trainer import lr_lambda
+from skillnet.training.config import DsConfigError, TrainConfig, load_ds_config, lr_lambda, resolve_ds_config
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -257,7 +257,7 @@ def _call_pattern_run(pattern: str, steps: int = 4) -> tuple[MaskedAdamW, list[n
 
 @pytest.mark.parametrize("pattern", ["zero12", "zero3"])
 def test_deepspeed_call_patterns_count_one_adam_step_per_optimizer_step(pattern: str) -> None:
-    """Issue 8 item 3: ZeRO-3 calls step() once per sub-group; the count must stay the global step."""
+    """ZeRO-3 calls step() once per sub-group; the count must stay the global step."""
     ref, ref_params = _call_pattern_run("plain")
     opt, params = _call_pattern_run(pattern)
     assert [g["step"] for g in opt.param_groups] == [4, 4]
@@ -340,7 +340,7 @@ def test_non_contiguous_parameter(masked: bool) -> None:
 
 @pytest.mark.slow  # measured 20 s
 def test_bench_prints_both_ratios_as_the_last_line() -> None:
-    """bench/optim.py (issue 8 item 4) runs, agrees with fused AdamW where gradients are nonzero, and
+    """bench/optim.py runs, agrees with fused AdamW where gradients are nonzero, and
     prints its JSON last. No timing assertion: the ratios are the bench's output, not a test."""
     repo = Path(__file__).resolve().parents[1]
     r = subprocess.run(

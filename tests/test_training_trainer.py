@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 import torch
-from skillnet.training import Batch, BatchSource, TrainConfig, Trainer, TrainerCallback
+from skillnet.training import Batch, BatchSource, SkillStatistics, TrainConfig, Trainer, TrainerCallback
 from skillnet.training import checkpoint as ckpt_mod
 from torch import nn
 
@@ -92,7 +92,7 @@ def test_trainer_learns_logs_and_checkpoints(tmp_path: Path) -> None:
         ToySource(8, 1),
         _cfg(tmp_path, eval_every=10, save_every=10, keep_last=2),
         evaluator=evaluator,
-        skill_params=skill_params,
+        callbacks=[SkillStatistics(skill_params)],
     )
     res = tr.train()
     assert res.step == 30 and not res.stopped_by_signal
@@ -117,7 +117,7 @@ def test_skill_statistics_cover_only_the_steps_that_used_the_skill(tmp_path: Pat
         model = ToyModel()
         skill_params = {f"s{i}": list(model.skills[i].parameters()) for i in range(3)}
         Trainer(model, ToySource(8, 1), _cfg(out, max_steps=6, log_every=log_every, tensorboard=False),
-                skill_params=skill_params).train()
+                callbacks=[SkillStatistics(skill_params)]).train()
         return [json.loads(x) for x in (out / "log.jsonl").read_text().splitlines() if '"train"' in x]
 
     every = run(tmp_path / "every", 1)
@@ -139,7 +139,7 @@ def test_skill_drift_is_measured_from_the_first_weights_across_a_resume(tmp_path
         model = ToyModel()
         skill_params = {f"s{i}": list(model.skills[i].parameters()) for i in range(3)}
         Trainer(model, ToySource(8, 1), _cfg(out, max_steps=6, log_every=2, tensorboard=False, resume="auto", **kw),
-                skill_params=skill_params).train()
+                callbacks=[SkillStatistics(skill_params)]).train()
         return [json.loads(x) for x in (out / "log.jsonl").read_text().splitlines() if '"train"' in x][-1]
 
     full = run(tmp_path / "full")
@@ -496,115 +496,54 @@ def test_a_source_that_cannot_follow_another_world_size_refuses_the_resume(tmp_p
         tr.maybe_resume("auto")
 
 
-def test_bf16_deepspeed_overflow_check_moves_to_the_device(monkeypatch: pytest.MonkeyPatch) -> None:
-    """On a GPU, DeepSpeed's per-tensor bf16 overflow check (a host read-back per step) is replaced by the
-    optimizer's device-side skip of a non-finite step; an explicit JSON setting and CPU runs keep it."""
-    from types import SimpleNamespace
-
-    from skillnet.training.optim import MaskedAdamW
-    from skillnet.training.trainer import _device_overflow_guard, _nonfinite_norm
-
-    opt = MaskedAdamW([nn.Parameter(torch.ones(2))])
-    ds = {"bf16": {"enabled": True}}
-    assert not _device_overflow_guard(ds, opt) and "check_grad_overflow" not in ds["bf16"]  # no CUDA here
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    assert _device_overflow_guard(ds, opt) and ds["bf16"]["check_grad_overflow"] is False
-    explicit = {"bf16": {"enabled": True, "check_grad_overflow": True}}
-    assert not _device_overflow_guard(explicit, opt) and explicit["bf16"]["check_grad_overflow"] is True
-    assert not _device_overflow_guard({"fp16": {"enabled": True}}, opt)
-    assert not _device_overflow_guard({"bf16": {"enabled": True}}, MaskedAdamW([nn.Parameter(torch.ones(2))],
-                                                                                impl="count"))
-    # DeepSpeed reports an inf/NaN norm as -1
-    for norm, flag in ((torch.tensor(3.0), 0.0), (torch.tensor(-1.0), 1.0), (torch.tensor(float("nan")), 1.0)):
-        assert float(_nonfinite_norm(SimpleNamespace(_global_grad_norm=norm))) == flag
-    assert _nonfinite_norm(SimpleNamespace()) is None
-    # the optimizer applies the guard and counts the skip, with nothing read back
-    p = nn.Parameter(torch.ones(3))
-    guarded = MaskedAdamW([{"params": [p], "check_zeros": True}], impl="device")
-    guarded.found_inf_fn = lambda: torch.ones(())
-    p.grad = torch.ones(3)
-    guarded.step()
-    assert torch.equal(p.detach(), torch.ones(3))
-    offload = {"bf16": {"enabled": True}, "zero_optimization": {"offload_optimizer": {"device": "cpu"}}}
-    assert not _device_overflow_guard(offload, opt)  # CPU partitions step on the count path
-
-
-@pytest.mark.parametrize("norm", [0.5, 3.0, -1.0, float("inf"), float("nan")])
-def test_sync_free_clip_scales_as_deepspeeds_and_reads_nothing_back(norm: float) -> None:
-    """Under the device guard, ZeRO's clipping runs without DeepSpeed's host check of the norm: the same
-    scale for a finite norm and for DeepSpeed's invalid ones (-1 sentinel, inf, NaN), and no read-back."""
-    from types import SimpleNamespace
-
-    from deepspeed.runtime.zero.stage_1_and_2 import DeepSpeedZeroOptimizer
-    from skillnet.training.trainer import _sync_free_clip
-
-    def grads() -> list[torch.Tensor]:
-        return [torch.full((4,), 2.0), torch.arange(3.0)]
-
-    for loss_scale in (1.0, 8.0):
-        ref, mine = grads(), grads()
-        ds = SimpleNamespace(clip_grad=1.0, loss_scale=loss_scale, device="cpu")
-        DeepSpeedZeroOptimizer.unscale_and_clip_grads(ds, [ref[0], [ref[1]]], torch.tensor(norm))
-        opt = SimpleNamespace(clip_grad=1.0, loss_scale=loss_scale,
-                              unscale_and_clip_grads=lambda *a: pytest.fail("DeepSpeed's own method ran"))
-        _sync_free_clip(opt)
-        with pytest.MonkeyPatch.context() as mp:
-            mp.setattr(torch.Tensor, "__bool__", lambda self: pytest.fail("read back to the host"))
-            mp.setattr(torch.Tensor, "item", lambda self: pytest.fail("read back to the host"))
-            opt.unscale_and_clip_grads([mine[0], [mine[1]]], torch.tensor(norm))
-        for a, b in zip(ref, mine):
-            torch.testing.assert_close(b, a, rtol=0, atol=0, equal_nan=True)
-
-
-@pytest.mark.parametrize("bad", [None, float("inf"), float("nan")])
-def test_foreach_grad_norm_equals_deepspeeds(monkeypatch: pytest.MonkeyPatch, bad: float | None) -> None:
-    """ZeRO's global gradient norm from one foreach kernel: DeepSpeed's value (padding tensors skipped as it
-    skips them, -1 for inf/NaN), through the same all-reduces."""
-    from types import SimpleNamespace
-
-    import deepspeed.comm as dist
-    from deepspeed.runtime.zero.stage_1_and_2 import DeepSpeedZeroOptimizer
-    from skillnet.training.trainer import _foreach_grad_norm
-
-    reduced: list[str] = []
-    monkeypatch.setattr(dist, "all_reduce", lambda tensor, op=None, group=None, **kw: reduced.append("dp"))
-    torch.manual_seed(0)
-    grads = [torch.randn(7), torch.randn(3, 4).to(torch.bfloat16), torch.zeros(5), torch.randn(2)]
-    pad = torch.ones(4)
-    pad._zero_padding = True
-    if bad is not None:
-        grads[1][0, 0] = bad
-    params = [torch.empty(g.shape) for g in grads]
-
-    def fake() -> SimpleNamespace:
-        return SimpleNamespace(model_parallel_rank=0, dp_process_group=None, device="cpu",
-                               _model_parallel_all_reduce=lambda tensor, op: reduced.append("mp"))
-
-    ref_opt = fake()
-    ref = DeepSpeedZeroOptimizer.get_grad_norm_direct(ref_opt, [grads[0], pad, *grads[1:]], params)
-    opt = fake()
-    opt.get_grad_norm_direct = lambda *a, **k: pytest.fail("DeepSpeed's own method ran")
-    _foreach_grad_norm(opt)
-    calls = len(reduced)
-    mine = opt.get_grad_norm_direct([grads[0], pad, *grads[1:]], params)
-    assert reduced[calls:] == reduced[:calls] == ["dp", "mp"]
-    torch.testing.assert_close(mine, ref, rtol=1e-6, atol=0)
-    if bad is not None:
-        assert float(mine) == -1.0
-
-
 def test_compile_blocks_compiles_each_layer_in_place_and_keeps_the_names() -> None:
     """--compile: every block of the model's layer lists is compiled (not their own inner lists, e.g. a
     layer's skills), and the parameter names, which checkpoints and exports use, do not change."""
     from skillnet.model import SkillNetBertConfig, SkillNetBertForPreTraining
-    from skillnet.training.trainer import compile_blocks
+    from skillnet.training.compile import compile_blocks
 
     model = SkillNetBertForPreTraining(SkillNetBertConfig.preset("tiny", vocab_size=1000))
     names = list(model.state_dict())
     assert compile_blocks(model) == model.config.num_hidden_layers
     assert list(model.state_dict()) == names
     compiled = [n for n, m in model.named_modules() if getattr(m, "_compiled_call_impl", None) is not None]
-    assert compiled == [f"bert.encoder.layer.{i}" for i in range(model.config.num_hidden_layers)]
+    assert compiled == [f"bert.encoder.layer.{i}.attention" for i in range(model.config.num_hidden_layers)]
+
+
+def test_compile_compiles_once_per_shape_family_not_per_objective_or_row_count(default_shards: Path) -> None:
+    """--compile: MLM and NSP (two skill sets) on packed batches whose row count changes every step compile
+    one graph (the layers share it); padded rows are a second shape family, compiled once more. Counted with
+    dynamo's own counters on the eager backend (the guards and recompiles are the backend's business of no
+    one: inductor recompiles exactly where eager does)."""
+    import torch._dynamo
+    from skillnet.model import SkillNetBertConfig, SkillNetBertForPreTraining
+    from skillnet.pretrain.dataset import PretrainingDataset
+    from skillnet.pretrain.objectives import ObjectiveSampler, PretrainBatchSource
+    from skillnet.training.compile import compile_blocks
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    counters.clear()
+    ds = PretrainingDataset(default_shards, max_seq_len=64, verify="size")
+    model = SkillNetBertForPreTraining(SkillNetBertConfig.preset("tiny", vocab_size=ds.vocab_size))
+    compile_blocks(model, backend="eager")
+
+    def run(packing: bool, micro_batches: int) -> set[int]:
+        src = PretrainBatchSource(ds, ObjectiveSampler(seed=0), 8, 1, packing=packing)
+        rows, tasks = set(), set()
+        for _ in range(micro_batches):
+            b = next(src)
+            model(task=b.task, **b.tensors).loss.backward()
+            rows.add(b.tensors["input_ids"].shape[0])
+            tasks.add(b.task)
+        assert tasks == {"mlm", "nsp"}
+        return rows
+
+    assert len(run(True, 8)) >= 3  # several row counts, both objectives
+    assert counters["stats"]["unique_graphs"] == 1, dict(counters["stats"])
+    run(False, 4)
+    assert counters["stats"]["unique_graphs"] == 2, dict(counters["stats"])
+    torch._dynamo.reset()
 
 
 def test_a_resume_with_another_lr_schedule_is_refused_or_applied_on_purpose(tmp_path: Path, capsys) -> None:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from skillnet.data_prep.tasks.lengths import record_lengths
 from skillnet.data_prep.tokenizer import load_tokenizer
-from skillnet.finetune import run as run_cli
+from skillnet.finetune.cli import main as finetune_main
 from skillnet.finetune.task_types.base import cut_texts, pair, piece_ids
 
 FIX = Path(__file__).resolve().parent / "fixtures" / "finetune"
@@ -22,7 +22,7 @@ def _results_of_one_task(tmp_path: Path, task: dict, fixture: str, steps: int, b
            "train": {"max_steps": steps, "batch_size": batch, "eval_batch_size": 8, "lr": 1e-3, "eval_every": steps,
                      "log_every": steps, "seed": 0, "warmup_ratio": 0.0, "lexical_baselines": lexical}}
     (tmp_path / "c.json").write_text(json.dumps(cfg), encoding="utf-8")
-    assert run_cli.main(["--config", str(tmp_path / "c.json"), "--no-tensorboard", "--no-progress"]) == 0
+    assert finetune_main(["--config", str(tmp_path / "c.json"), "--no-tensorboard", "--no-progress"]) == 0
     return json.loads((tmp_path / "run" / "results.json").read_text(encoding="utf-8"))["tasks"][task["name"]]
 
 

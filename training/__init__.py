@@ -1,7 +1,7 @@
 """Shared training machinery for pre-training and fine-tuning (never imports DeepSpeed at import time).
 
-The names below load on first use: the package's light modules (``training.cli``, ``training.outputs``) serve
-command lines that never train, such as the data converters, which then start without importing torch."""
+The names below load on first use, so that importing one light module of the package does not import torch.
+The command-line conventions and output-folder rules live below it, in skillnet.common."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ _WHERE = {
     "MaskedAdamW": "optim",
     "SkillStatistics": "skill_stats",
     "TrainConfig": "config",
-    "TrainResult": "trainer",
+    "TrainResult": "window",
     "Trainer": "trainer",
     "TrainerCallback": "callbacks",
     "prepare": "launch",
@@ -33,7 +33,8 @@ if TYPE_CHECKING:
     from .launch import prepare
     from .optim import MaskedAdamW
     from .skill_stats import SkillStatistics
-    from .trainer import Trainer, TrainResult
+    from .trainer import Trainer
+    from .window import TrainResult
 
 
 def __getattr__(name: str) -> Any:

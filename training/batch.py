@@ -37,6 +37,14 @@ class Batch:
         ids = self.tensors.get("input_ids")
         return int(ids.numel()) if ids is not None else 0
 
+    def num_slots(self) -> int:
+        """Token slots of the rows, padding included (what the model computes over), for the real share."""
+        ids = self.tensors.get("input_ids")
+        if ids is not None:
+            return int(ids.numel())
+        mask = self.tensors.get("attention_mask")
+        return int(mask.numel()) if mask is not None else 0
+
 
 @runtime_checkable
 class BatchSource(Protocol):

@@ -16,22 +16,47 @@ Every hook runs on every rank at the same point of the same step, so a hook may 
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
-    from .trainer import Trainer
+    from torch import nn
 
-__all__ = ["TrainerCallback"]
+    from .config import TrainConfig
+
+__all__ = ["TrainerCallback", "TrainerState"]
+
+
+class TrainerState(Protocol):
+    """What a hook may read of the trainer (training.Trainer is one): callbacks depend on this, not on the
+    trainer's module, so the trainer can import its callbacks' interface without a circle."""
+
+    @property
+    def cfg(self) -> TrainConfig: ...
+
+    @property
+    def global_step(self) -> int: ...
+
+    @property
+    def is_main(self) -> bool: ...
+
+    @property
+    def zero_stage(self) -> int: ...  # -1: plain PyTorch
+
+    @property
+    def engine(self) -> Any: ...  # the DeepSpeed engine, or None
+
+    @property
+    def module(self) -> nn.Module: ...
 
 
 class TrainerCallback:
     """Base class with no-op hooks: subclasses override the ones they need."""
 
-    def on_train_start(self, trainer: Trainer) -> None:
+    def on_train_start(self, trainer: TrainerState) -> None:
         return None
 
-    def on_gradients(self, trainer: Trainer) -> dict[str, float]:
+    def on_gradients(self, trainer: TrainerState) -> dict[str, float]:
         return {}
 
-    def on_log(self, trainer: Trainer) -> dict[str, float]:
+    def on_log(self, trainer: TrainerState) -> dict[str, float]:
         return {}

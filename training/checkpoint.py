@@ -21,17 +21,16 @@ to save (its own state, and the DeepSpeed engine or the plain model / optimizer 
 from __future__ import annotations
 
 import json
-import os
 import random
 import shutil
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
+from skillnet.common.files import atomic_torch_save, atomic_write_text
 
 from . import dist as D
 from .reshard import (
@@ -48,8 +47,6 @@ __all__ = [
     "ResumeError",
     "checkpoint_problem",
     "CheckpointManager",
-    "atomic_torch_save",
-    "atomic_write_text",
     "checkpoint_root",
     "tag_for_step",
     "read_latest",
@@ -83,28 +80,6 @@ def checkpoint_root(output_dir: str | Path) -> Path:
 
 def tag_for_step(step: int) -> str:
     return f"step_{step:08d}"
-
-
-def atomic_write_text(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
-def atomic_torch_save(obj: Any, path: Path) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    os.close(fd)
-    try:
-        torch.save(obj, tmp)
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
 
 
 def read_latest(root: Path) -> str | None:
@@ -146,7 +121,7 @@ def checkpoint_problem(tdir: Path) -> str | None:
     trainer state, and the plain or DeepSpeed files every rank needs, without loading the weights."""
     if not tdir.is_dir():
         return "it does not exist"
-    if not is_complete(tdir) and not _legacy(tdir):
+    if not is_complete(tdir):
         return f"incomplete checkpoint (no '{COMPLETE_MARKER}' marker: its save was interrupted)"
     problem = _torch_file_problem(tdir / "trainer_rank0.pt")
     if problem:
@@ -176,28 +151,15 @@ def checkpoint_problem(tdir: Path) -> str | None:
     return None
 
 
-def _legacy(tdir: Path) -> bool:
-    """A checkpoint from before markers existed: no tag of its directory has one, and ``latest`` names it."""
-    root = tdir.parent
-    return not any(is_complete(p) for p in root.glob("step_*")) and read_latest(root) == tdir.name
-
-
 def complete_tags(root: Path) -> list[str]:
     """Tags of the complete checkpoints under ``root``, oldest first."""
     return sorted(p.name for p in root.glob("step_*") if p.is_dir() and is_complete(p))
 
 
 def latest_complete(root: Path) -> str | None:
-    """The newest complete checkpoint; checkpoints without a marker (a save cut short) are ignored.
-
-    Checkpoints written before markers existed have none at all: then ``latest``, which was only ever
-    written after every rank finished, still names a complete one.
-    """
+    """The newest complete checkpoint; checkpoints without a marker (a save cut short) are ignored."""
     tags = complete_tags(root)
-    if tags:
-        return tags[-1]
-    legacy = read_latest(root)
-    return legacy if legacy is not None and (root / legacy).is_dir() else None
+    return tags[-1] if tags else None
 
 
 def rotate(root: Path, keep_last: int) -> None:
@@ -324,9 +286,6 @@ class CheckpointManager:
         one-line warning. None (``none_ok``) when there is no complete one at all; an error when every
         complete one is damaged."""
         tags = complete_tags(root)
-        if not tags:
-            legacy = latest_complete(root)
-            tags = [legacy] if legacy is not None else []
         skipped = []
         for tag in reversed(tags):
             problem = checkpoint_problem(root / tag)

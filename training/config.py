@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import copy
 import json
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -282,3 +283,23 @@ def _keep_global_batch(ds: dict[str, Any], cfg: TrainConfig, world: int, global_
     ds["train_micro_batch_size_per_gpu"] = micro
     ds["gradient_accumulation_steps"] = accum
     cfg.micro_batch_size, cfg.grad_accum = micro, accum
+
+
+def lr_lambda(cfg: TrainConfig) -> Callable[[int], float]:
+    """Linear warmup over ``warmup_steps`` then linear decay to 0 at ``decay_steps`` (or flat).
+
+    Step s (0-based) uses factor (s+1)/warmup during warmup so the first step does not waste a
+    zero learning rate.
+    """
+    warm = max(0, cfg.warmup_steps)
+    total = cfg.decay_steps if cfg.decay_steps is not None else cfg.max_steps
+    constant = cfg.schedule == "constant"
+
+    def f(s: int) -> float:
+        if warm and s < warm:
+            return (s + 1) / warm
+        if constant:
+            return 1.0
+        return max(0.0, (total - s) / max(1, total - warm))
+
+    return f

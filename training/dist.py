@@ -30,6 +30,7 @@ __all__ = [
     "LaunchError",
     "check_master_port",
     "prepare_extensions",
+    "one_rank_without_launcher",
 ]
 
 
@@ -45,6 +46,9 @@ def check_master_port() -> None:
     if not port or rank != "0":
         return
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        # As torch's TCPStore binds: a port whose last run's connections linger in TIME_WAIT (a requeued job
+        # on the same port seconds later) is free for it; only a live listener is another job.
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind(("", int(port)))
         except OSError as e:
@@ -78,6 +82,27 @@ def prepare_extensions() -> Path:
 def launched_world_size() -> int:
     """World size announced by a launcher (deepspeed, torchrun, Slurm via the launcher); 1 otherwise."""
     return int(os.environ.get("WORLD_SIZE", "1"))
+
+
+# What a launcher (deepspeed, torchrun, srun under our sbatch scripts, mpirun) leaves in a rank's environment.
+_LAUNCHED = ("RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK", "MV2_COMM_WORLD_RANK")
+
+
+def one_rank_without_launcher() -> bool:
+    """A DeepSpeed run started with plain `python` (an interactive node, a debugger): declare it rank 0 of 1
+    on a free local port, so DeepSpeed initialises as one rank instead of falling back to MPI discovery (an
+    mpi4py traceback where mpi4py is not installed). Returns whether it did; a launched rank is left alone."""
+    if any(k in os.environ for k in _LAUNCHED) or (dist.is_available() and dist.is_initialized()):
+        return False
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    os.environ.update({"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1",
+                       "MASTER_ADDR": os.environ.get("MASTER_ADDR", "127.0.0.1"),
+                       "MASTER_PORT": os.environ.get("MASTER_PORT", str(port))})
+    print("[skillnet] no launcher: running as one rank (for several: deepspeed --num_gpus N ..., or srun with "
+          "scripts/slurm/*.sbatch)", file=sys.stderr, flush=True)
+    return True
 
 
 def init_distributed() -> tuple[int, int]:

@@ -26,6 +26,8 @@ def prepare(config: TrainConfig) -> tuple[TrainConfig, dict[str, Any] | None]:
     (None for a plain single-process run). Call it before building the batch source so the source
     uses the same batch geometry as the engine; Trainer calls it again (idempotent).
     """
+    if config.ds_config:
+        D.one_rank_without_launcher()
     _, world = D.init_distributed()
     if config.ds_config:
         raw = load_ds_config(config.ds_config)

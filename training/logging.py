@@ -9,9 +9,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from skillnet.common.files import atomic_write_text
 from tqdm import tqdm
-
-from .checkpoint import atomic_write_text
 
 __all__ = ["MetricsLogger", "accuracy_metrics", "truncate_log"]
 

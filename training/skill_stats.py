@@ -13,18 +13,15 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
+from skillnet.common.files import atomic_write_bytes
 from torch import nn
 
 from . import dist as D
-from .callbacks import TrainerCallback
-
-if TYPE_CHECKING:
-    from .trainer import Trainer
+from .callbacks import TrainerCallback, TrainerState
 
 __all__ = ["SkillStatistics"]
 
@@ -43,11 +40,11 @@ class SkillStatistics(TrainerCallback):
         self._pending: list[tuple[torch.Tensor, torch.Tensor, float]] = []
 
     # ------------------------------------------------------------------ hooks
-    def on_train_start(self, trainer: Trainer) -> None:
+    def on_train_start(self, trainer: TrainerState) -> None:
         cfg = trainer.cfg
         if not (trainer.is_main and self.skill_params and cfg.skill_drift and trainer.zero_stage != 3):
             return
-        from safetensors.torch import load_file, save_file  # noqa: PLC0415
+        from safetensors.torch import load_file, save  # noqa: PLC0415
 
         path = Path(cfg.output_dir) / "skill_init.safetensors"
         current = self._tensors()
@@ -58,11 +55,10 @@ class SkillStatistics(TrainerCallback):
                 return
         if trainer.global_step == 0:
             self._init = {k: v.clone() for k, v in current.items()}
-            tmp = path.with_name(path.name + ".tmp")
-            save_file(self._init, str(tmp))
-            os.replace(tmp, path)
+            # safetensors writes a path, not a stream: its bytes go through the one atomic write
+            atomic_write_bytes(path, save(self._init))
 
-    def on_gradients(self, trainer: Trainer) -> dict[str, float]:
+    def on_gradients(self, trainer: TrainerState) -> dict[str, float]:
         """Queue this step's squared gradient norm per skill, on the device (nothing is read back here)."""
         if not self.skill_params:
             return {}
@@ -88,7 +84,7 @@ class SkillStatistics(TrainerCallback):
         self._pending.append((torch.stack(full), torch.stack(frag), scale))
         return {}
 
-    def on_log(self, trainer: Trainer) -> dict[str, Any]:
+    def on_log(self, trainer: TrainerState) -> dict[str, Any]:
         out = self._grad_norms()
         if self._init is not None:
             out.update(self._drift())

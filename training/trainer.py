@@ -20,24 +20,26 @@ import os
 import signal
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
+from skillnet.common.files import atomic_write_text
 from torch import nn
 
+from . import deepspeed_patches as dsp
 from . import dist as D
 from .batch import Batch, BatchSource
 from .callbacks import TrainerCallback
-from .checkpoint import CheckpointManager, ResumeError, atomic_write_text, reseed, rng_state, set_rng_state
-from .config import TrainConfig
+from .checkpoint import CheckpointManager, ResumeError, is_complete, reseed, rng_state, set_rng_state
+from .compile import compile_blocks
+from .config import TrainConfig, lr_lambda
 from .launch import prepare
 from .logging import MetricsLogger, accuracy_metrics
 from .optim import MaskedAdamW, build_param_groups
 from .profile import StepProfiler
 from .reshard import saved_geometry
-from .skill_stats import SkillStatistics
+from .window import LoggingWindow, StepOutput, TrainResult, add_to
 
 __all__ = ["Trainer", "TrainResult", "StepOutput", "prepare", "lr_lambda"]
 
@@ -45,54 +47,7 @@ MetricsFn = Callable[[Batch, Any], dict[str, tuple[float, float]]]
 Evaluator = Callable[[nn.Module, int], dict[str, float]]
 
 
-def lr_lambda(cfg: TrainConfig) -> Callable[[int], float]:
-    """Linear warmup over ``warmup_steps`` then linear decay to 0 at ``decay_steps`` (or flat).
-
-    Step s (0-based) uses factor (s+1)/warmup during warmup so the first step does not waste a
-    zero learning rate.
-    """
-    warm = max(0, cfg.warmup_steps)
-    total = cfg.decay_steps if cfg.decay_steps is not None else cfg.max_steps
-    constant = cfg.schedule == "constant"
-
-    def f(s: int) -> float:
-        if warm and s < warm:
-            return (s + 1) / warm
-        if constant:
-            return 1.0
-        return max(0.0, (total - s) / max(1, total - warm))
-
-    return f
-
-
-@dataclass
-class StepOutput:
-    """One optimizer step. From ``train_step()`` every figure is a number summed over ranks; the trainer's
-    own loop calls ``train_step(reduce=False)``, whose ``sums`` and ``grad_norm`` may still be tensors on
-    the device and this rank's alone (``loss`` NaN): they are reduced and read back once per logging step."""
-
-    step: int
-    loss: float
-    sums: dict[str, tuple[Any, Any]]
-    tokens: float
-    grad_norm: Any
-    lr: float
-    stats: dict[str, float]  # from the callbacks' on_gradients: averaged over the steps that report them
-    seconds: float
-    stop: bool
-    requested: bool = False
-
-
-@dataclass
-class TrainResult:
-    step: int
-    stopped_by_signal: bool
-    last_record: dict[str, Any] = field(default_factory=dict)
-    checkpoint: str | None = None
-    stop_reason: str = "max_steps"  # "max_steps" | "signal" (SIGTERM/SIGINT) | "requested" (request_stop)
-
-
-class Trainer:
+class Trainer(LoggingWindow):
     """Generic trainer; see docs/pretrain.md ("Trainer API") for the contract.
 
     Args:
@@ -102,9 +57,8 @@ class Trainer:
         evaluator: ``evaluator(model, step) -> {name: value}``, called on every rank (it may use
             collectives) every ``eval_every`` steps and at the end; logged as ``eval/<name>`` on rank 0.
         metrics_fn: per-micro-batch ``{name: (numerator, denominator)}``; logged as ``<task>/<name>``.
-        callbacks: ``TrainerCallback`` objects (see callbacks.py), called in order.
-        skill_params: ``{skill: [params]}`` (``model.surgery.skill_parameters``): shorthand for a
-            ``SkillStatistics(skill_params)`` callback before ``callbacks`` (per-skill grad norms, drift).
+        callbacks: ``TrainerCallback`` objects (see callbacks.py), called in order; e.g.
+            ``SkillStatistics(skill_parameters(model))`` for per-skill grad norms and drift.
         extra_state: objects with state_dict/load_state_dict saved in (and restored from) checkpoints.
         param_groups: optimizer groups (default ``build_param_groups(model, weight_decay)``); a group's
             own ``lr`` is its peak learning rate under the shared schedule.
@@ -121,7 +75,6 @@ class Trainer:
         *,
         evaluator: Evaluator | None = None,
         metrics_fn: MetricsFn | None = accuracy_metrics,
-        skill_params: dict[str, list[nn.Parameter]] | None = None,
         extra_state: dict[str, Any] | None = None,
         param_groups: list[dict[str, Any]] | None = None,
         loss_fn: Callable[[Batch, Any], torch.Tensor] | None = None,
@@ -135,8 +88,7 @@ class Trainer:
         self.metrics_fn = metrics_fn
         self.loss_fn = loss_fn
         self.config_text = config_text
-        self.callbacks: list[TrainerCallback] = [SkillStatistics(skill_params)] if skill_params else []
-        self.callbacks += list(callbacks or [])
+        self.callbacks: list[TrainerCallback] = list(callbacks or [])
         self.extra_state = extra_state or {}
         self.global_step = 0
         self._stop_requested = False
@@ -156,7 +108,7 @@ class Trainer:
         if self.ds_config is not None:
             import deepspeed  # noqa: PLC0415
 
-            guard = _device_overflow_guard(self.ds_config, optimizer)
+            guard = dsp.device_overflow_guard(self.ds_config, optimizer)
             self.engine, self.optimizer, _, self.scheduler = deepspeed.initialize(
                 model=model, optimizer=optimizer, lr_scheduler=scheduler, config=self.ds_config
             )
@@ -164,8 +116,8 @@ class Trainer:
             optimizer.check_zeros_everywhere()  # flat partitions zero-fill the grads of unused parameters
             if guard:
                 optimizer.found_inf_fn = self._guard_flag
-                _sync_free_clip(self.engine.optimizer)
-                _foreach_grad_norm(self.engine.optimizer)
+                dsp.sync_free_clip(self.engine.optimizer)
+                dsp.foreach_grad_norm(self.engine.optimizer)
             self.device = self.engine.device
             self.zero_stage = int(self.engine.zero_optimization_stage())
         else:
@@ -178,6 +130,7 @@ class Trainer:
         self.logger: MetricsLogger | None = None
         self._window: dict[str, list[Any]] = {}
         self._window_tokens = 0.0
+        self._window_slots = 0.0
         self._window_time = 0.0
         self._window_steps = 0
         self._clock: float | None = None  # wall time since the window's clock last (re)started
@@ -210,7 +163,7 @@ class Trainer:
         steps the optimizer (once per param group or ZeRO-3 sub-group)."""
         step = int(self.engine.global_steps)
         if self._guard_step[0] != step:
-            self._guard_step = (step, _nonfinite_norm(self.engine.optimizer))
+            self._guard_step = (step, dsp.nonfinite_norm(self.engine.optimizer))
         return self._guard_step[1]
 
     @property
@@ -255,6 +208,10 @@ class Trainer:
         ckpt: str | None = None
         try:
             self._model_train(True)
+            if (self.evaluator is not None and cfg.eval_every and 0 < self.global_step < cfg.max_steps
+                    and self.global_step % cfg.eval_every == 0 and self._evaluated_step is not None
+                    and self._evaluated_step < self.global_step):
+                self.evaluate()  # due at the step a stop signal saved before evaluating (see _save_on_signal)
             self._clock_resume()
             while self.global_step < cfg.max_steps:
                 if profiler is not None:
@@ -267,6 +224,11 @@ class Trainer:
                     last = self._flush_window(out)
                     self.logger.log(last)
                 self.logger.advance(1, self._postfix)
+                if out.stop:
+                    # A stop signal (time limit, preemption): save at once, before an evaluation due at this
+                    # step, so the save starts inside the scheduler's kill window; the resumed run evaluates it.
+                    ckpt = self._save_on_signal(out.step)
+                    return TrainResult(out.step, True, last, ckpt, stop_reason="signal")
                 if cfg.eval_every and out.step % cfg.eval_every == 0 and out.step != cfg.max_steps:
                     self._clock_pause()
                     self.evaluate()
@@ -275,15 +237,9 @@ class Trainer:
                         ckpt = self.save_checkpoint()
                         self.logger.message(f"[trainer] stop requested by the evaluator at step {out.step}")
                         return TrainResult(out.step, False, last, ckpt, stop_reason="requested")
-                if out.stop or out.requested:
-                    if out.requested and not out.stop:
-                        ckpt = self.save_checkpoint()
-                        return TrainResult(out.step, False, last, ckpt, stop_reason="requested")
+                if out.requested:
                     ckpt = self.save_checkpoint()
-                    self.logger.message(
-                        f"[trainer] stop requested (SIGTERM) at step {out.step}: checkpoint {ckpt}"
-                    )
-                    return TrainResult(out.step, True, last, ckpt, stop_reason="signal")
+                    return TrainResult(out.step, False, last, ckpt, stop_reason="requested")
                 if cfg.save_every and out.step % cfg.save_every == 0:
                     self._clock_pause()
                     ckpt = self.save_checkpoint()
@@ -314,31 +270,26 @@ class Trainer:
         t0 = time.perf_counter()
         lr = float(self.base_optimizer.param_groups[0]["lr"])
         sums: dict[str, list[Any]] = {}
-        tokens = 0.0
+        tokens = slots = 0.0
         step = self.global_step + 1
         # The callbacks' gradient statistics, every step of a run that logs (see callbacks.py).
         want_stats = bool(self.callbacks) and cfg.log_every > 0
         stats: dict[str, float] = {}
-        if self.zero_stage == 3:
-            # DeepSpeed's ZeRO-3 keeps every parameter's reduced gradient in one flat buffer and overwrites
-            # only the entries of parameters that get a gradient: without this, a skill this step does not
-            # use would be stepped again with the gradient of its last step (MaskedAdamW skips exact zeros).
-            self.engine.optimizer.grad_partitions_flat_buffer.zero_()
-        elif self.zero_stage in (1, 2) and getattr(self.engine.optimizer, "cpu_offload", False):
-            # The same for ZeRO-1/2 with offload_optimizer: the fp32 gradient partition is a host buffer that
-            # keeps the last gradient of a parameter this step does not reach (found by bench/real_size.py).
-            for master in self.engine.optimizer.single_partition_of_fp32_groups:
-                if master.grad is not None:
-                    master.grad.zero_()
+        if self.engine is not None:  # ZeRO's gradient buffers keep an unused skill's last gradient
+            dsp.clear_stale_gradients(self.engine.optimizer, self.zero_stage)
         for k in range(cfg.grad_accum):
             batch = next(self.source)
             loss, metrics = self.forward_backward(batch)
-            _add(sums, f"{batch.task}/loss", loss, 1.0)
-            _add(sums, "loss", loss, 1.0)
+            add_to(sums, f"{batch.task}/loss", loss, 1.0)
+            add_to(sums, "loss", loss, 1.0)
             self._task_steps[batch.task] = self._task_steps.get(batch.task, 0) + 1
             for name, (num, den) in metrics.items():
-                _add(sums, f"{batch.task}/{name}", num, den)
-            tokens += batch.num_tokens()
+                add_to(sums, f"{batch.task}/{name}", num, den)
+            real, n_slots = batch.num_tokens(), batch.num_slots()
+            tokens += real
+            slots += n_slots
+            # The share of the rows' slots that hold real tokens, per objective: what padding costs.
+            add_to(sums, f"{batch.task}/real_token_share", float(real), float(n_slots))
             last_micro = k == cfg.grad_accum - 1
             if last_micro and want_stats:
                 for cb in self.callbacks:
@@ -366,11 +317,11 @@ class Trainer:
                 signal.raise_signal(signal.SIGTERM)
         # The stop flags (so every rank stops at the same step) and the token count: host numbers, summed
         # on the host.
-        stop_f, req_f, tokens = D.all_reduce_host_sum(
-            [1.0 if self._stop_requested else 0.0, 1.0 if self._stop_requested_by_user else 0.0, tokens]
+        stop_f, req_f, tokens, slots = D.all_reduce_host_sum(
+            [1.0 if self._stop_requested else 0.0, 1.0 if self._stop_requested_by_user else 0.0, tokens, slots]
         )
         out = StepOutput(step, math.nan, sums, tokens, grad_norm, lr, stats, time.perf_counter() - t0,
-                         stop_f > 0, req_f > 0)
+                         stop_f > 0, req_f > 0, slots)
         if reduce:
             red = self._reduce({k: tuple(v) for k, v in sums.items()}, grad_norm)
             out.sums, out.grad_norm = red["sums"], red["grad_norm"]
@@ -509,6 +460,22 @@ class Trainer:
         self._last_saved_step = self.global_step
         return path
 
+    def _save_on_signal(self, step: int) -> str:
+        """The stop signal's checkpoint, with the log saying before the save which checkpoint stays the resume
+        point should the save be cut short (Slurm's KillWait, a launcher's grace: no 'complete' marker, so
+        --resume auto skips it), and after it that the new one is."""
+        previous = self.checkpoints.locate("auto") if self._last_saved_step >= 0 else None
+        assert self.logger is not None
+        self.logger.message(
+            f"[trainer] stop requested (SIGTERM) at step {step}: saving its checkpoint now; if the save is cut "
+            f"short the resume point stays {previous.name if previous is not None else 'the start (none saved yet)'}"
+        )
+        t0 = time.perf_counter()
+        ckpt = self.save_checkpoint()
+        self.logger.message(f"[trainer] stop requested (SIGTERM) at step {step}: checkpoint {ckpt} saved in "
+                            f"{time.perf_counter() - t0:.1f} s: the resume point")
+        return ckpt
+
     def maybe_resume(self, resume: str) -> bool:
         """``"auto"``: resume from the newest complete checkpoint in ``<output_dir>/checkpoints`` if any;
         else a checkpoints directory (its newest complete one) or one ``step_*`` directory."""
@@ -543,7 +510,9 @@ class Trainer:
             set_rng_state(state["rng"])
         if self.is_main:
             moved = f" (written by {state['resharded_from']} rank(s))" if "resharded_from" in state else ""
-            print(f"[trainer] resumed from {tdir}{moved} at step {self.global_step}", flush=True)
+            cut = sorted(p.name for p in tdir.parent.glob("step_*") if p.name > tdir.name and not is_complete(p))
+            skipped = f"; skipped {', '.join(cut)} (no 'complete' marker: its save was cut short)" if cut else ""
+            print(f"[trainer] resumed from {tdir}{moved} at step {self.global_step}{skipped}", flush=True)
         return True
 
     def _check_schedule(self, tdir: Any, saved_json: str | None) -> None:
@@ -611,173 +580,3 @@ class Trainer:
     def _restore_signal_handlers(old: dict[int, Any]) -> None:
         for s, h in old.items():
             signal.signal(s, h)
-
-    def _clock_resume(self) -> None:
-        self._clock = time.perf_counter()
-
-    def _clock_pause(self) -> None:
-        """Stop the window's clock once the device has finished the queued steps (evaluation and saving
-        are not training time; the steps before them are)."""
-        if self._clock is None:
-            return
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-        self._window_time += time.perf_counter() - self._clock
-        self._clock = None
-
-    def _accumulate_window(self, out: StepOutput) -> None:
-        for k, (num, den) in out.sums.items():
-            acc = self._window.setdefault(k, [0.0, 0.0])
-            acc[0] = acc[0] + num
-            acc[1] = acc[1] + den
-        for k, v in out.stats.items():
-            _add(self._window_stats, k, v, 1.0)
-        self._window_tokens += out.tokens
-        self._window_steps += 1
-        self._last_out = out
-
-    def _flush_window(self, out: StepOutput) -> dict[str, Any]:
-        # The callbacks' figures may be device tensors: read back with the window's sums, in one transfer.
-        logged: dict[str, Any] = {}
-        for cb in self.callbacks:
-            logged.update(cb.on_log(self))
-        red = self._reduce({k: (v[0], v[1]) for k, v in self._window.items()}, out.grad_norm, logged)
-        self._clock_pause()  # after the read-back: the window's steps have run
-        rec: dict[str, Any] = {"step": out.step}
-        for k in sorted(red["sums"]):
-            num, den = red["sums"][k]
-            rec[k] = num / den if den else float("nan")
-        rec.update({k: num / den for k, (num, den) in sorted(self._window_stats.items())})
-        rec["lr"] = out.lr
-        if red["grad_norm"] is not None:
-            rec["grad_norm"] = red["grad_norm"]
-        rec["tokens_per_s"] = self._window_tokens / self._window_time if self._window_time > 0 else 0.0
-        # wall time per optimizer step over the window (what padded tokens/s and MFU are computed from)
-        rec["seconds_per_step"] = self._window_time / max(self._window_steps, 1)
-        if "loss" in rec:
-            self._postfix = {"loss": f"{rec['loss']:.4f}"}
-        if self.skipped_steps:
-            rec["skipped_steps"] = self.skipped_steps
-        total = sum(self._task_steps.values())
-        if len(self._task_steps) > 1:  # the realised task (objective) mix since the start
-            rec.update({f"mix/{t}": n / total for t, n in sorted(self._task_steps.items())})
-        # A callback's NaN means "nothing to say in this window" (e.g. a skill no step used).
-        rec.update({k: v for k, v in red["extra"].items() if not (isinstance(v, float) and math.isnan(v))})
-        self._window, self._window_tokens, self._window_time, self._window_stats = {}, 0.0, 0.0, {}
-        self._window_steps = 0
-        self._clock_resume()
-        return rec
-
-
-def compile_blocks(model: nn.Module) -> int:
-    """torch.compile every block of every ``nn.ModuleList`` in ``model`` (BERT's ``encoder.layer``, BART's
-    encoder and decoder ``layers``), in place: the parameter names, hence checkpoints and exports, do not
-    change. Blocks of one class share their compiled code, so a 12-layer encoder compiles once per input
-    kind (each objective's or task's skill set is one). Returns the number of blocks."""
-    chosen: list[str] = []
-    for name, mod in model.named_modules():  # parents first: a block's own lists (its skills) stay inside it
-        if not isinstance(mod, nn.ModuleList) or any(name.startswith(c + ".") for c in chosen):
-            continue
-        for i, block in enumerate(mod):
-            if not isinstance(block, nn.ModuleList):
-                block.compile()
-                chosen.append(f"{name}.{i}")
-    return len(chosen)
-
-
-def _device_overflow_guard(ds_config: dict[str, Any], optimizer: MaskedAdamW) -> bool:
-    """bf16 on a GPU: replace DeepSpeed's overflow check by the optimizer's device-side one.
-
-    DeepSpeed 0.19 checks every gradient tensor for inf/NaN before a bf16 step (``check_grad_overflow``,
-    on by default): five small kernels per tensor and a host read-back, ~80 ms of a BERT-base step on an
-    H100. The sync-free MaskedAdamW skips a step whose gradient norm is not finite on the device instead
-    (weights and moments untouched, as DeepSpeed's check would leave them; the step count goes on). Only
-    where that path runs (CUDA) and the JSON does not set ``bf16.check_grad_overflow`` itself."""
-    bf16 = ds_config.get("bf16") or ds_config.get("bfloat16") or {}
-    if not (bf16.get("enabled") and torch.cuda.is_available() and optimizer.sync_free(torch.device("cuda"))):
-        return False
-    offload = ((ds_config.get("zero_optimization") or {}).get("offload_optimizer") or {}).get("device", "none")
-    if offload not in ("none", None):  # the optimizer steps CPU partitions: the count path, no device flag
-        return False
-    if "check_grad_overflow" in bf16:
-        return False
-    bf16["check_grad_overflow"] = False
-    return True
-
-
-def _sync_free_clip(zero_optimizer: Any) -> None:
-    """Gradient clipping under the device guard without a host read-back.
-
-    DeepSpeed 0.19's ZeRO ``unscale_and_clip_grads`` asks ``bool(norm is invalid)`` on the host before it
-    clips: one wait for the device per step, after which the GPU idles while the host issues the optimizer
-    and the next forward. Here an invalid norm becomes inf on the device instead (DeepSpeed's own
-    replacement), giving the same scale; the guard's found_inf then skips that step in the optimizer."""
-    if not callable(getattr(zero_optimizer, "unscale_and_clip_grads", None)):
-        return
-    original = zero_optimizer.unscale_and_clip_grads
-
-    def unscale_and_clip_grads(grad_groups_flat: list[Any], total_norm: Any) -> None:
-        opt = zero_optimizer
-        if not isinstance(total_norm, torch.Tensor) or opt.clip_grad <= 0.0:
-            return original(grad_groups_flat, total_norm)
-        bad = ~torch.isfinite(total_norm) | (total_norm < 0)
-        norm = torch.where(bad, torch.full_like(total_norm, math.inf), total_norm)
-        clip = torch.clamp(((norm / opt.loss_scale) + 1e-6) / opt.clip_grad, min=1.0)
-        inv = 1.0 / (clip * opt.loss_scale)
-        for grad in grad_groups_flat:
-            for g in grad if isinstance(grad, list) else [grad]:
-                g.data.mul_(inv)
-        return None
-
-    zero_optimizer.unscale_and_clip_grads = unscale_and_clip_grads
-
-
-def _foreach_grad_norm(zero_optimizer: Any) -> None:
-    """ZeRO's global gradient norm in one foreach kernel instead of one norm per tensor.
-
-    DeepSpeed 0.19's ``get_grad_norm_direct`` launches a norm (and a cast) for every gradient of the
-    partition: a SkillNet-BERT-base step has ~500 of them, unused skills' zero-filled ones included, which
-    keeps the host busier than the device. Same selection, same sum of squares, same all-reduces and the
-    same -1 for inf/NaN; falls back to DeepSpeed's method where model or pipeline parallelism is on."""
-    from deepspeed import comm as dist  # noqa: PLC0415
-    from deepspeed.runtime.utils import mask_nan_or_inf_with_val_inplace  # noqa: PLC0415
-    from deepspeed.runtime.zero.utils import get_norm_dtype  # noqa: PLC0415
-
-    original = getattr(zero_optimizer, "get_grad_norm_direct", None)
-    if not callable(original):
-        return
-
-    def get_grad_norm_direct(gradients: list[torch.Tensor], params: list[Any], norm_type: float = 2) -> Any:
-        opt = zero_optimizer
-        if float(norm_type) != 2.0 or getattr(opt, "model_parallel_rank", 0) != 0 or any(
-                getattr(p, "ds_pipe_replicated", False) for p in params):
-            return original(gradients, params, norm_type)
-        grads = [g for g in gradients if not getattr(g, "_zero_padding", False)][: len(params)]
-        dtype = get_norm_dtype()
-        if grads:
-            norms = torch._foreach_norm([g.detach() for g in grads], 2, dtype=dtype)
-            total = torch.stack(norms).pow(2).sum().float()
-        else:
-            total = torch.tensor(0.0, dtype=torch.float32, device=opt.device)
-        dist.all_reduce(total, op=dist.ReduceOp.SUM, group=opt.dp_process_group)
-        opt._model_parallel_all_reduce(tensor=total, op=dist.ReduceOp.SUM)
-        total = total.pow(0.5)
-        mask_nan_or_inf_with_val_inplace(total, device=opt.device)
-        return total
-
-    zero_optimizer.get_grad_norm_direct = get_grad_norm_direct
-
-
-def _nonfinite_norm(zero_optimizer: Any) -> torch.Tensor | None:
-    """1.0 where DeepSpeed's global gradient norm of this step is inf/NaN (it reports those as -1), on the
-    device; None if it keeps no norm."""
-    norm = getattr(zero_optimizer, "_global_grad_norm", None)
-    if not isinstance(norm, torch.Tensor):
-        return None
-    return ((norm < 0) | ~torch.isfinite(norm)).float().reshape(())
-
-
-def _add(d: dict[str, list[float]], key: str, num: float, den: float) -> None:
-    acc = d.setdefault(key, [0.0, 0.0])
-    acc[0] += num
-    acc[1] += den

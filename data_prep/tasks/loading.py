@@ -8,12 +8,13 @@ import contextlib
 import json
 import os
 import re
-import tempfile
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
+
+from skillnet.common.files import atomic_write, atomic_write_text
 
 from .readers import _Stream, open_records
 from .validation import (
@@ -29,7 +30,7 @@ from .validation import (
 )
 
 __all__ = [
-    "LoadReport", "TaskSpec", "atomic_write_text", "infer_pair_kind", "load_task", "load_task_file", "write_jsonl",
+    "LoadReport", "TaskSpec", "infer_pair_kind", "load_task", "load_task_file", "write_jsonl",
 ]
 
 
@@ -298,31 +299,14 @@ def load_task(spec_path: str | os.PathLike[str], split: str, *, skip_bad: bool =
                           regression=spec.regression, **kw)
 
 
-def atomic_write_text(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
 def write_jsonl(path: str | os.PathLike[str], records: Iterable[dict[str, Any]]) -> int:
-    """Write records atomically (temp file + rename): a crash never leaves a half-written task file."""
-    p = Path(path)
-    p.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=p.parent, prefix=f".{p.name}.", suffix=".tmp")
-    n = 0
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as f:
-            for r in records:
-                f.write(json.dumps(r, ensure_ascii=False, separators=(",", ":")) + "\n")
-                n += 1
-        os.replace(tmp, p)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return n
+    """Write records atomically (common/files.py): a crash never leaves a half-written task file."""
+
+    def write(f: IO[str]) -> int:
+        n = 0
+        for r in records:
+            f.write(json.dumps(r, ensure_ascii=False, separators=(",", ":")) + "\n")
+            n += 1
+        return n
+
+    return atomic_write(path, write)

@@ -20,7 +20,6 @@ from __future__ import annotations
 from .loading import (
     LoadReport,
     TaskSpec,
-    atomic_write_text,
     infer_pair_kind,
     load_task,
     load_task_file,
@@ -51,7 +50,7 @@ from .validation import (
 
 __all__ = [
     "FILE_FORMATS", "FLAT_KINDS", "KINDS", "SPLITS", "SPLIT_ALIASES", "SUPPORTED_SOURCES", "LoadReport",
-    "TaskDataError", "TaskSource", "TaskSpec", "atomic_write_text", "check_record", "dataset_splits",
+    "TaskDataError", "TaskSource", "TaskSpec", "check_record", "dataset_splits",
     "datasets_class", "expand_label_list", "infer_label_list", "infer_pair_kind", "iter_jsonl", "kind_fields",
     "load_task", "load_task_file", "open_records", "validate_record", "write_jsonl",
 ]

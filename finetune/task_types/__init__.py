@@ -1,19 +1,23 @@
 """Task types as codecs: one `TaskCodec` per config ``type`` (encode, collate, decode, score), in a registry.
 
-Every module of this package registers the codecs it defines when it is imported, and the package imports
-all of its modules, so a new built-in task type is one new module here; a task type from outside the
-package is one `register` call before the config is read. Everything else asks the registry: the config's
-checks (kinds, metrics, head options, architecture), `TaskData`, the run and ``finetune.predict``.
+The registry is filled here, by name: each built-in codec is one module of this package and one entry in
+`_BUILTINS`; a task type from outside the package is one `register` call before the config is read.
+Everything else asks the registry: the config's checks (kinds, metrics, head options, architecture),
+`TaskData`, the run and ``finetune.predict``. The codecs import neither the config nor the task data (they
+read them through base.py's protocols), so none of them can import this registry half-filled.
 """
 
 from __future__ import annotations
 
-import importlib
-import pkgutil
+from .base import Encoded, TaskCodec, TaskSettings, TaskView
+from .classification import ClassificationCodec
+from .generation import GenerationCodec
+from .matching import MatchingCodec
+from .ner import NerCodec
+from .regression import RegressionCodec
+from .span import SpanCodec
 
-from .base import Encoded, TaskCodec
-
-__all__ = ["Encoded", "TaskCodec", "codec_for", "register", "task_types", "unregister"]
+__all__ = ["Encoded", "TaskCodec", "TaskSettings", "TaskView", "codec_for", "register", "task_types", "unregister"]
 
 _CODECS: dict[str, TaskCodec] = {}
 
@@ -46,10 +50,6 @@ def task_types() -> list[str]:
     return list(_CODECS)
 
 
-def _import_builtins() -> None:
-    for info in sorted(pkgutil.iter_modules(__path__), key=lambda m: m.name):
-        if not info.name.startswith("_"):
-            importlib.import_module(f"{__name__}.{info.name}")
-
-
-_import_builtins()
+_BUILTINS = (ClassificationCodec, GenerationCodec, MatchingCodec, NerCodec, RegressionCodec, SpanCodec)
+for _codec in _BUILTINS:
+    register(_codec())

@@ -2,7 +2,9 @@
 helpers the built-in codecs use.
 
 A codec is stateless; every hook takes the `TaskData` it serves (``td``), which holds the task's config,
-tokenizer, records, label list and caches. The hooks, in the order a run calls them:
+tokenizer, records, label list and caches. The codecs sit below the config (whose checks ask them) and the
+task data (which calls them), so they read both through the protocols `TaskSettings` and `TaskView` rather
+than import them. The hooks, in the order a run calls them:
 
 * ``check_config(cfg)``: type-specific checks of a `TaskConfig` (raise ValueError);
 * ``infer_kind(td, load_splits)``, ``positive_label(td)``: settled while the data loads;
@@ -19,13 +21,51 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar, Protocol
 
 import torch
 
-if TYPE_CHECKING:
-    from ..config import TaskConfig
-    from ..tasks import TaskData
+
+class TaskSettings(Protocol):
+    """What a codec reads of a task's config (finetune/task_config.py's `TaskConfig` is one)."""
+
+    name: str
+    type: str
+    columns: dict[str, str]
+    labels: list[str] | None
+    positive_label: str | None
+    head: dict[str, Any]
+    metric: str | None
+    num_negatives: int
+    max_target_len: int
+    num_beams: int
+    lang: str
+    source_prefix: str
+
+
+class TaskView(Protocol):
+    """What a codec reads of the task it serves (finetune/tasks.py's `TaskData` is one)."""
+
+    cfg: TaskSettings
+    name: str
+    tok: Any
+    max_len: int
+    kind: str | None
+    label_list: list[str] | None
+    positive_label: str | None
+    records: dict[str, list[dict[str, Any]]]
+    sources: dict[str, Any]
+    files: dict[str, str]
+    skipped_windows: int
+
+    @property
+    def num_labels(self) -> int: ...
+
+    def features(self, split: str) -> list[Encoded]: ...
+
+    def encode_records(self, recs: list[dict[str, Any]]) -> list[Encoded]: ...
+
+    def decode_text(self, ids: Sequence[int]) -> str: ...
 
 
 def stable_hash(s: str) -> int:
@@ -176,27 +216,30 @@ class TaskCodec:
     metrics: ClassVar[tuple[str, ...]]  # what ``score`` returns that a config may select on
     metric: ClassVar[str]  # the default selection metric
     head_options: ClassVar[dict[str, HeadOption]] = {}  # settings a task may give under ``head``
-    arch: ClassVar[str] = "bert"  # the architecture it runs on (finetune/archs.py)
+    arch: ClassVar[str] = "bert"  # the architecture it runs on (a family of model/spec.py)
     labelled: ClassVar[bool] = False  # a closed label list: the head has one output per label
     regression: ClassVar[bool] = False  # labels are numbers (the loader checks them as such)
     shows_samples: ClassVar[bool] = False  # final scoring keeps the first outputs in samples.json
+    # Its head reads each example's [CLS] alone (the pooled output), so training rows may hold several
+    # examples each (TrainConfig.packing; training/packing.py).
+    packs: ClassVar[bool] = False
 
     # ----------------------------------------------------------------------------- config and loading
-    def check_config(self, cfg: TaskConfig) -> None:
+    def check_config(self, cfg: TaskSettings) -> None:
         """Type-specific checks of a task config (raise ValueError); the last check `TaskConfig` runs."""
         if cfg.positive_label is not None:
             raise ValueError(f"positive_label applies to classification tasks, not {cfg.type!r}")
 
-    def infer_kind(self, td: TaskData, load_splits: Sequence[str]) -> tuple[str, str]:
+    def infer_kind(self, td: TaskView, load_splits: Sequence[str]) -> tuple[str, str]:
         """The data kind of a task whose config and spec name none, and a note on how it was inferred
         (added to data errors)."""
         return self.kinds[0], ""
 
-    def positive_label(self, td: TaskData) -> str | None:
+    def positive_label(self, td: TaskView) -> str | None:
         """The class whose F1 is the ``f1`` metric, checked against the loaded labels (None: no such class)."""
         return None
 
-    def meta(self, td: TaskData) -> dict[str, Any]:
+    def meta(self, td: TaskView) -> dict[str, Any]:
         """What prediction needs beyond type, kind, labels, skills and lengths (``finetune_tasks.json``)."""
         return {}
 
@@ -204,31 +247,31 @@ class TaskCodec:
         """`TaskConfig` fields back from what ``meta`` wrote."""
         return {}
 
-    def head_spec(self, td: TaskData) -> dict[str, Any]:
+    def head_spec(self, td: TaskView) -> dict[str, Any]:
         spec = {"type": self.head, "num_labels": max(td.num_labels, 1), **td.cfg.head}
         if self.labelled:
             spec["labels"] = list(td.label_list or [])
         return spec
 
     # ----------------------------------------------------------------------------- encoding and batches
-    def encode(self, td: TaskData, recs: list[dict[str, Any]], split: str) -> tuple[list[Encoded], int]:
+    def encode(self, td: TaskView, recs: list[dict[str, Any]], split: str) -> tuple[list[Encoded], int]:
         """Rows of `recs` (a split, or ``"__predict__"`` for records to label) and how many records
         ``max_seq_len`` cut."""
         raise NotImplementedError
 
-    def collate(self, td: TaskData, feats: list[Encoded], with_labels: bool) -> dict[str, torch.Tensor]:
+    def collate(self, td: TaskView, feats: list[Encoded], with_labels: bool) -> dict[str, torch.Tensor]:
         raise NotImplementedError
 
-    def num_train_rows(self, td: TaskData) -> int:
+    def num_train_rows(self, td: TaskView) -> int:
         """Rows a training pass draws from (what the sampler sizes the task by)."""
         return len(td.features("train"))
 
-    def train_batch(self, td: TaskData, indices: Sequence[int], seed: int, draw: int) -> dict[str, torch.Tensor]:
+    def train_batch(self, td: TaskView, indices: Sequence[int], seed: int, draw: int) -> dict[str, torch.Tensor]:
         feats = td.features("train")
         return self.collate(td, [feats[i] for i in indices], with_labels=True)
 
     # ----------------------------------------------------------------------------- predictions and scores
-    def predict(self, td: TaskData, model: Any, recs: list[dict[str, Any]], split: str | None, bs: int,
+    def predict(self, td: TaskView, model: Any, recs: list[dict[str, Any]], split: str | None, bs: int,
                 progress: bool) -> list[Any]:
         """One prediction per record (`split`'s cached rows, or `recs` encoded now)."""
         device = next(model.parameters()).device
@@ -239,14 +282,14 @@ class TaskCodec:
             preds += self.decode(td, model, fs, to_device(self.collate(td, fs, with_labels=False), device))
         return preds
 
-    def decode(self, td: TaskData, model: Any, feats: list[Encoded], batch: dict[str, torch.Tensor]) -> list[Any]:
+    def decode(self, td: TaskView, model: Any, feats: list[Encoded], batch: dict[str, torch.Tensor]) -> list[Any]:
         """The model's predictions for one collated batch of `feats`, in the task's label space."""
         raise NotImplementedError
 
-    def score(self, td: TaskData, recs: list[dict[str, Any]], preds: list[Any]) -> dict[str, float]:
+    def score(self, td: TaskView, recs: list[dict[str, Any]], preds: list[Any]) -> dict[str, float]:
         raise NotImplementedError
 
-    def trivial(self, td: TaskData, recs: list[dict[str, Any]]) -> list[Any]:
+    def trivial(self, td: TaskView, recs: list[dict[str, Any]]) -> list[Any]:
         """The predictions of the trivial predictor that ``trivial_baseline`` scores."""
         raise NotImplementedError
 
@@ -254,12 +297,12 @@ class TaskCodec:
     # none: a neural row below it has not learnt more than which characters occur.
     lexical_name: str | None = None
 
-    def lexical(self, td: TaskData, recs: list[dict[str, Any]], train: list[dict[str, Any]] | None = None
+    def lexical(self, td: TaskView, recs: list[dict[str, Any]], train: list[dict[str, Any]] | None = None
                 ) -> list[Any] | None:
         """Predictions of the baseline fit on `train` (default: the task's train split)."""
         return None
 
-    def cut_for_model(self, td: TaskData, recs: list[dict[str, Any]]) -> list[dict[str, Any]] | None:
+    def cut_for_model(self, td: TaskView, recs: list[dict[str, Any]]) -> list[dict[str, Any]] | None:
         """`recs` with their texts cut to what the model reads at max_seq_len (for the lexical baseline on the
         same view), or None where the type has no such cut."""
         return None

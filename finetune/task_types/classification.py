@@ -3,19 +3,14 @@
 from __future__ import annotations
 
 from collections import Counter
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from skillnet.data_prep.tasks.schema import TaskDataError
 
 from .. import metrics as M
-from . import register
-from .base import DROPOUT, Encoded, bert_inputs, cut_texts
+from .base import DROPOUT, Encoded, TaskSettings, TaskView, bert_inputs, cut_texts
 from .sentence import SentenceCodec
-
-if TYPE_CHECKING:
-    from ..config import TaskConfig
-    from ..tasks import TaskData
 
 
 class ClassificationCodec(SentenceCodec):
@@ -26,7 +21,7 @@ class ClassificationCodec(SentenceCodec):
     head_options = {"dropout": DROPOUT}
     labelled = True
 
-    def check_config(self, cfg: TaskConfig) -> None:
+    def check_config(self, cfg: TaskSettings) -> None:
         if cfg.positive_label is not None:
             cfg.positive_label = str(cfg.positive_label)
         labels = [str(x) for x in cfg.labels] if cfg.labels is not None else None
@@ -40,7 +35,7 @@ class ClassificationCodec(SentenceCodec):
                 raise ValueError(f"metric 'f1' needs 'positive_label' (one of {labels}); the default '1' is "
                                  "not a label")
 
-    def positive_label(self, td: TaskData) -> str | None:
+    def positive_label(self, td: TaskView) -> str | None:
         """The class whose F1 is the ``f1`` metric of a binary task (None otherwise)."""
         labels = list(td.label_list or [])
         pos = td.cfg.positive_label
@@ -60,17 +55,17 @@ class ClassificationCodec(SentenceCodec):
     def label_of(self, rec: dict[str, Any]) -> Any:
         return rec.get("label_id", -1)
 
-    def collate(self, td: TaskData, feats: list[Encoded], with_labels: bool) -> dict[str, torch.Tensor]:
+    def collate(self, td: TaskView, feats: list[Encoded], with_labels: bool) -> dict[str, torch.Tensor]:
         batch = bert_inputs(td.tok, feats)
         if with_labels:
             batch["labels"] = torch.tensor([int(f.extra["label"]) for f in feats], dtype=torch.long)
         return batch
 
-    def decode(self, td: TaskData, model: Any, feats: list[Encoded], batch: dict[str, torch.Tensor]) -> list[Any]:
+    def decode(self, td: TaskView, model: Any, feats: list[Encoded], batch: dict[str, torch.Tensor]) -> list[Any]:
         labels = td.label_list or []
         return [labels[int(i)] for i in model.predict(td.name, **batch)]
 
-    def score(self, td: TaskData, recs: list[dict[str, Any]], preds: list[Any]) -> dict[str, float]:
+    def score(self, td: TaskView, recs: list[dict[str, Any]], preds: list[Any]) -> dict[str, float]:
         gold = [r["label"] for r in recs]
         # macro-F1 over the classes present in gold or predictions (scikit-learn's default): a class
         # absent from a small dev set would otherwise count as F1 = 0.
@@ -81,7 +76,7 @@ class ClassificationCodec(SentenceCodec):
 
     lexical_name = "TF-IDF + logistic regression"
 
-    def lexical(self, td: TaskData, recs: list[dict[str, Any]], train: list[dict[str, Any]] | None = None
+    def lexical(self, td: TaskView, recs: list[dict[str, Any]], train: list[dict[str, Any]] | None = None
                 ) -> list[Any] | None:
         """Character 1-2-gram TF-IDF (of text and pair, side by side) and a logistic regression, fit on
         train (scikit-learn)."""
@@ -93,17 +88,14 @@ class ClassificationCodec(SentenceCodec):
         train = td.records["train"] if train is None else train
         return tfidf_classifier([text(r) for r in train], [r["label"] for r in train], [text(r) for r in recs])
 
-    def cut_for_model(self, td: TaskData, recs: list[dict[str, Any]]) -> list[dict[str, Any]] | None:
+    def cut_for_model(self, td: TaskView, recs: list[dict[str, Any]]) -> list[dict[str, Any]] | None:
         out = []
         for r in recs:
             a, b = cut_texts(td.tok, r["text"], r["text_pair"] if td.kind == "pair" else None, td.max_len)
             out.append({**r, "text": a, **({"text_pair": b} if b is not None else {})})
         return out
 
-    def trivial(self, td: TaskData, recs: list[dict[str, Any]]) -> list[Any]:
+    def trivial(self, td: TaskView, recs: list[dict[str, Any]]) -> list[Any]:
         """The majority class of train."""
         major = Counter(r["label"] for r in td.records["train"]).most_common(1)[0][0]
         return [major] * len(recs)
-
-
-register(ClassificationCodec())

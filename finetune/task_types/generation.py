@@ -3,15 +3,12 @@ scored by ROUGE-L, BLEU and F0.5."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
-from . import register
-from .base import Encoded, TaskCodec, pad, piece_ids
+from .base import Encoded, TaskCodec, TaskView, pad, piece_ids
 
-if TYPE_CHECKING:
-    from ..tasks import TaskData
 
 class GenerationCodec(TaskCodec):
     name = "generation"
@@ -24,7 +21,7 @@ class GenerationCodec(TaskCodec):
     arch = "bart"
     shows_samples = True
 
-    def meta(self, td: TaskData) -> dict[str, Any]:
+    def meta(self, td: TaskView) -> dict[str, Any]:
         c = td.cfg
         return {"max_target_len": c.max_target_len, "prefix": c.source_prefix, "num_beams": c.num_beams,
                 "lang": c.lang}
@@ -32,7 +29,7 @@ class GenerationCodec(TaskCodec):
     def config_from_meta(self, meta: dict[str, Any]) -> dict[str, Any]:
         return {k: meta[k] for k in ("max_target_len", "prefix", "num_beams", "lang") if k in meta}
 
-    def encode(self, td: TaskData, recs: list[dict[str, Any]], split: str) -> tuple[list[Encoded], int]:
+    def encode(self, td: TaskView, recs: list[dict[str, Any]], split: str) -> tuple[list[Encoded], int]:
         """Source: [CLS] prefix + source [SEP], the source cut to max_seq_len - 2 tokens (the prefix comes on
         top: it must not cut the source, or an aligned task such as csc would train on targets that keep
         characters the model never saw); labels: [CLS] target [SEP] (max_target_len), as the public
@@ -58,7 +55,7 @@ class GenerationCodec(TaskCodec):
             feats.append(e)
         return feats, sum(f.extra["truncated"] for f in feats)
 
-    def collate(self, td: TaskData, feats: list[Encoded], with_labels: bool) -> dict[str, torch.Tensor]:
+    def collate(self, td: TaskView, feats: list[Encoded], with_labels: bool) -> dict[str, torch.Tensor]:
         # BART takes no token types
         batch = {"input_ids": pad([f.input_ids for f in feats], td.tok.pad_id),
                  "attention_mask": pad([[1] * len(f.input_ids) for f in feats], 0)}
@@ -66,25 +63,22 @@ class GenerationCodec(TaskCodec):
             batch["labels"] = pad([f.extra["labels"] for f in feats], -100)
         return batch
 
-    def decode(self, td: TaskData, model: Any, feats: list[Encoded], batch: dict[str, torch.Tensor]) -> list[Any]:
+    def decode(self, td: TaskView, model: Any, feats: list[Encoded], batch: dict[str, torch.Tensor]) -> list[Any]:
         # [UNK] is never a right character (it stands for all the characters outside the vocab at once),
         # yet it is often a small model's most likely token: decoding picks the best real one instead.
         out = model.generate(**batch, task=td.name, num_beams=td.cfg.num_beams, max_new_tokens=td.cfg.max_target_len,
                              suppress_tokens=[td.tok.unk_id])
         return [td.decode_text(row) for row in out.tolist()]
 
-    def score(self, td: TaskData, recs: list[dict[str, Any]], preds: list[Any]) -> dict[str, float]:
+    def score(self, td: TaskView, recs: list[dict[str, Any]], preds: list[Any]) -> dict[str, float]:
         from .. import gen_metrics
 
         return gen_metrics.score_generation([*self.metrics, *self.diagnostics], [r["source"] for r in recs], preds,
                                             [r["target"] for r in recs], lang=td.cfg.lang, lowercase=True)
 
-    def trivial(self, td: TaskData, recs: list[dict[str, Any]]) -> list[Any]:
+    def trivial(self, td: TaskView, recs: list[dict[str, Any]]) -> list[Any]:
         """Copy the source: F0.5 = 0 (no edit), a real floor for overlap metrics."""
         return [r["source"] for r in recs]
 
     def sample(self, rec: dict[str, Any], pred: Any) -> dict[str, Any]:
         return {"source": rec["source"], "reference": rec["target"], "output": pred}
-
-
-register(GenerationCodec())

@@ -7,18 +7,18 @@ draws the positive and ``num_negatives`` negatives per group; evaluation scores 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import torch
 
 from .. import metrics as M
-from . import register
 from .base import (
     DROPOUT,
     MAX_CANDIDATES,
     Encoded,
     TaskCodec,
+    TaskView,
     cut_texts,
     iter_chunks,
     pair,
@@ -27,9 +27,6 @@ from .base import (
     stable_hash,
     to_device,
 )
-
-if TYPE_CHECKING:
-    from ..tasks import TaskData
 
 
 class MatchingCodec(TaskCodec):
@@ -40,7 +37,7 @@ class MatchingCodec(TaskCodec):
     metric = "top1_accuracy"
     head_options = {"dropout": DROPOUT, "max_candidates": MAX_CANDIDATES}
 
-    def eval_candidates(self, td: TaskData, r: dict[str, Any]) -> list[int]:
+    def eval_candidates(self, td: TaskView, r: dict[str, Any]) -> list[int]:
         """Candidate indices scored at evaluation: all, or the positives plus the first negatives up to
         `head.max_candidates` (a fixed subset so the random baseline is 1/k)."""
         cap = int(td.cfg.head.get("max_candidates", 0) or 0)
@@ -51,7 +48,7 @@ class MatchingCodec(TaskCodec):
         negs = [i for i in range(n) if i not in set(pos)][: max(0, cap - len(pos))]
         return sorted(pos + negs)
 
-    def encode(self, td: TaskData, recs: list[dict[str, Any]], split: str) -> tuple[list[Encoded], int]:
+    def encode(self, td: TaskView, recs: list[dict[str, Any]], split: str) -> tuple[list[Encoded], int]:
         """No rows (groups are encoded per batch); the count of questions with a cut candidate pair."""
         cands = [r["candidates"] if split == "train" else [r["candidates"][i] for i in self.eval_candidates(td, r)]
                  for r in recs]
@@ -63,10 +60,10 @@ class MatchingCodec(TaskCodec):
             k += len(cs)
         return [], n
 
-    def num_train_rows(self, td: TaskData) -> int:
+    def num_train_rows(self, td: TaskView) -> int:
         return len(td.records["train"])
 
-    def group_tensors(self, td: TaskData, groups: list[list[tuple[str, str]]]) -> dict[str, torch.Tensor]:
+    def group_tensors(self, td: TaskView, groups: list[list[tuple[str, str]]]) -> dict[str, torch.Tensor]:
         flat = [p for g in groups for p in g]
         qa = pieces(td.tok, [q for q, _ in flat])
         ca = pieces(td.tok, [c for _, c in flat])
@@ -94,7 +91,7 @@ class MatchingCodec(TaskCodec):
             out["candidate_mask"] = cm
         return out
 
-    def train_batch(self, td: TaskData, indices: Sequence[int], seed: int, draw: int) -> dict[str, torch.Tensor]:
+    def train_batch(self, td: TaskView, indices: Sequence[int], seed: int, draw: int) -> dict[str, torch.Tensor]:
         rng = np.random.default_rng([seed, stable_hash(td.name), 1_000_003, draw])
         groups, labels = [], []
         k_neg = td.cfg.num_negatives
@@ -112,7 +109,7 @@ class MatchingCodec(TaskCodec):
         batch["labels"] = torch.tensor(labels, dtype=torch.long)
         return batch
 
-    def predict(self, td: TaskData, model: Any, recs: list[dict[str, Any]], split: str | None, bs: int,
+    def predict(self, td: TaskView, model: Any, recs: list[dict[str, Any]], split: str | None, bs: int,
                 progress: bool) -> list[Any]:
         """Pairs of all records in one flat list, scored bs at a time as one pseudo-group [1, n, T] (the
         head scores each row independently; the softmax only matters for the loss)."""
@@ -128,11 +125,11 @@ class MatchingCodec(TaskCodec):
             per[ri].append(sc)
         return [{"candidates": c, "scores": s} for c, s in zip(cands, per)]
 
-    def decode(self, td: TaskData, model: Any, feats: list[Encoded], batch: dict[str, torch.Tensor]) -> list[Any]:
+    def decode(self, td: TaskView, model: Any, feats: list[Encoded], batch: dict[str, torch.Tensor]) -> list[Any]:
         """The score of each candidate pair of the batch."""
         return model(task=td.name, **batch).logits.view(-1).float().tolist()
 
-    def score(self, td: TaskData, recs: list[dict[str, Any]], preds: list[Any]) -> dict[str, float]:
+    def score(self, td: TaskView, recs: list[dict[str, Any]], preds: list[Any]) -> dict[str, float]:
         gids, scores, labels = [], [], []
         for gi, (r, p) in enumerate(zip(recs, preds)):
             pos = set(r["positives"])
@@ -145,7 +142,7 @@ class MatchingCodec(TaskCodec):
 
     lexical_name = "TF-IDF cosine similarity"
 
-    def lexical(self, td: TaskData, recs: list[dict[str, Any]], train: list[dict[str, Any]] | None = None
+    def lexical(self, td: TaskView, recs: list[dict[str, Any]], train: list[dict[str, Any]] | None = None
                 ) -> list[Any] | None:
         """Each candidate scored by the cosine similarity of its character 1-2-gram TF-IDF vector to the
         question's (the vocabulary and idf fit on train's questions and candidates)."""
@@ -158,7 +155,7 @@ class MatchingCodec(TaskCodec):
                                     [[r["candidates"][i] for i in cs] for r, cs in zip(recs, cands)])
         return [{"candidates": cs, "scores": sc} for cs, sc in zip(cands, scores)]
 
-    def cut_for_model(self, td: TaskData, recs: list[dict[str, Any]]) -> list[dict[str, Any]] | None:
+    def cut_for_model(self, td: TaskView, recs: list[dict[str, Any]]) -> list[dict[str, Any]] | None:
         """Each (question, candidate) pair cut as ``group_tensors`` cuts it; the question, cut only in a pair
         where it is the longer side, is read once by the baseline: its shortest cut."""
         out = []
@@ -168,7 +165,7 @@ class MatchingCodec(TaskCodec):
             out.append({**r, "question": q, "candidates": [b for _, b in cut]})
         return out
 
-    def trivial(self, td: TaskData, recs: list[dict[str, Any]]) -> list[Any]:
+    def trivial(self, td: TaskView, recs: list[dict[str, Any]]) -> list[Any]:
         """Constant scores: the tie rule of group_top1_accuracy gives the random-choice expectation."""
         return [{"candidates": self.eval_candidates(td, r), "scores": [0.0] * len(self.eval_candidates(td, r))}
                 for r in recs]
@@ -176,6 +173,3 @@ class MatchingCodec(TaskCodec):
     def present(self, rec: dict[str, Any], pred: Any) -> Any:
         scores = pred["scores"]
         return {"best": pred["candidates"][max(range(len(scores)), key=scores.__getitem__)], "scores": scores}
-
-
-register(MatchingCodec())

@@ -6,16 +6,12 @@ predicted ``O`` (and still count in the metric)."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
 from .. import metrics as M
-from . import register
-from .base import DROPOUT, Encoded, TaskCodec, bert_inputs, pad, piece_ids
-
-if TYPE_CHECKING:
-    from ..tasks import TaskData
+from .base import DROPOUT, Encoded, TaskCodec, TaskView, bert_inputs, pad, piece_ids
 
 
 class NerCodec(TaskCodec):
@@ -27,11 +23,11 @@ class NerCodec(TaskCodec):
     head_options = {"dropout": DROPOUT}
     labelled = True
 
-    def encode(self, td: TaskData, recs: list[dict[str, Any]], split: str) -> tuple[list[Encoded], int]:
+    def encode(self, td: TaskView, recs: list[dict[str, Any]], split: str) -> tuple[list[Encoded], int]:
         feats = [self._encode(td, r) for r in recs]
         return feats, sum(f.extra["n_words"] < f.extra["n_total"] for f in feats)
 
-    def _encode(self, td: TaskData, r: dict[str, Any]) -> Encoded:
+    def _encode(self, td: TaskView, r: dict[str, Any]) -> Encoded:
         tok = td.tok
         words = r["tokens"]
         ids, tt, wmask, labs = [tok.cls_id], [0], [0], [-100]
@@ -53,14 +49,14 @@ class NerCodec(TaskCodec):
         labs.append(-100)
         return Encoded(ids, tt, {"word_mask": wmask, "labels": labs, "n_words": n_words, "n_total": len(words)})
 
-    def collate(self, td: TaskData, feats: list[Encoded], with_labels: bool) -> dict[str, torch.Tensor]:
+    def collate(self, td: TaskView, feats: list[Encoded], with_labels: bool) -> dict[str, torch.Tensor]:
         batch = bert_inputs(td.tok, feats)
         batch["word_mask"] = pad([f.extra["word_mask"] for f in feats], 0)
         if with_labels:
             batch["labels"] = pad([f.extra["labels"] for f in feats], -100)
         return batch
 
-    def decode(self, td: TaskData, model: Any, feats: list[Encoded], batch: dict[str, torch.Tensor]) -> list[Any]:
+    def decode(self, td: TaskView, model: Any, feats: list[Encoded], batch: dict[str, torch.Tensor]) -> list[Any]:
         """Tags per word; words cut by max_seq_len are O."""
         labels = td.label_list or []
         preds = []
@@ -69,10 +65,10 @@ class NerCodec(TaskCodec):
             preds.append(labs + ["O"] * (f.extra["n_total"] - len(labs)))
         return preds
 
-    def score(self, td: TaskData, recs: list[dict[str, Any]], preds: list[Any]) -> dict[str, float]:
+    def score(self, td: TaskView, recs: list[dict[str, Any]], preds: list[Any]) -> dict[str, float]:
         return M.entity_prf([r["labels"] for r in recs], preds)
 
-    def trivial(self, td: TaskData, recs: list[dict[str, Any]]) -> list[Any]:
+    def trivial(self, td: TaskView, recs: list[dict[str, Any]]) -> list[Any]:
         """All O."""
         return [["O"] * len(r["tokens"]) for r in recs]
 
@@ -80,6 +76,3 @@ class NerCodec(TaskCodec):
         ents = [{"type": t, "start": s, "end": e, "text": "".join(rec["tokens"][s:e])}
                 for t, s, e in M.bio_entities(pred)]
         return {"tags": pred, "entities": ents}
-
-
-register(NerCodec())

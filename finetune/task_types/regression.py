@@ -2,18 +2,14 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import torch
 
 from .. import metrics as M
-from . import register
-from .base import DROPOUT, Encoded, bert_inputs
+from .base import DROPOUT, Encoded, TaskView, bert_inputs
 from .sentence import SentenceCodec
-
-if TYPE_CHECKING:
-    from ..tasks import TaskData
 
 
 class RegressionCodec(SentenceCodec):
@@ -24,29 +20,26 @@ class RegressionCodec(SentenceCodec):
     head_options = {"dropout": DROPOUT}
     regression = True
 
-    def head_spec(self, td: TaskData) -> dict[str, Any]:
+    def head_spec(self, td: TaskView) -> dict[str, Any]:
         return {**super().head_spec(td), "regression": True}
 
     def label_of(self, rec: dict[str, Any]) -> Any:
         return rec["label"]
 
-    def collate(self, td: TaskData, feats: list[Encoded], with_labels: bool) -> dict[str, torch.Tensor]:
+    def collate(self, td: TaskView, feats: list[Encoded], with_labels: bool) -> dict[str, torch.Tensor]:
         batch = bert_inputs(td.tok, feats)
         if with_labels:
             batch["labels"] = torch.tensor([float(f.extra["label"]) for f in feats], dtype=torch.float32)
         return batch
 
-    def decode(self, td: TaskData, model: Any, feats: list[Encoded], batch: dict[str, torch.Tensor]) -> list[Any]:
+    def decode(self, td: TaskView, model: Any, feats: list[Encoded], batch: dict[str, torch.Tensor]) -> list[Any]:
         return [float(x) for x in model.predict(td.name, **batch)]
 
-    def score(self, td: TaskData, recs: list[dict[str, Any]], preds: list[Any]) -> dict[str, float]:
+    def score(self, td: TaskView, recs: list[dict[str, Any]], preds: list[Any]) -> dict[str, float]:
         gold = [float(r["label"]) for r in recs]
         return {"pearson": M.pearson(gold, preds), "spearman": M.spearman(gold, preds)}
 
-    def trivial(self, td: TaskData, recs: list[dict[str, Any]]) -> list[Any]:
+    def trivial(self, td: TaskView, recs: list[dict[str, Any]]) -> list[Any]:
         """The train mean (its correlations are 0)."""
         mean = float(np.mean([r["label"] for r in td.records["train"]]))
         return [mean] * len(recs)
-
-
-register(RegressionCodec())

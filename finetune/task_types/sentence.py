@@ -3,20 +3,19 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from skillnet.data_prep.tasks.schema import infer_pair_kind
 
-from .base import Encoded, TaskCodec, pair, piece_ids
-
-if TYPE_CHECKING:
-    from ..tasks import TaskData
+from .base import Encoded, TaskCodec, TaskView, pair, piece_ids
 
 
 class SentenceCodec(TaskCodec):
+    packs = True  # classification and regression: one pooled output per example
+
     kinds = ("single", "pair")
 
-    def infer_kind(self, td: TaskData, load_splits: Sequence[str]) -> tuple[str, str]:
+    def infer_kind(self, td: TaskView, load_splits: Sequence[str]) -> tuple[str, str]:
         """``pair`` if the train records carry a ``text_pair``, so a pair task given as plain files is never
         trained on its first texts alone."""
         if "train" not in td.sources or not load_splits:
@@ -32,7 +31,7 @@ class SentenceCodec(TaskCodec):
     def label_of(self, rec: dict[str, Any]) -> Any:
         raise NotImplementedError
 
-    def encode(self, td: TaskData, recs: list[dict[str, Any]], split: str) -> tuple[list[Encoded], int]:
+    def encode(self, td: TaskView, recs: list[dict[str, Any]], split: str) -> tuple[list[Encoded], int]:
         a = piece_ids(td.tok, [r["text"] for r in recs])
         b = (piece_ids(td.tok, [r["text_pair"] for r in recs]) if td.kind == "pair" else [None] * len(recs))
         feats = []

@@ -8,16 +8,23 @@ windows and maps it back to characters of the context."""
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
 from .. import metrics as M
-from . import register
-from .base import MAX_ANSWER_LEN, Encoded, TaskCodec, bert_inputs, iter_chunks, pad, pair, pieces, to_device
-
-if TYPE_CHECKING:
-    from ..tasks import TaskData
+from .base import (
+    MAX_ANSWER_LEN,
+    Encoded,
+    TaskCodec,
+    TaskView,
+    bert_inputs,
+    iter_chunks,
+    pad,
+    pair,
+    pieces,
+    to_device,
+)
 
 log = logging.getLogger("finetune")
 
@@ -30,7 +37,7 @@ class SpanCodec(TaskCodec):
     metric = "f1"
     head_options = {"max_answer_len": MAX_ANSWER_LEN}
 
-    def encode(self, td: TaskData, recs: list[dict[str, Any]], split: str) -> tuple[list[Encoded], int]:
+    def encode(self, td: TaskView, recs: list[dict[str, Any]], split: str) -> tuple[list[Encoded], int]:
         """Window rows, and the number of examples whose question was cut."""
         train = split == "train"
         qs = pieces(td.tok, [r["question"] for r in recs])
@@ -73,7 +80,7 @@ class SpanCodec(TaskCodec):
                         td.name, td.skipped_windows, td.max_len)
         return feats, cut_questions
 
-    def collate(self, td: TaskData, feats: list[Encoded], with_labels: bool) -> dict[str, torch.Tensor]:
+    def collate(self, td: TaskView, feats: list[Encoded], with_labels: bool) -> dict[str, torch.Tensor]:
         batch = bert_inputs(td.tok, feats)
         batch["context_mask"] = pad([f.extra["context_mask"] for f in feats], 0)
         if with_labels:
@@ -81,7 +88,7 @@ class SpanCodec(TaskCodec):
             batch["end_positions"] = torch.tensor([f.extra["end"] for f in feats], dtype=torch.long)
         return batch
 
-    def predict(self, td: TaskData, model: Any, recs: list[dict[str, Any]], split: str | None, bs: int,
+    def predict(self, td: TaskView, model: Any, recs: list[dict[str, Any]], split: str | None, bs: int,
                 progress: bool) -> list[Any]:
         """The best-scoring span over all windows of each record (empty if none maps back to the context)."""
         device = next(model.parameters()).device
@@ -99,7 +106,7 @@ class SpanCodec(TaskCodec):
                     best[ex] = (score, text)
         return [best.get(i, (0.0, ""))[1] for i in range(len(recs))]
 
-    def decode(self, td: TaskData, model: Any, feats: list[Encoded], batch: dict[str, torch.Tensor]) -> list[Any]:
+    def decode(self, td: TaskView, model: Any, feats: list[Encoded], batch: dict[str, torch.Tensor]) -> list[Any]:
         """Per window: (score, (first, end) character offsets of its best span in the context), or
         (score, None) where the span is not inside the context."""
         out = model(task=td.name, **batch)
@@ -113,7 +120,7 @@ class SpanCodec(TaskCodec):
                 preds.append((score, (off[a][0], off[b][1])))
         return preds
 
-    def _best_spans(self, td: TaskData, model: Any, logits_BT2: torch.Tensor) -> list[tuple[float, tuple[int, int]]]:
+    def _best_spans(self, td: TaskView, model: Any, logits_BT2: torch.Tensor) -> list[tuple[float, tuple[int, int]]]:
         max_len = int(getattr(model.heads[td.name], "max_answer_len", 64))
         s, e = logits_BT2.float().log_softmax(1).unbind(-1)
         score = s[:, :, None] + e[:, None, :]
@@ -124,14 +131,11 @@ class SpanCodec(TaskCodec):
         val, arg = flat.max(1)
         return [(float(v), (int(a) // T, int(a) % T)) for v, a in zip(val, arg)]
 
-    def score(self, td: TaskData, recs: list[dict[str, Any]], preds: list[Any]) -> dict[str, float]:
+    def score(self, td: TaskView, recs: list[dict[str, Any]], preds: list[Any]) -> dict[str, float]:
         golds = [[a["text"] for a in r["answers"]] for r in recs]
         bag = M.span_char_bag_em_f1(golds, preds)
         return {**M.cmrc2018_em_f1(golds, preds), "char_bag_em": bag["em"], "char_bag_f1": bag["f1"]}
 
-    def trivial(self, td: TaskData, recs: list[dict[str, Any]]) -> list[Any]:
+    def trivial(self, td: TaskView, recs: list[dict[str, Any]]) -> list[Any]:
         """The context's first character."""
         return [r["context"][:1] for r in recs]
-
-
-register(SpanCodec())

@@ -1,4 +1,4 @@
-"""``export --plain``: one task of a SkillNet export as a stock transformers folder (model/plain.py).
+"""``export --plain``: one task of a SkillNet export as a stock transformers folder (export/flatten.py).
 
     python -m skillnet.pretrain.export --plain --checkpoint runs/ft/export --task sentiment --out deploy/sentiment
 
@@ -8,7 +8,7 @@ candidate), ``BertForTokenClassification`` (NER: the CRF's emissions; crf.json a
 transitions and the Viterbi lines that decode as ``predict`` does), ``BertForQuestionAnswering`` (span),
 ``BertForMaskedLM`` (a pre-trained model's tasks), ``BertModel`` (``--features``: any task) or
 ``BartForConditionalGeneration`` (SkillNet-BART, with the task's generation config). ``--onnx`` adds ONNX
-graphs (pretrain/plain_onnx.py): ``model.onnx`` / ``model_int8.onnx`` for a BERT task; ``ort/`` for a BART task
+graphs (export/onnx_graphs.py): ``model.onnx`` / ``model_int8.onnx`` for a BERT task; ``ort/`` for a BART task
 (encoder and decoder, fp32 and int8, and ``seq2seq.py``, which decodes them with numpy and onnxruntime).
 
 The export measures what it claims: it runs the sparse and the plain model on the task's test records (the
@@ -16,6 +16,10 @@ fine-tuning run's test file, else its dev file, else ``--test``; a few fixed sen
 writes the largest logit difference, whether every argmax (every beam output for BART) is the same, and for a
 CRF how often argmax decoding equals the constrained Viterbi path with both entity F1s, into the model card
 and plain_export.json.
+
+A fine-tuned export's tasks (their codecs, test files and metrics) are fine-tuning's: the caller passes a
+`TaskLoader` (the command passes ``skillnet.finetune.predict.task_source``), so this package imports nothing
+from finetune/.
 """
 
 from __future__ import annotations
@@ -23,10 +27,20 @@ from __future__ import annotations
 import json
 import shutil
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
+
+from .card import FINETUNE_META, read_json, run_dir_of, task_generation, write_json
+from .flatten import plain_bart, plain_bert
+from .hf_folder import finish_folder, source_id
+
+# Reads a fine-tuned export's tasks: (the SkillNet model, a predictor with ``tasks[name]`` as fine-tuning's
+# TaskData: codec, encode_records, predict_records, score_records, label_list, cfg), or None when `folder`
+# holds no fine-tuned tasks.
+TaskLoader = Callable[[Path], tuple[Any, Any] | None]
 
 # Fixed inputs when the source carries no task data (a pre-training export): Chinese text as the models read.
 _PROBE_TEXTS = ["今天天气很好，我们去公园散步。", "这家酒店的服务很好", "北京是中国的首都，位于华北平原。",
@@ -50,17 +64,22 @@ def viterbi(em):  # em: [words, labels], the logits at each word's first piece
     return [crf["labels"][t] for t in tags[::-1]]'''
 
 
-def _load_source(folder: Path) -> tuple[Any, Any]:
-    """(the SkillNet model, a Predictor when the folder is a fine-tuned export with task metadata, else None)."""
+def load_source(folder: Path, task_loader: TaskLoader | None = None) -> tuple[Any, Any]:
+    """(the SkillNet model, the predictor `task_loader` gives for a fine-tuned export with task metadata, else
+    None)."""
     import skillnet.model as sm
-    from skillnet.finetune.predict import META_FILE, Predictor
 
     cfg = json.loads((folder / "config.json").read_text(encoding="utf-8"))
-    if cfg.get("model_type") not in ("skillnet-bert", "skillnet-bart"):
+    from skillnet.model.spec import skillnet_family
+
+    if skillnet_family(cfg.get("model_type")) is None:
         raise ValueError(f"{folder}: model_type {cfg.get('model_type')!r} is not a SkillNet export: it is plain already")
-    if (folder / META_FILE).is_file():
-        pred = Predictor(folder)
-        return pred.model, pred
+    if (folder / FINETUNE_META).is_file():
+        loaded = task_loader(folder) if task_loader is not None else None
+        if loaded is None:
+            raise ValueError(f"{folder} is a fine-tuned export ({FINETUNE_META}): its tasks need a task loader "
+                             "(python -m skillnet.pretrain.export passes fine-tuning's)")
+        return loaded
     arch = (cfg.get("architectures") or [""])[0]
     model_cls = getattr(sm, arch, None)
     if model_cls is None:
@@ -73,11 +92,9 @@ def _records(folder: Path, task: str, test: str | None, kind: str, regression: b
     """The records to measure on, and their file's name: `test`, else the fine-tuning run's test file of
     `task` (given, or named by its task spec), else its dev file."""
     from skillnet.data_prep.tasks.schema import check_record, iter_jsonl
-    from skillnet.model.card import _run_dir
-
     path = Path(test) if test else None
     if path is None:
-        run = _run_dir(folder)
+        run = run_dir_of(folder)
         cfg = json.loads((run / "finetune_config.json").read_text(encoding="utf-8")) if run else {}
         spec = next((t for t in cfg.get("tasks", []) if t.get("name") == task), {})
         files = {k: Path(str(spec[k])) for k in ("test", "dev") if spec.get(k)}
@@ -169,9 +186,8 @@ def measure_bert(sparse: Any, plain: Any, task: str, head: str | None, pred: Any
 @torch.no_grad()
 def measure_crf(sparse: Any, plain: Any, task: str, pred: Any, recs: list[dict[str, Any]]) -> dict[str, Any]:
     """On every record with gold tags: how often per-token argmax of the plain model's logits equals the
-    constrained Viterbi path that ``predict`` returns, and the entity F1 of each decode."""
-    from skillnet.finetune.metrics import entity_prf
-
+    constrained Viterbi path that ``predict`` returns, and the entity F1 of each decode (the task's own
+    scorer)."""
     td = pred.tasks[task]
     labels = td.label_list
     recs = [r for r in recs if r.get("labels") is not None]
@@ -187,7 +203,7 @@ def measure_crf(sparse: Any, plain: Any, task: str, pred: Any, recs: list[dict[s
     gold = [r["labels"] for r in recs]
     if not recs:
         return {}
-    f_vit, f_arg = entity_prf(gold, vit)["f1"], entity_prf(gold, arg)["f1"]
+    f_vit, f_arg = td.score_records(recs, vit)["f1"], td.score_records(recs, arg)["f1"]
     tokens = sum(len(g) for g in gold)
     return {"sentences": len(recs), "sentence_agreement": sum(a == v for a, v in zip(arg, vit)) / len(recs),
             "token_agreement": sum(x == y for a, v in zip(arg, vit) for x, y in zip(a, v)) / max(tokens, 1),
@@ -220,9 +236,9 @@ def measure_bart(sparse: Any, plain: Any, task: str, sources: list[str], tok: An
 
 def measure_onnx(sparse: Any, flat: Any, task: str, pred: Any, recs: list[dict[str, Any]], tok: Any, folder: Path
                  ) -> dict[str, Any]:
-    """model.onnx and model_int8.onnx in `folder` (pretrain/plain_onnx.py): each one's largest difference from the
+    """model.onnx and model_int8.onnx in `folder` (export/onnx_graphs.py): each one's largest difference from the
     sparse model, and with labelled test records the task's metric of sparse, plain, ONNX fp32 and int8."""
-    from skillnet.pretrain.plain_onnx import OrtModel, StockAsTask, export_onnx, task_score
+    from .onnx_graphs import OrtModel, StockAsTask, export_onnx, task_score
 
     runners = {k: OrtModel(p) for k, p in export_onnx(flat.model, folder, tok).items()}
     res: dict[str, Any] = {k: measure_bert(sparse, r, task, flat.head, pred, recs, tok) for k, r in runners.items()}
@@ -248,13 +264,13 @@ _CHECK_BEAMS = 4
 @torch.no_grad()
 def measure_bart_onnx(sparse: Any, flat: Any, task: str, pred: Any, recs: list[dict[str, Any]], prefix: str, tok: Any,
                       folder: Path, metric: str | None = None) -> dict[str, Any]:
-    """``ort/``: the task's BART as ONNX encoder and decoder graphs, fp32 and int8 (pretrain/plain_onnx.py),
+    """``ort/``: the task's BART as ONNX encoder and decoder graphs, fp32 and int8 (export/onnx_graphs.py),
     decoded by ``ort/seq2seq.py``. For each: the largest teacher-forced logit difference from the sparse
     model (on the sparse model's own outputs), whether generation gives the sparse model's tokens on every
     test input (with the task's generation config, and with beam search of `_CHECK_BEAMS` beams when that
     config is greedy), and with labelled test records the task's metric of sparse, plain, ONNX fp32 and int8."""
-    from skillnet.pretrain.onnx_seq2seq import OrtSeq2Seq
-    from skillnet.pretrain.plain_onnx import ORT_DIR, OrtAsGenerator, export_bart_onnx
+    from .onnx_graphs import ORT_DIR, OrtAsGenerator, export_bart_onnx
+    from .onnx_seq2seq import OrtSeq2Seq
 
     gen = flat.model.generation_config.to_dict()
     export_bart_onnx(flat.model, flat.widths, folder / ORT_DIR)
@@ -282,7 +298,7 @@ def measure_bart_onnx(sparse: Any, flat: Any, task: str, pred: Any, recs: list[d
         res[k] = {"max_abs_diff": worst, "generate_equal": equal}
     if pred is None or not any(r.get("target") is not None for r in recs):
         return res
-    from skillnet.pretrain.plain_onnx import task_score
+    from .onnx_graphs import task_score
 
     labelled = [r for r in recs if r.get("target") is not None]
     td = pred.tasks[task]
@@ -294,13 +310,11 @@ def measure_bart_onnx(sparse: Any, flat: Any, task: str, pred: Any, recs: list[d
 
 
 def export_plain(source: str | Path, out: str | Path, task: str, features: bool = False, test: str | None = None,
-                 overwrite: bool = False, onnx: bool = False) -> Path:
-    """Write `task` of the SkillNet export `source` as a stock transformers folder `out` (module docstring)."""
-    from skillnet.model.card import _read, _write, task_generation
+                 overwrite: bool = False, onnx: bool = False, task_loader: TaskLoader | None = None) -> Path:
+    """Write `task` of the SkillNet export `source` as a stock transformers folder `out` (module docstring);
+    `task_loader` reads a fine-tuned export's tasks (`load_source`)."""
+    from skillnet.common.outputs import OutputError, claim_output
     from skillnet.model.hub import has_tokenizer, save_tokenizer
-    from skillnet.model.plain import plain_bart, plain_bert
-    from skillnet.pretrain.export import _finish, _where
-    from skillnet.training.outputs import OutputError, claim_output
     from transformers import AutoTokenizer
     from transformers.utils import logging as hf_logging
 
@@ -311,17 +325,17 @@ def export_plain(source: str | Path, out: str | Path, task: str, features: bool 
                                 f"the checkpoint first (export --checkpoint RUN --out RUN/hf), then --plain from it")
     if folder.resolve() == out.resolve() or folder.resolve().is_relative_to(out.resolve()):
         raise OutputError(f"--out {out}: is (or holds) the export being read ({folder}); give another folder")
-    sparse, pred = _load_source(folder)
+    sparse, pred = load_source(folder, task_loader)
     bart = sparse.config.model_type == "skillnet-bart"
     flat = plain_bart(sparse, task) if bart else plain_bert(sparse, task, features)
     claim_output(out, option="--out", command="export", overwrite=overwrite,
-                 identity={"source": _where(folder), "task": task, "plain": True, "features": features})
+                 identity={"source": source_id(folder), "task": task, "plain": True, "features": features})
     tmp = out.with_name(out.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     flat.model.save_pretrained(str(tmp))
     if has_tokenizer(folder):
         save_tokenizer(tmp, source=folder)
-    meta = ((_read(folder / "finetune_tasks.json") or {}).get("tasks") or {}).get(task) or {}
+    meta = ((read_json(folder / FINETUNE_META) or {}).get("tasks") or {}).get(task) or {}
     tok = AutoTokenizer.from_pretrained(str(tmp))
     cut = _task_cut(meta, tok, int(flat.model.config.max_position_embeddings), features)
     if cut is not None and has_tokenizer(folder):
@@ -357,16 +371,16 @@ def export_plain(source: str | Path, out: str | Path, task: str, features: bool 
         facts["equality"] = measure_bert(sparse, flat.model, task, flat.head, pred, recs, tok)
         if flat.head == "token_crf":
             tr = {k: v.float().tolist() for k, v in sparse.heads[task]._transitions().items()}
-            _write(tmp / "crf.json", {"labels": [str(x) for x in sparse.config.task_heads[task]["labels"]], **tr})
+            write_json(tmp / "crf.json", {"labels": [str(x) for x in sparse.config.task_heads[task]["labels"]], **tr})
             facts["crf"] = measure_crf(sparse, flat.model, task, pred, recs) if recs else {}
-            facts["crf_transitions"] = _read(tmp / "crf.json")
+            facts["crf_transitions"] = read_json(tmp / "crf.json")
         if meta.get("type"):
             facts["task_type"] = meta["type"]
     if onnx and not bart:
         facts["onnx"] = measure_onnx(sparse, flat, task, pred, recs, tok, tmp)
-    _write(tmp / "plain_export.json", facts)
+    write_json(tmp / "plain_export.json", facts)
     (tmp / "README.md").write_text(render_plain_card(facts), encoding="utf-8")
-    _finish(tmp, out)
+    finish_folder(tmp, out)
     return out
 
 

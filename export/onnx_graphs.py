@@ -107,7 +107,7 @@ def task_score(model: nn.Module, pred: Any, task: str, recs: list[dict[str, Any]
     return float(td.score_records(recs, td.predict_records(model, recs, 32))[metric])
 
 
-# ---- SkillNet-BART: encoder and decoder graphs, generation in pretrain/onnx_seq2seq.py -------------------
+# ---- SkillNet-BART: encoder and decoder graphs, generation in export/onnx_seq2seq.py --------------------
 ORT_DIR = "ort"  # the BART graphs' subfolder of a plain export (beside the stock transformers files)
 
 

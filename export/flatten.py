@@ -24,13 +24,12 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from skillnet.model.registry import build_router
+from skillnet.model.routers import REMOTE_CODE_EXPORT, NotFlattenable
+from skillnet.model.skill_ffn import SkillFFN
 from torch import nn
 from transformers import BartConfig, BertConfig, PreTrainedModel
 from transformers.activations import ACT2FN
-
-from .registry import build_router
-from .routers import REMOTE_CODE_EXPORT, NotFlattenable
-from .skill_ffn import SkillFFN
 
 __all__ = ["HEAD_CLASSES", "NotFlattenable", "FlatFFN", "merge_skills", "plain_bart", "plain_bert", "task_mixture"]
 

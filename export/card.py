@@ -1,7 +1,7 @@
 """The last step of every export: its default task, the labels and prompts pipelines read, and a model card.
 
 `finish_export(model, folder, ...)` runs after ``save_pretrained`` (and the tokenizer) of a pre-training
-export (pretrain/export.py) or a fine-tuning one (finetune/run.py ``save_model_dir``):
+export (export/hf_folder.py) or a fine-tuning one (finetune/run.py ``save_model_dir``):
 
 * ``config.default_task``: what a call without ``task=`` runs (pre-trained SkillNet-BERT: ``mlm``; a
   fine-tuned model: ``export --task``, the task of a ``best_per_task/<task>`` folder, else the first task);
@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from skillnet.model.spec import skillnet_family
 
 CARD_FACTS = "model_card.json"
 FINETUNE_META = "finetune_tasks.json"
@@ -42,15 +43,15 @@ _PAPERS = {
 }
 
 
-def _read(path: Path) -> Any:
+def read_json(path: Path) -> Any:
     return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else None
 
 
-def _write(path: Path, obj: Any) -> None:
+def write_json(path: Path, obj: Any) -> None:
     path.write_text(json.dumps(obj, indent=2, sort_keys=True, ensure_ascii=False) + "\n", encoding="utf-8")
 
 
-def _run_dir(final: Path) -> Path | None:
+def run_dir_of(final: Path) -> Path | None:
     """The fine-tuning run an export folder belongs to (the folder holding finetune_config.json)."""
     for d in (final.parent, final.parent.parent):
         if (d / "finetune_config.json").is_file():
@@ -61,9 +62,8 @@ def _run_dir(final: Path) -> Path | None:
 def _unk_id(folder: Path) -> int | None:
     """The unknown token's id as the export's own tokenizer reads it (the one the pipelines decode with),
     or None when the folder has no tokenizer."""
+    from skillnet.model.hub import has_tokenizer
     from transformers import AutoTokenizer
-
-    from .hub import has_tokenizer
 
     return AutoTokenizer.from_pretrained(str(folder)).unk_token_id if has_tokenizer(folder) else None
 
@@ -103,7 +103,7 @@ def task_generation(gen: dict[str, Any], task_meta: dict[str, Any], folder: Path
 
 
 def _params(model: torch.nn.Module, tasks: list[str]) -> dict[str, Any]:
-    from .counts import activated_parameters, count_parameters
+    from skillnet.model.counts import activated_parameters, count_parameters
 
     total = sum(p.numel() for p in model.parameters())
     out: dict[str, Any] = {"total": total, "activated": {}}
@@ -121,10 +121,10 @@ def finish_export(model: torch.nn.Module, folder: str | os.PathLike, *, final: s
     folder = Path(folder)
     final = Path(final) if final is not None else folder
     cfg_path = folder / "config.json"
-    cfg = _read(cfg_path)
+    cfg = read_json(cfg_path)
     model_type = cfg.get("model_type")
-    skillnet = model_type in ("skillnet-bert", "skillnet-bart")
-    meta = (_read(folder / FINETUNE_META) or {}).get("tasks", {})
+    skillnet = skillnet_family(model_type) is not None
+    meta = (read_json(folder / FINETUNE_META) or {}).get("tasks", {})
     task = None
     if skillnet:
         task = pick_default_task(cfg, final, default_task, meta, own_tasks)
@@ -140,11 +140,11 @@ def finish_export(model: torch.nn.Module, folder: str | os.PathLike, *, final: s
         if model_type == "skillnet-bart":
             cfg["task_prefixes"] = {n: m.get("prefix", "") for n, m in meta.items() if m.get("type") == "generation"}
             gen_path = folder / "generation_config.json"
-            gen = _read(gen_path) or {}
+            gen = read_json(gen_path) or {}
             if task in meta and meta[task].get("type") == "generation":
-                _write(gen_path, task_generation(gen, meta[task], folder))
-        _write(cfg_path, cfg)
-    run_dir = Path(run_dir) if run_dir is not None else _run_dir(final)
+                write_json(gen_path, task_generation(gen, meta[task], folder))
+        write_json(cfg_path, cfg)
+    run_dir = Path(run_dir) if run_dir is not None else run_dir_of(final)
     if training is None and run_dir is not None:
         training = _finetune_training(run_dir)
     tasks = list(meta) if meta else ([t for t in ("mlm", "nsp") if t in cfg.get("tasks", {})] if skillnet else [])
@@ -161,8 +161,8 @@ def finish_export(model: torch.nn.Module, folder: str | os.PathLike, *, final: s
         "sizes": {k: cfg.get(k) for k in ("hidden_size", "num_hidden_layers", "d_model", "encoder_layers",
                                           "decoder_layers", "max_position_embeddings", "vocab_size") if k in cfg},
     }
-    _write(folder / CARD_FACTS, facts)
-    scores = (_read(run_dir / "results.json") or {}).get("tasks") if run_dir is not None else None
+    write_json(folder / CARD_FACTS, facts)
+    scores = (read_json(run_dir / "results.json") or {}).get("tasks") if run_dir is not None else None
     (folder / "README.md").write_text(render_card(facts, scores), encoding="utf-8")
     return task
 
@@ -181,12 +181,12 @@ def _task_facts(cfg: dict[str, Any], meta: dict[str, Any], task: str) -> dict[st
 
 
 def _finetune_training(run_dir: Path) -> dict[str, Any]:
-    cfg = _read(run_dir / "finetune_config.json") or {}
+    cfg = read_json(run_dir / "finetune_config.json") or {}
     tasks = {}
     for t in cfg.get("tasks", []):
         files = {k: Path(str(t[k])).name for k in ("train", "dev", "test") if t.get(k)}
         tasks[t.get("name")] = files
-    res = _read(run_dir / "results.json") or {}
+    res = read_json(run_dir / "results.json") or {}
     train = cfg.get("train", {})
     return {"stage": "fine-tuning", "method": cfg.get("method"), "data": tasks,
             "max_steps": train.get("max_steps"), "steps": res.get("steps"), "seed": train.get("seed")}
@@ -195,12 +195,12 @@ def _finetune_training(run_dir: Path) -> dict[str, Any]:
 def refresh_model_cards(run_dir: str | os.PathLike) -> None:
     """Render the cards of a fine-tuning run's exports again, now with the scores of results.json."""
     run_dir = Path(run_dir)
-    res = _read(run_dir / "results.json") or {}
+    res = read_json(run_dir / "results.json") or {}
     for facts_file in [*run_dir.glob(f"*/{CARD_FACTS}"), *run_dir.glob(f"best_per_task/*/{CARD_FACTS}")]:
-        facts = _read(facts_file)
+        facts = read_json(facts_file)
         if res.get("steps") is not None:
             facts.setdefault("training", {})["steps"] = res["steps"]
-            _write(facts_file, facts)
+            write_json(facts_file, facts)
         (facts_file.parent / "README.md").write_text(render_card(facts, res.get("tasks")), encoding="utf-8")
 
 
@@ -217,7 +217,7 @@ def render_card(facts: dict[str, Any], scores: dict[str, Any] | None = None) -> 
     lines = ["---", "library_name: transformers", "tags:", "- skillnet", f"- {mt}", "---", "",
              f"# {name}", "", f"**What it is:** {paper}. Architecture `{facts.get('architecture')}`; "
              + ", ".join(f"{k}={v}" for k, v in (facts.get("sizes") or {}).items()) + ".", ""]
-    if mt in ("skillnet-bert", "skillnet-bart"):
+    if skillnet_family(mt) is not None:
         lines += ["Every task activates a few *skills* (FFN experts) in the skill layers; the rest of the network "
                   "is shared. Load with `trust_remote_code=True` (the modeling code is in the `skillnet_*.py` "
                   "files of this folder: read them before trusting them).", ""]

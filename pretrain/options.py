@@ -1,0 +1,251 @@
+"""The command line of `pretrain/run.py`: its flags, defaults and help (the settings' resolution against the
+DeepSpeed JSON and the recipes is pretrain/recipes.py's)."""
+
+from __future__ import annotations
+
+import argparse
+
+from skillnet.common.cli import Parser
+from skillnet.pretrain.archs import ARCHS, MASK_RATIO, POISSON_LAMBDA
+from skillnet.pretrain.recipes import RECIPES
+
+__all__ = ["build_parser"]
+
+
+def build_parser(description: str | None = None) -> argparse.ArgumentParser:
+    """The flags of `pretrain/run.py` (its docstring is the description)."""
+    p = Parser("skillnet.pretrain.run", description=description)
+    d = p.add_argument_group("data")
+    d.add_argument(
+        "--shards", help="shard directory built by `python -m skillnet.data_prep build` (manifest.json + .bin/.idx)"
+    )
+    d.add_argument(
+        "--synthetic",
+        type=int,
+        default=0,
+        metavar="N",
+        help="train on N deterministic synthetic samples instead of shards (smoke tests, benchmarks)",
+    )
+    d.add_argument(
+        "--synthetic-vocab", type=int, default=21128, help="vocab size of the synthetic corpus (>= 872)"
+    )
+    d.add_argument(
+        "--max-seq-len", type=int, default=None, help="tokens per sample (default 128; recipe paper: 512)"
+    )
+    d.add_argument("--mlm-probability", type=float, default=0.15, help="share of tokens masked for MLM (BERT: 0.15)")
+    d.add_argument(
+        "--short-seq-prob",
+        type=float,
+        default=0.1,
+        help="share of NSP pairs whose target length is drawn uniformly in [2, max_seq_len - 3] "
+        "instead of the full length (default 0.1, as BERT)",
+    )
+    d.add_argument(
+        "--whole-word-mask", action="store_true", help="MLM: mask whole words (needs word ids in shards)"
+    )
+    d.add_argument(
+        "--no-packing",
+        action="store_true",
+        help="one sample per row, padded to --max-seq-len. Default (BERT): each micro-batch's samples are packed "
+        "into as few rows as fit, each sample attending only to itself with its own positions (the same samples "
+        "and losses, without computing padding); BART denoising always uses one sample per row",
+    )
+    d.add_argument(
+        "--mask-ratio",
+        type=float,
+        default=None,
+        help=f"denoise: share of the tokens masked by text infilling (default {MASK_RATIO}, as BART)",
+    )
+    d.add_argument(
+        "--poisson-lambda",
+        type=float,
+        default=None,
+        help=f"denoise: mean span length of text infilling, lengths ~ Poisson(lambda) (default {POISSON_LAMBDA})",
+    )
+    d.add_argument(
+        "--permute-sentences",
+        action="store_true",
+        help="denoise: shuffle the sentences of each sample before infilling (sentence ends from the shards)",
+    )
+
+    m = p.add_argument_group("model")
+    m.add_argument(
+        "--arch",
+        choices=sorted(ARCHS),
+        default="bert",
+        help="bert (default): SkillNet-BERT, or a dense BERT with --dense; objectives mlm, nsp. "
+        "bart: a dense SkillNet-BART (no skill layers, bert-base-chinese vocab); objective denoise",
+    )
+    m.add_argument(
+        "--dense",
+        action="store_true",
+        help="no skill layers: every layer keeps one FFN under HF's names, so the export is a plain HF "
+        "model (BertForPreTraining) that --init-from-dense and fine-tuning's model.init take "
+        "(always on with --arch bart)",
+    )
+    m.add_argument(
+        "--preset",
+        default=None,
+        help="model size preset: bert: model/config.py PRESETS tiny, small, base (default tiny; recipe "
+        "paper: base); bart: model/bart.py BART_PRESETS tiny, small, base, large (default tiny)",
+    )
+    m.add_argument(
+        "--model-config", help="JSON file of SkillNetBertConfig / SkillNetBartConfig fields (overrides --preset)"
+    )
+    m.add_argument(
+        "--gradient-checkpointing",
+        action="store_true",
+        default=None,
+        help="activation checkpointing: keep only each layer's input and recompute the layer in the backward "
+        "pass (less activation memory, about one more forward pass of compute; same gradients). Also on when "
+        "the DeepSpeed JSON has an activation_checkpointing section (its cpu_checkpointing offloads the kept "
+        "inputs to host memory)",
+    )
+    m.add_argument(
+        "--init-from-dense",
+        metavar="DIR",
+        help="HF BERT folder (bert: copy embeddings/attention and initialise s1, s2, s3, s7 from its FFN; "
+        "with --dense, continue from it) or HF BART folder (bart: continue from it)",
+    )
+
+    o = p.add_argument_group("objectives")
+    o.add_argument(
+        "--objectives",
+        nargs="+",
+        choices=sorted({o for a in ARCHS.values() for o in a.objectives}),
+        default=None,
+        help="what to train: bert: mlm and/or nsp (default: mlm nsp); bart: denoise (the default)",
+    )
+    o.add_argument(
+        "--objective-mode",
+        choices=["sample", "both"],
+        default="sample",
+        help="'sample': one objective per step with equal chance (paper); 'both': every step "
+        "accumulates one micro-batch of each objective (--grad-accum a multiple of their number)",
+    )
+    o.add_argument(
+        "--objective-weights",
+        type=float,
+        nargs="+",
+        metavar="W",
+        help="sampling weights, one per objective in --objectives order, e.g. '3 1' for mlm nsp (default equal)",
+    )
+
+    t = p.add_argument_group(
+        "training (a flag > the DeepSpeed JSON > --recipe > the default; a flag that contradicts the JSON "
+        "is an error; the effective values and their sources are printed at start)"
+    )
+    t.add_argument(
+        "--ds-config", help="DeepSpeed JSON (ds_configs/*.json); omit for plain single-process PyTorch"
+    )
+    t.add_argument(
+        "--recipe",
+        choices=sorted(RECIPES),
+        default=None,
+        help="named settings, usable with any ZeRO config. paper: " + RECIPES["paper"].reference,
+    )
+    t.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="resolve and print the settings, check the data, then exit without building the model",
+    )
+    t.add_argument("--output-dir", default="runs/pretrain", help="checkpoints, log.jsonl, tensorboard/ and run_args.json")
+    t.add_argument(
+        "--max-steps",
+        type=int,
+        default=None,
+        help="default: the JSON scheduler's total_num_steps, else the recipe's (paper: 100000), else 100",
+    )
+    t.add_argument("--micro-batch-size", type=int, default=None, help="per rank (default: JSON, else 8)")
+    t.add_argument(
+        "--grad-accum", type=int, default=None, help="gradient accumulation steps (default: JSON, else 1)"
+    )
+    t.add_argument("--lr", type=float, default=None, help="peak learning rate (default 1e-4; recipe paper: 3e-5)")
+    t.add_argument("--betas", type=float, nargs=2, default=None, help="Adam betas (default 0.9 0.98)")
+    t.add_argument("--eps", type=float, default=None, help="Adam epsilon (default 1e-6)")
+    t.add_argument("--weight-decay", type=float, default=None, help="(default 0.01)")
+    t.add_argument(
+        "--warmup-steps", type=int, default=None, help="linear warmup steps (default 0; recipe paper: 10000)"
+    )
+    t.add_argument("--max-grad-norm", type=float, default=None, help="gradient clipping (default 1.0)")
+    t.add_argument(
+        "--dense-updates",
+        action="store_true",
+        help="plain AdamW semantics (inactive skills move with momentum/decay) instead of sparse updates",
+    )
+    t.add_argument("--seed", type=int, default=0, help="initial weights, objective draws and the data order")
+    t.add_argument(
+        "--data-workers",
+        type=int,
+        default=None,
+        help="processes per rank that build batches ahead (same batches and order as 0, which builds them "
+        "in the training process); default: 2 on a GPU, 0 on a CPU, where they would take the cores training "
+        "uses",
+    )
+    t.add_argument(
+        "--save-every", type=int, default=0, help="checkpoint every N steps (always at exit and on SIGTERM)"
+    )
+    t.add_argument("--keep-last", type=int, default=2, help="complete checkpoints kept (older ones are deleted)")
+    t.add_argument("--log-every", type=int, default=10, help="log averaged metrics every N steps (0: never)")
+    t.add_argument("--eval-every", type=int, default=0, help="evaluate on fixed probe batches every N steps")
+    t.add_argument("--eval-batches", type=int, default=4, help="probe batches per objective for evaluation")
+    t.add_argument(
+        "--resume",
+        default="auto",
+        help="'auto' (default): continue from <output_dir>/checkpoints/latest if present; 'none'; or a path. "
+        "A DeepSpeed checkpoint may be resumed on another number of ranks (same ZeRO stage): the global batch "
+        "is kept and micro-batch x accumulation re-derived (docs/pretrain.md, 'Requeue on another size')",
+    )
+    t.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="start over in an --output-dir that holds a run of another model or data (its checkpoints and logs "
+        "are removed); without it such a dir is refused, and a run of the same model and data resumes",
+    )
+    t.add_argument(
+        "--new-schedule",
+        action="store_true",
+        help="on resume, follow this run's LR schedule (e.g. a larger --max-steps moves the decay's end) and "
+        "print it; without it, a resume whose --max-steps, --lr, --warmup-steps or decay end differ from the "
+        "checkpoint's is refused (the LR would jump)",
+    )
+    t.add_argument(
+        "--compile",
+        action="store_true",
+        help="torch.compile each encoder/decoder layer (in place: checkpoint names unchanged); on a GPU it fuses "
+        "the layers' elementwise work, and the first steps of each objective pay the compilation",
+    )
+    t.add_argument(
+        "--zero-comm",
+        choices=("auto", "json"),
+        default="auto",
+        help="auto: on one rank, ZeRO-1/2's overlap_comm and contiguous_gradients are turned off (nothing to "
+        "reduce across ranks; they only copy every gradient and synchronise the device each step); json: keep "
+        "the DeepSpeed JSON's values (default: %(default)s)",
+    )
+    t.add_argument(
+        "--profile-steps",
+        metavar="FIRST:LAST",
+        default=None,
+        help="record optimizer steps FIRST..LAST with torch.profiler: <output_dir>/profile/ gets a Perfetto trace "
+        "and a summary per rank (wall and device-busy time per step, top operators); e.g. 20:25, after warm-up",
+    )
+    t.add_argument("--no-tensorboard", action="store_true", help="no TensorBoard event files")
+    t.add_argument("--no-progress", action="store_true", help="no tqdm bar (CI logs)")
+    t.add_argument(
+        "--dump-rank-weights",
+        action="store_true",
+        help="at the end every rank writes <output_dir>/rank<r>_weights.safetensors (replica checks)",
+    )
+    t.add_argument(
+        "--log-samples",
+        action="store_true",
+        help="every rank appends the dataset indices of each micro-batch to <output_dir>/samples_rank<r>.jsonl "
+        "(an audit of the data order, e.g. across a resume)",
+    )
+    t.add_argument("--sigterm-at-step", type=int, default=None, help=argparse.SUPPRESS)  # test hook
+    t.add_argument("--sigterm-group", action="store_true", help=argparse.SUPPRESS)  # test hook
+    t.add_argument(
+        "--local-rank", type=int, default=None, help=argparse.SUPPRESS
+    )  # set by the deepspeed launcher
+    return p

@@ -1,0 +1,192 @@
+"""Every place the trainer reaches into DeepSpeed's internals, in one file.
+
+Each patch below relies on private attributes or on the exact behaviour of one DeepSpeed release series and
+names it (`Patch.written_for`). Where the installed DeepSpeed is another series, a patch that only saves time
+is not applied (DeepSpeed's own code runs) and says so once on stderr; a patch that keeps training correct
+refuses to run instead, since without it a run would silently be wrong. tests/test_deepspeed_patches.py
+holds one test per patch that fails when DeepSpeed's behaviour under it changes; re-check each patch
+against the new release before widening `written_for` (and pyproject's deepspeed pin with it).
+
+* `clear_stale_gradients` (correctness): ZeRO-3's flat gradient buffer, and ZeRO-1/2's offloaded fp32
+  gradient partition, keep the last gradient of a parameter the step did not reach.
+* `device_overflow_guard` + `nonfinite_norm` (speed, bf16 on a GPU): DeepSpeed's per-tensor overflow check
+  replaced by the optimizer's device-side skip of a non-finite step.
+* `sync_free_clip`, `foreach_grad_norm` (speed, under that guard): ZeRO's clipping without a host read-back,
+  and its gradient norm in one foreach kernel.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+__all__ = [
+    "PATCHES",
+    "Patch",
+    "UnsupportedDeepSpeed",
+    "clear_stale_gradients",
+    "deepspeed_series",
+    "device_overflow_guard",
+    "foreach_grad_norm",
+    "nonfinite_norm",
+    "sync_free_clip",
+]
+
+
+class UnsupportedDeepSpeed(RuntimeError):
+    """A correctness patch meets a DeepSpeed series it was not written for."""
+
+
+@dataclass(frozen=True)
+class Patch:
+    name: str
+    written_for: tuple[int, int]  # the DeepSpeed (major, minor) series whose internals it was written against
+    correctness: bool  # True: a run is wrong without it (refuse); False: it saves time (skip)
+
+
+STALE_GRADIENTS = Patch("clear_stale_gradients", (0, 19), correctness=True)
+OVERFLOW_GUARD = Patch("device_overflow_guard", (0, 19), correctness=False)
+SYNC_FREE_CLIP = Patch("sync_free_clip", (0, 19), correctness=False)
+FOREACH_GRAD_NORM = Patch("foreach_grad_norm", (0, 19), correctness=False)
+PATCHES = (STALE_GRADIENTS, OVERFLOW_GUARD, SYNC_FREE_CLIP, FOREACH_GRAD_NORM)
+
+_warned: set[str] = set()
+
+
+def deepspeed_series() -> tuple[int, int]:
+    """The installed DeepSpeed's (major, minor)."""
+    import deepspeed  # noqa: PLC0415
+
+    major, minor = deepspeed.__version__.split(".")[:2]
+    return int(major), int(minor)
+
+
+def _applies(patch: Patch) -> bool:
+    """Whether `patch` may run on the installed DeepSpeed (see the module docstring for what happens if not)."""
+    series = deepspeed_series()
+    if series == patch.written_for:
+        return True
+    want, have = ".".join(map(str, patch.written_for)), ".".join(map(str, series))
+    if patch.correctness:
+        raise UnsupportedDeepSpeed(
+            f"training/deepspeed_patches.py {patch.name} was written for DeepSpeed {want}.x, installed is {have}: "
+            f"re-check it against {have} (tests/test_deepspeed_patches.py) or install deepspeed {want}.x")
+    if patch.name not in _warned:
+        _warned.add(patch.name)
+        print(f"note: DeepSpeed {have} is not {want}.x, which {patch.name} was written for: "
+              "DeepSpeed's own code runs there instead", file=sys.stderr)
+    return False
+
+
+def clear_stale_gradients(zero_optimizer: Any, zero_stage: int) -> None:
+    """Zero the gradient buffers DeepSpeed does not clear between steps, before a step's backward passes.
+
+    DeepSpeed 0.19's ZeRO-3 keeps every parameter's reduced gradient in one flat buffer and overwrites only
+    the entries of parameters that get a gradient: without this, a skill this step does not use would be
+    stepped again with the gradient of its last step (MaskedAdamW skips exact zeros). The same holds for
+    ZeRO-1/2 with offload_optimizer: the fp32 gradient partition is a host buffer that keeps the last
+    gradient of a parameter this step does not reach (found by bench/real_size.py)."""
+    if zero_stage == 3:
+        if _applies(STALE_GRADIENTS):
+            zero_optimizer.grad_partitions_flat_buffer.zero_()
+    elif zero_stage in (1, 2) and getattr(zero_optimizer, "cpu_offload", False) and _applies(STALE_GRADIENTS):
+        for master in zero_optimizer.single_partition_of_fp32_groups:
+            if master.grad is not None:
+                master.grad.zero_()
+
+
+def device_overflow_guard(ds_config: dict[str, Any], optimizer: Any) -> bool:
+    """bf16 on a GPU: replace DeepSpeed's overflow check by the optimizer's device-side one (`ds_config` is
+    edited; call before ``deepspeed.initialize``). True when the guard is on: the caller then points the
+    optimizer's ``found_inf_fn`` at `nonfinite_norm` and applies `sync_free_clip` and `foreach_grad_norm`.
+
+    DeepSpeed 0.19 checks every gradient tensor for inf/NaN before a bf16 step (``check_grad_overflow``,
+    on by default): five small kernels per tensor and a host read-back, ~80 ms of a BERT-base step on an
+    H100. The sync-free MaskedAdamW skips a step whose gradient norm is not finite on the device instead
+    (weights and moments untouched, as DeepSpeed's check would leave them; the step count goes on). Only
+    where that path runs (CUDA) and the JSON does not set ``bf16.check_grad_overflow`` itself."""
+    bf16 = ds_config.get("bf16") or ds_config.get("bfloat16") or {}
+    if not (bf16.get("enabled") and torch.cuda.is_available() and optimizer.sync_free(torch.device("cuda"))):
+        return False
+    offload = ((ds_config.get("zero_optimization") or {}).get("offload_optimizer") or {}).get("device", "none")
+    if offload not in ("none", None):  # the optimizer steps CPU partitions: the count path, no device flag
+        return False
+    if "check_grad_overflow" in bf16 or not _applies(OVERFLOW_GUARD):
+        return False
+    bf16["check_grad_overflow"] = False
+    return True
+
+
+def nonfinite_norm(zero_optimizer: Any) -> torch.Tensor | None:
+    """1.0 where DeepSpeed's global gradient norm of this step is inf/NaN (it reports those as -1), on the
+    device; None if it keeps no norm. The guard's flag (`device_overflow_guard` checked the version)."""
+    norm = getattr(zero_optimizer, "_global_grad_norm", None)
+    if not isinstance(norm, torch.Tensor):
+        return None
+    return ((norm < 0) | ~torch.isfinite(norm)).float().reshape(())
+
+
+def sync_free_clip(zero_optimizer: Any) -> None:
+    """Gradient clipping under the device guard without a host read-back.
+
+    DeepSpeed 0.19's ZeRO ``unscale_and_clip_grads`` asks ``bool(norm is invalid)`` on the host before it
+    clips: one wait for the device per step, after which the GPU idles while the host issues the optimizer
+    and the next forward. Here an invalid norm becomes inf on the device instead (DeepSpeed's own
+    replacement), giving the same scale; the guard's found_inf then skips that step in the optimizer."""
+    if not callable(getattr(zero_optimizer, "unscale_and_clip_grads", None)) or not _applies(SYNC_FREE_CLIP):
+        return
+    original = zero_optimizer.unscale_and_clip_grads
+
+    def unscale_and_clip_grads(grad_groups_flat: list[Any], total_norm: Any) -> None:
+        opt = zero_optimizer
+        if not isinstance(total_norm, torch.Tensor) or opt.clip_grad <= 0.0:
+            return original(grad_groups_flat, total_norm)
+        bad = ~torch.isfinite(total_norm) | (total_norm < 0)
+        norm = torch.where(bad, torch.full_like(total_norm, math.inf), total_norm)
+        clip = torch.clamp(((norm / opt.loss_scale) + 1e-6) / opt.clip_grad, min=1.0)
+        inv = 1.0 / (clip * opt.loss_scale)
+        for grad in grad_groups_flat:
+            for g in grad if isinstance(grad, list) else [grad]:
+                g.data.mul_(inv)
+        return None
+
+    zero_optimizer.unscale_and_clip_grads = unscale_and_clip_grads
+
+
+def foreach_grad_norm(zero_optimizer: Any) -> None:
+    """ZeRO's global gradient norm in one foreach kernel instead of one norm per tensor.
+
+    DeepSpeed 0.19's ``get_grad_norm_direct`` launches a norm (and a cast) for every gradient of the
+    partition: a SkillNet-BERT-base step has ~500 of them, unused skills' zero-filled ones included, which
+    keeps the host busier than the device. Same selection, same sum of squares, same all-reduces and the
+    same -1 for inf/NaN; falls back to DeepSpeed's method where model or pipeline parallelism is on."""
+    original = getattr(zero_optimizer, "get_grad_norm_direct", None)
+    if not callable(original) or not _applies(FOREACH_GRAD_NORM):
+        return
+    from deepspeed import comm as dist  # noqa: PLC0415
+    from deepspeed.runtime.utils import mask_nan_or_inf_with_val_inplace  # noqa: PLC0415
+    from deepspeed.runtime.zero.utils import get_norm_dtype  # noqa: PLC0415
+
+    def get_grad_norm_direct(gradients: list[torch.Tensor], params: list[Any], norm_type: float = 2) -> Any:
+        opt = zero_optimizer
+        if float(norm_type) != 2.0 or getattr(opt, "model_parallel_rank", 0) != 0 or any(
+                getattr(p, "ds_pipe_replicated", False) for p in params):
+            return original(gradients, params, norm_type)
+        grads = [g for g in gradients if not getattr(g, "_zero_padding", False)][: len(params)]
+        dtype = get_norm_dtype()
+        if grads:
+            norms = torch._foreach_norm([g.detach() for g in grads], 2, dtype=dtype)
+            total = torch.stack(norms).pow(2).sum().float()
+        else:
+            total = torch.tensor(0.0, dtype=torch.float32, device=opt.device)
+        dist.all_reduce(total, op=dist.ReduceOp.SUM, group=opt.dp_process_group)
+        opt._model_parallel_all_reduce(tensor=total, op=dist.ReduceOp.SUM)
+        total = total.pow(0.5)
+        mask_nan_or_inf_with_val_inplace(total, device=opt.device)
+        return total
+
+    zero_optimizer.get_grad_norm_direct = get_grad_norm_direct
