@@ -56,7 +56,7 @@ from skillnet.model import SkillNetBertConfig, SkillNetBertForPreTraining  # noq
 from skillnet.pretrain.dataset import PretrainingDataset  # noqa: E402
 from skillnet.pretrain.objectives import ObjectiveSampler, PretrainBatchSource  # noqa: E402
 from skillnet.training.optim import MaskedAdamW, build_param_groups  # noqa: E402
-from skillnet.training.packing import plan_rows, real_token_share  # noqa: E402
+from skillnet.training.packing import fewest_rows, plan_rows, real_token_share  # noqa: E402
 
 DOC = "docs/speed.md"
 OBJECTIVES = ("mlm", "nsp")
@@ -85,12 +85,6 @@ def batches(shards: Path, seq: int, samples: int, packing: bool) -> dict[str, di
         b = next(src)
         out[b.task] = b.tensors
     return out
-
-
-def fewest_rows(lengths: np.ndarray, seq: int) -> int:
-    """A lower bound on the rows any packing of these samples needs: every sample longer than half a row
-    needs a row no other such sample shares, and no row holds more than ``seq`` tokens."""
-    return max(int((lengths > seq / 2).sum()), int(np.ceil(lengths.sum() / seq)))
 
 
 def share_bound(per_objective: list[np.ndarray], seq: int) -> float:

@@ -20,14 +20,9 @@ from skillnet.common.cli import Parser
 OBJECTIVES = ("mlm", "nsp")
 
 
-def fewest_rows(lengths: np.ndarray, seq: int) -> int:
-    """A lower bound on the rows any packing of these samples needs."""
-    return max(int((lengths > seq / 2).sum()), int(np.ceil(lengths.sum() / seq)))
-
-
 def shares(dataset: Any, objective: str, samples: int, micro: int) -> dict[str, float]:
     """{unpacked, packed, bound} real-token shares of ``samples`` samples in micro-batches of ``micro``."""
-    from skillnet.training.packing import pack_rows
+    from skillnet.training.packing import fewest_rows, pack_rows
 
     seq = dataset.max_seq_len
     order = np.random.default_rng([0, 0]).permutation(len(dataset))[:samples]

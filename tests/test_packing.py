@@ -23,7 +23,7 @@ from skillnet.model.attention import AttentionMask
 from skillnet.model.routers import router_class
 from skillnet.pretrain.dataset import PretrainingDataset
 from skillnet.pretrain.objectives import ObjectiveSampler, PretrainBatchSource
-from skillnet.training.packing import pack_rows, pack_where_it_pays, plan_rows, real_token_share
+from skillnet.training.packing import fewest_rows, pack_rows, pack_where_it_pays, plan_rows, real_token_share
 
 from tests.fixtures.pretrain.helpers import REPO, subprocess_env
 from tests.fixtures.warm import launch_fixture
@@ -68,6 +68,9 @@ def test_plan_rows_fits_every_sample_once_keeps_groups_apart_and_is_deterministi
     assert all(len({groups[i] for i in r}) == 1 for r in rows)
     assert all(r == sorted(r) for r in rows)  # a row keeps its samples in batch order
     assert rows == plan_rows(lens, 64, groups)
+    # the bound the bench and the padding command print is a true lower bound: no packing beats it
+    g = np.array(groups)
+    assert len(rows) >= sum(fewest_rows(lens[g == k], 64) for k in "abc")
     # first-fit decreasing is within 11/9 OPT + 1 rows; the bound here is the volume bound per group
     bound = sum(int(np.ceil(lens[np.array(groups) == g].sum() / 64)) for g in "abc")
     assert len(rows) <= 11 / 9 * bound + 3

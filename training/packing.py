@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 import torch
 
-__all__ = ["pack_rows", "pack_where_it_pays", "plan_rows", "real_token_share"]
+__all__ = ["fewest_rows", "pack_rows", "pack_where_it_pays", "plan_rows", "real_token_share"]
 
 # Values that fill a token-level tensor's padding.
 _PAD_VALUES = {"labels": -100, "attention_mask": 0, "token_type_ids": 0}
@@ -60,21 +60,35 @@ def plan_rows(lengths: Sequence[int] | np.ndarray, max_len: int,
     return rows
 
 
+def fewest_rows(lengths: Sequence[int] | np.ndarray, max_len: int) -> int:
+    """A lower bound on the rows any packing of these samples needs: every sample longer than half a row
+    needs a row that no other such sample shares, and no row holds more than ``max_len`` tokens."""
+    lens = np.asarray(lengths)
+    return max(int((lens > max_len / 2).sum()), int(np.ceil(lens.sum() / max_len)))
+
+
+def _lengths(batch: dict[str, torch.Tensor]) -> np.ndarray:
+    """Each row's sample length, checking that the rows are padded prefixes."""
+    mask = batch["attention_mask"].numpy().astype(bool)
+    lens = mask.sum(1)
+    if not (mask == (np.arange(mask.shape[1])[None, :] < lens[:, None])).all():
+        raise ValueError("pack_rows needs padded rows: attention_mask must be ones then zeros in every row")
+    return lens
+
+
 def pack_rows(batch: dict[str, torch.Tensor], pad_id: int, *, groups: Sequence[Any] | None = None,
-              row_len: int | None = None) -> tuple[dict[str, torch.Tensor], list[list[int]]]:
+              row_len: int | None = None, rows: list[list[int]] | None = None
+              ) -> tuple[dict[str, torch.Tensor], list[list[int]]]:
     """The padded micro-batch ``batch`` ([B, T] token tensors with a prefix ``attention_mask``; [B] sample
     tensors) as packed rows (module docstring) of ``row_len`` tokens (default T: a batch padded to its
-    longest sample packs into rows of the length its rows may have, e.g. a task's max_seq_len). Returns the
-    packed tensors and the rows (sample indices)."""
-    mask = batch["attention_mask"].numpy().astype(bool)
-    B, width = mask.shape
+    longest sample packs into rows of the length its rows may have, e.g. a task's max_seq_len). ``rows``: a
+    `plan_rows` plan already made for this batch. Returns the packed tensors and the rows (sample indices)."""
+    B, width = batch["attention_mask"].shape
     T = width if row_len is None else row_len
     if width > T:
         raise ValueError(f"row_len={row_len} is shorter than the batch's rows ({width} tokens)")
-    lens = mask.sum(1)
-    if not (mask == (np.arange(width)[None, :] < lens[:, None])).all():
-        raise ValueError("pack_rows needs padded rows: attention_mask must be ones then zeros in every row")
-    rows = plan_rows(lens, T, groups)
+    lens = _lengths(batch)
+    rows = plan_rows(lens, T, groups) if rows is None else rows
     R = len(rows)
     # Where each sample goes: row, offset in it.
     row_of = np.empty(B, np.int64)
@@ -115,9 +129,13 @@ def pack_where_it_pays(batch: dict[str, torch.Tensor], pad_id: int, *, groups: S
                        row_len: int | None = None) -> dict[str, torch.Tensor]:
     """`pack_rows` when it computes fewer token slots than the padded batch; else the padded batch as it is
     (rows that hold one sample each gain nothing from a packed layout, whose block mask costs more than a
-    key mask)."""
-    packed, _ = pack_rows(batch, pad_id, groups=groups, row_len=row_len)
-    return packed if packed["attention_mask"].numel() < batch["attention_mask"].numel() else batch
+    key mask). The plan decides, before any tensor is built."""
+    B, width = batch["attention_mask"].shape
+    T = width if row_len is None else row_len
+    rows = plan_rows(_lengths(batch), T, groups)
+    if len(rows) * T >= B * width:
+        return batch
+    return pack_rows(batch, pad_id, groups=groups, row_len=row_len, rows=rows)[0]
 
 
 def real_token_share(batch: dict[str, torch.Tensor]) -> float:
