@@ -64,6 +64,7 @@ bench: setup
 	$(PYTHON) bench/optim.py --write
 	$(PYTHON) bench/generate.py --write
 	$(PYTHON) bench/compare_jobs.py --write
+	$(PYTHON) bench/in_process.py --write
 	$(PYTHON) bench/projection.py --write docs/gpu.md
 
 clean:

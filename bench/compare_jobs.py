@@ -77,9 +77,9 @@ def run_compare(config: Path, out: Path, methods: list[str], steps: int, jobs: i
     cmd = [sys.executable, "-m", "skillnet.finetune.compare", "--config", str(config), "--methods", *methods,
            "--seeds", "0", "--output-dir", str(out), "--max-steps", str(steps), "--in-process", "--no-plots",
            "--jobs", str(jobs)]
-    env = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
     t0 = time.perf_counter()
-    r = subprocess.run(cmd, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    # skillnet.* resolves through the install (pyproject's package-dir), as this process's own import above does
+    r = subprocess.run(cmd, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     secs = time.perf_counter() - t0
     if r.returncode != 0:
         raise SystemExit(f"error: {' '.join(cmd)} failed (exit {r.returncode}):\n{r.stderr[-2000:]}")

@@ -13,6 +13,7 @@ Examples:
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
@@ -304,26 +305,10 @@ def _run(a: argparse.Namespace) -> int:
         if a.no_fast_cjk:  # read by the tokenizer in every worker process
             os.environ["SKILLNET_FAST_CJK"] = "0"
 
-        cfg = BuildConfig(
-            inputs=a.inputs,
-            out=a.out,
-            fmt=a.fmt,
-            doc_separator=a.doc_separator,
-            text_field=a.text_field,
-            vocab=a.vocab,
-            lowercase=not a.no_lowercase,
-            whole_word=a.whole_word,
-            sentence_split=a.sentence_split,
-            abbreviations=a.abbreviations,
-            workers=a.workers,
-            num_shards=a.num_shards,
-            shard_index=a.shard_index,
-            unit_bytes=a.unit_bytes,
-            max_doc_bytes=a.max_doc_bytes,
-            strict=a.strict,
-            progress=not a.no_progress,
-            overwrite=a.overwrite,
-        )
+        # every option of `build` named like a BuildConfig field sets it; the two negated flags below
+        fields = {f.name for f in dataclasses.fields(BuildConfig)}
+        cfg = BuildConfig(**{k: v for k, v in vars(a).items() if k in fields},
+                          lowercase=not a.no_lowercase, progress=not a.no_progress)
         m = build(cfg)
         tot = m["totals"]
         if a.num_shards == 1 and tot["num_documents"] == 0:

@@ -32,7 +32,7 @@ class BadInputReport:
     examples: dict[str, list[str]] = dataclasses.field(default_factory=dict)
     strict: bool = False
 
-    def add(self, reason: str, nbytes: int, where: str | Callable[[], str], count: int = 1) -> None:
+    def add(self, reason: str, nbytes: int, where: str | Callable[[], str]) -> None:
         if reason not in REASONS:
             raise KeyError(reason)
         if self.strict:
@@ -40,7 +40,7 @@ class BadInputReport:
             raise BadInputError(
                 f"{loc}: {REASONS[reason]} ({reason}); rerun without --strict to skip and count"
             )
-        self.counts[reason] = self.counts.get(reason, 0) + count
+        self.counts[reason] = self.counts.get(reason, 0) + 1
         self.nbytes[reason] = self.nbytes.get(reason, 0) + nbytes
         ex = self.examples.setdefault(reason, [])
         if len(ex) < 3:

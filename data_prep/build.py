@@ -8,6 +8,7 @@ ideographs and punctuation looked up in a table with numpy, the rest of the text
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import itertools
@@ -221,12 +222,9 @@ def process_unit(unit: Unit) -> dict:
         return done
     report = BadInputReport(strict=cfg.strict)
     writer = ShardWriter(out, name, tok.dtype, cfg.whole_word)
-    fail_at = os.environ.get("SKILLNET_DATA_PREP_FAIL_AT")  # test hook: "unit:batch" -> hard exit mid-shard
     try:
         batches = iter_documents(unit, cfg.read_config(), report, lambda n: _progress(n, 0))
-        for b, (docs, locate) in enumerate(batches):
-            if fail_at == f"{unit.index}:{b}":
-                os._exit(17)
+        for docs, locate in batches:
             flat, sent_end, doc_end, word_start, empty = enc.encode(docs)
             for i in empty.tolist():  # text the tokenizer drops entirely (e.g. only control characters)
                 where = f"{locate(i)}: no tokens"  # named now: the report keeps a few examples
@@ -299,15 +297,10 @@ def vocab_fit(units: list[Unit], cfg: BuildConfig, tok: WordPieceTokenizer) -> d
     """[UNK] share and tokens per character on the first ~256 KB of documents (seconds at most)."""
     docs: list[str] = []
     n = 0
-    for unit in units:
-        for batch, _ in iter_documents(unit, cfg.read_config(), BadInputReport(strict=False)):
-            for d in batch:
-                docs.append(d)
-                n += len(d.encode("utf-8"))
-                if n >= SAMPLE_BYTES:
-                    break
-            if n >= SAMPLE_BYTES:
-                break
+    batches = (b for u in units for b, _ in iter_documents(u, cfg.read_config(), BadInputReport(strict=False)))
+    for d in itertools.chain.from_iterable(batches):
+        docs.append(d)
+        n += len(d.encode("utf-8"))
         if n >= SAMPLE_BYTES:
             break
     ids, _ = tok.encode_batch_flat(docs) if docs else (np.zeros(0, np.int64), None)
@@ -384,13 +377,9 @@ def build(cfg: BuildConfig) -> dict:
             pending = [pool.apply_async(process_unit, (u,)) for u in order]
             while pending:
                 time.sleep(0.2)
-                still = []
-                for r in pending:
-                    if r.ready():
-                        records.append(r.get())  # re-raises a worker's error (e.g. --strict)
-                    else:
-                        still.append(r)
-                pending = still
+                ready = {r for r in pending if r.ready()}
+                records += [r.get() for r in pending if r in ready]  # re-raises a worker's error (e.g. --strict)
+                pending = [r for r in pending if r not in ready]
                 if bar is not None:
                     bar.n = min(counters[0], total)
                     bar.set_postfix(
@@ -421,10 +410,9 @@ class _BarCounter:
 
     def __init__(self, bar, t0: float) -> None:
         self.bar, self.t0, self.docs, self.last = bar, t0, 0, 0.0
-        self._lock = _NullLock()
 
     def get_lock(self):
-        return self._lock
+        return contextlib.nullcontext()
 
     def __setitem__(self, i: int, v: int) -> None:
         if i == 0:
@@ -438,11 +426,3 @@ class _BarCounter:
 
     def __getitem__(self, i: int) -> int:
         return self.bar.n if i == 0 else self.docs
-
-
-class _NullLock:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *a) -> None:
-        return None

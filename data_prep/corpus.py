@@ -20,6 +20,8 @@ from bisect import bisect_right
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import zstandard
+
 from .bad_input import BadInputError, BadInputReport
 from .units import Segment, Unit, expand_inputs, file_format, is_compressed, plan_units
 
@@ -60,8 +62,6 @@ def _open(path: str) -> tuple[io.RawIOBase | io.BufferedReader, _CountingReader 
         counter = _CountingReader(raw)
         return gzip.GzipFile(fileobj=io.BufferedReader(counter)), counter, raw
     if path.endswith((".zst", ".zstd")):
-        import zstandard
-
         counter = _CountingReader(raw)
         reader = zstandard.ZstdDecompressor().stream_reader(counter, read_across_frames=True)
         return reader, counter, raw
@@ -75,13 +75,7 @@ def _looks_binary(head: bytes) -> bool:
     return ctrl > 0.05 * len(head)
 
 
-_COMPRESSION_ERRORS: tuple[type[BaseException], ...] = (EOFError, zlib.error, gzip.BadGzipFile)
-try:
-    import zstandard as _zstd
-
-    _COMPRESSION_ERRORS = (*_COMPRESSION_ERRORS, _zstd.ZstdError)
-except ImportError:  # pragma: no cover
-    pass
+_COMPRESSION_ERRORS = (EOFError, zlib.error, gzip.BadGzipFile, zstandard.ZstdError)
 
 
 def _line_chunks(
@@ -110,11 +104,9 @@ def _line_chunks(
     while True:
         if counted is None:
             block = f.read(BLOCK_BYTES)
-        else:
-            block, broken = _read_compressed(f)
-        if counted is None:
             progress(len(block))
         else:  # compressed: report compressed bytes, like the on-disk total of the progress bar
+            block, broken = _read_compressed(f)
             progress(counter.nread - counted)
             counted = counter.nread
         eof = not block
@@ -362,12 +354,14 @@ def _segment_docs(
                 f.seek(seg.start)
             chunks = _line_chunks(f, seg, cfg.max_doc_bytes, report, progress, counter, finder)
             if fmt == "jsonl":
-                yield from _jsonl_docs(chunks, cfg, report, finder)
+                for chunk, off in chunks:
+                    docs, locate = _jsonl_chunk(chunk, functools.partial(finder.at, off), cfg, report)
+                    yield docs, len(chunk), locate
             elif cfg.doc_separator == "blank":
                 yield from _blank_docs(chunks, cfg, report, finder)
             else:
                 for chunk, off in chunks:
-                    at = _chunk_at(finder, off)
+                    at = functools.partial(finder.at, off)  # at(i[, column]): line i of the chunk
                     lines, line_of = _split_text_lines(chunk, at, report, cfg.max_doc_bytes)
                     docs, kept = _drop_empty(lines, report, lambda k, at=at, lo=line_of: at(lo(k)))
                     yield docs, len(chunk), lambda k, at=at, lo=line_of, kept=kept: at(lo(kept(k)))
@@ -378,23 +372,6 @@ def _segment_docs(
     finally:
         f.close()
         raw.close()
-
-
-def _chunk_at(finder: _LineFinder, off: int) -> Callable[..., str]:
-    """at(i, column=None) -> 'file:line[:column]' of line i of the chunk starting at byte `off`."""
-
-    def at(i: int, column: int | None = None) -> str:
-        return finder.at(off, i, column)
-
-    return at
-
-
-def _jsonl_docs(
-    chunks, cfg: ReadConfig, report: BadInputReport, finder: _LineFinder
-) -> Iterator[tuple[list[str], int, Locate]]:
-    for chunk, off in chunks:
-        docs, locate = _jsonl_chunk(chunk, _chunk_at(finder, off), cfg, report)
-        yield docs, len(chunk), locate
 
 
 def _jsonl_chunk(
@@ -447,7 +424,7 @@ def _blank_docs(
     carry_at: Callable[[], str] = lambda: finder.at(0)  # noqa: E731  (where the carried document starts)
     dropping = False  # inside a document already counted as too long
     for chunk, off in chunks:
-        at = _chunk_at(finder, off)
+        at = functools.partial(finder.at, off)  # at(i[, column]): line i of the chunk
         lines, line_of = _split_text_lines(chunk, at, report, cfg.max_doc_bytes)
         text = carry + "\n".join(lines) + "\n"
         where = _blank_where(text, len(carry), carry_at, at, line_of)

@@ -39,14 +39,6 @@ def atomic_write_json(path: Path, obj: dict) -> None:
     fileio.atomic_write_json(path, obj, indent=1)
 
 
-def file_sha256(path: Path, bufsize: int = 8 << 20) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(bufsize):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 class ShardWriter:
     """Streams one shard to temp files; `finish()` makes it visible atomically."""
 
@@ -333,9 +325,7 @@ def iter_documents_ids(shard_dir: str | os.PathLike) -> Iterator[list[np.ndarray
     for rec in m["shards"]:
         toks = open_tokens(d, rec, m["tokenizer"]["dtype"])
         sent_end, doc_end = read_idx(d / f"{rec['name']}.idx", rec)
-        s_start = (
-            np.concatenate([[0], sent_end[:-1]]).astype(np.int64) if len(sent_end) else np.zeros(0, np.int64)
-        )
+        s_start = np.concatenate([[0], sent_end[:-1]]).astype(np.int64)
         d0 = 0
         for de in doc_end.astype(np.int64):
             yield [np.asarray(toks[s_start[s] : int(sent_end[s])]) for s in range(d0, de)]

@@ -126,9 +126,8 @@ class WordPieceTokenizer:
         # decode(encode(x)) differ from the normalised text and break the round-trip check.
         self._tok.decoder = decoders.WordPiece(prefix="##", cleanup=False)
         self.backend = self._tok._tokenizer
-        settings = json.dumps(
-            {k: v for k, v in self.config.to_json().items() if k != "vocab_file"}, sort_keys=True
-        )
+        self.settings = {k: v for k, v in self.config.to_json().items() if k != "vocab_file"}
+        settings = json.dumps(self.settings, sort_keys=True)
         self.fingerprint = hashlib.sha256(self.vocab_bytes + b"\0" + settings.encode()).hexdigest()[:32]
         ids = {t: i for i, t in enumerate(self.vocab)}
         self.pad_id, self.unk_id, self.cls_id, self.sep_id, self.mask_id = (ids[t] for t in SPECIAL_TOKENS)
@@ -193,7 +192,7 @@ class WordPieceTokenizer:
             "fingerprint": self.fingerprint,
             "vocab_file": str(self.vocab_path),
             "vocab_size": self.vocab_size,
-            "settings": {k: v for k, v in self.config.to_json().items() if k != "vocab_file"},
+            "settings": dict(self.settings),
             "pad_id": self.pad_id,
             "unk_id": self.unk_id,
             "cls_id": self.cls_id,
@@ -214,7 +213,6 @@ def train_wordpiece(
     vocab_size: int = 21128,
     min_frequency: int = 2,
     lowercase: bool = True,
-    limit_alphabet: int = 8000,
 ) -> Path:
     """Learn a BERT WordPiece vocab; writes `out_dir/vocab.txt` (atomically) and returns its path."""
     from tokenizers import BertWordPieceTokenizer
@@ -224,7 +222,7 @@ def train_wordpiece(
         texts,
         vocab_size=vocab_size,
         min_frequency=min_frequency,
-        limit_alphabet=limit_alphabet,
+        limit_alphabet=8000,
         special_tokens=list(SPECIAL_TOKENS),
         show_progress=False,
     )
@@ -284,9 +282,6 @@ class FastCJK:
         self.last = len(table) - 1  # always -1: code points beyond the table are looked up here
         self.sep_cp = ord(sep_char)
         self.sep_id = sep_id
-        self.fast_batches = 0
-        self.declined_batches = 0  # the separator guard failed (never seen; tested by forcing it)
-        self.skipped_batches = 0  # too few isolated characters to be worth it
         self.min_isolated = 0.125  # fraction of isolated characters below which a batch takes the plain path
 
     @classmethod
@@ -374,12 +369,10 @@ class FastCJK:
         n = len(cp)
         doc_end = np.cumsum(np.fromiter(map(len, texts), np.int64, count=n_docs))
         if n == 0:
-            self.fast_batches += 1
             return np.zeros(0, self.tok.dtype), np.zeros(n_docs, np.int64)
         tid = self.table[np.minimum(cp, self.last)]
         iso = tid >= 0
         if np.count_nonzero(iso) < self.min_isolated * n:  # e.g. English: nothing to gain, ~5% to lose
-            self.skipped_batches += 1
             return None
         # cont[i]: char i continues a run of isolated chars started before it (same document)
         cont = np.zeros(n, bool)
@@ -421,13 +414,9 @@ class FastCJK:
         if not cuts or cuts[-1] != m:
             cuts.append(m)
         pieces = [text[i:j] for i, j in zip([0, *cuts[:-1]], cuts)]
-        b = self.tok.backend
-        fast = getattr(b, "encode_batch_fast", None) or b.encode_batch
-        encs = fast(pieces, add_special_tokens=False)
-        r = np.fromiter(itertools.chain.from_iterable(e.ids for e in encs), np.int64)
+        r = np.fromiter(itertools.chain.from_iterable(self.tok.encode_batch(pieces)), np.int64)
         sep_pos = np.flatnonzero(r == self.sep_id)
-        if len(sep_pos) != len(lens_sep):
-            self.declined_batches += 1
+        if len(sep_pos) != len(lens_sep):  # the separator guard failed (never seen; tested by forcing it)
             return None
         c = np.zeros(len(lens_sep) + 1, np.int64)
         np.cumsum(lens_sep, out=c[1:])
@@ -441,5 +430,4 @@ class FastCJK:
         out[ri - s + c[s]] = r[ri]
         doc_tok_end = q[mark_of_sep]
         lens = np.diff(doc_tok_end, prepend=0)
-        self.fast_batches += 1
         return out, lens

@@ -74,6 +74,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads per fine-tuning run")
     p.add_argument("--jobs", type=int, default=None,
                    help="fine-tuning runs at once (default: the profile's, 2 for the CPU profiles, 1 for scale)")
+    p.add_argument("--subprocesses", action="store_true",
+                   help="run every fine-tuning run, comparison and export as its own interpreter, as on a cluster "
+                        "(default on the CPU profiles: inside long-lived workers, which skip each run's start-up; "
+                        "bench/in_process.py measures what that saves)")
     p.add_argument("--no-enforce-floors", action="store_true",
                    help="go on to fine-tuning when a pre-trained model is below its accuracy floor (the report "
                         "marks the floor as failed and not enforced); default: stop before fine-tuning")
@@ -116,15 +120,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     a = parser.parse_args(argv)
     check_options(parser, a, {"gpus": at_least(1), "threads": at_least(1), "jobs": at_least(1)})
-    profile = PROFILES["quick" if a.quick else a.profile]
-    if a.gpus:
-        profile = dataclasses.replace(profile, ranks=a.gpus)
-    if a.threads:
-        profile = dataclasses.replace(profile, threads=a.threads)
-    if a.jobs:
-        profile = dataclasses.replace(profile, jobs=a.jobs)
-    if a.no_enforce_floors:
-        profile = dataclasses.replace(profile, enforce_floors=False)
+    overrides = {"ranks": a.gpus, "threads": a.threads, "jobs": a.jobs,
+                 "in_process": False if a.subprocesses else None, "enforce_floors": False if a.no_enforce_floors else None}
+    profile = dataclasses.replace(PROFILES["quick" if a.quick else a.profile],
+                                  **{k: v for k, v in overrides.items() if v is not None})
     if a.estimate:
         from skillnet.experiments.estimate import write_estimate
 
@@ -226,9 +225,7 @@ def _run_stages(a: argparse.Namespace, r: Runner, profile: Profile, out: Path, r
         try:
             with _heartbeat(None if a.dry_run else partial, earlier, t0):
                 info = st.fn(r)
-        except (RuntimeError, KeyboardInterrupt) as e:  # _heartbeat recorded the sitting's seconds
-            if isinstance(e, KeyboardInterrupt):
-                raise
+        except RuntimeError as e:  # _heartbeat recorded the sitting's seconds
             print(f"error: {e}\nrerun the same command to continue from here", file=sys.stderr)
             return 1
         if a.dry_run:

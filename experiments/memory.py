@@ -286,11 +286,6 @@ def _checkpointed(b: Block, s: Setup, N: int, D: int) -> Block:
     return Block(b.name, kept, b.grads, b.temp + b.saved)
 
 
-def activation_bytes(s: Setup, task: str) -> int:
-    """What autograd keeps for the backward pass at the end of the forward (plus the returned logits)."""
-    return sum(b.saved for b in blocks(s, task))
-
-
 # ------------------------------------------------------------------------------------------------ model states
 def model_states(s: Setup) -> dict[str, int]:
     """Bytes per rank of parameters, gradients, fp32 master copy and Adam moments, and buckets; with

@@ -3,7 +3,6 @@ NLG Tables 3 and 4 and §3.4 (sampling temperature)."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +14,7 @@ from skillnet.experiments.runner import (
     paper_ratio_caps,
     paths,
     pt_args,
+    task_counts,
     task_steps_args,
     write_config,
 )
@@ -51,14 +51,10 @@ NLG_PAPER_SIZES = {"csc": 1_200_000, "insuranceqa_answer": 740_000, "insuranceqa
 
 def stage_nlg_tasks(r: Runner) -> dict[str, Any]:
     P = paths(r.out)
-    counts = {}
     r.run_many([([PY, "-m", "skillnet.data_prep.tasks", "convert", fmt, "--out", str(P["tasks"] / name),
                   "--max-examples", str(r.p.nlg_train), "--max-eval-examples", str(r.p.nlg_eval)],
                  P["tasks"] / name / "task.json") for name, fmt in NLG_FORMATS.items()], r.p.jobs)
-    for name in NLG_FORMATS:
-        if (P["tasks"] / name / "task.json").exists():
-            counts[name] = json.loads((P["tasks"] / name / "task.json").read_text()).get("counts")
-    return {"counts": counts}
+    return {"counts": task_counts(P["tasks"], list(NLG_FORMATS))}
 
 
 def nlg_config(r: Runner, names: list[str], steps: int, name: str, caps: dict[str, int] | None = None,

@@ -16,6 +16,7 @@ from skillnet.experiments.runner import (
     paper_ratio_caps,
     paths,
     pt_args,
+    task_counts,
     task_steps_args,
     write_config,
 )
@@ -107,7 +108,6 @@ def task_seq_len(r: Runner, name: str, task: dict[str, Any]) -> int:
 
 def stage_nlu_tasks(r: Runner) -> dict[str, Any]:
     P = paths(r.out)
-    counts = {}
     items = [(n, f, e, t) for n, (f, e, t) in NLU_TASKS.items()] + [NLU_NEW_TASK]
     # The converters warn when a task is cut at the longest length it can get (its own, else the model's
     # positions): then no fitted length (task_seq_len) can help, and the report must say why.
@@ -116,10 +116,7 @@ def stage_nlu_tasks(r: Runner) -> dict[str, Any]:
                   "--max-examples", str(r.p.nlu_train), "--max-eval-examples", str(r.p.nlu_eval), *extra,
                   "--max-seq-len", str(longest[name])],
                  P["tasks"] / name / "task.json") for name, fmt, extra, _ in items], r.p.jobs)
-    for name, _, _, _ in items:
-        if (P["tasks"] / name / "task.json").exists():
-            counts[name] = json.loads((P["tasks"] / name / "task.json").read_text()).get("counts")
-    return {"counts": counts}
+    return {"counts": task_counts(P["tasks"], [name for name, _, _, _ in items])}
 
 
 def nlu_config(r: Runner, tasks: dict[str, dict[str, Any]], steps: int, name: str, **train: Any) -> Path:

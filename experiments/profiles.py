@@ -62,7 +62,8 @@ class Profile:
     # better than two (bench/compare_jobs.py); GPUs run one at a time.
     jobs: int = 2
     # One-process fine-tuning runs inside compare (no start-up per run), and the comparisons, exports and
-    # held-out checks inside the reproduction's process (runner.IN_PROCESS: no start-up per command)
+    # held-out checks inside the reproduction's process (finetune/workers.py: no start-up per command; 60% of
+    # make demo's time, bench/in_process.py)
     in_process: bool = True
     # Stop before fine-tuning when a pre-trained model is below its accuracy floor (runner.FLOORS); a
     # profile too short to reach the floors only records the check in its report.

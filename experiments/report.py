@@ -89,8 +89,9 @@ def build(out: Path, profile: Any, stages: list[Any], report: Path, title: str,
         targets_section(doc, cmps, cmp_dir, parts, findings)
     tail(doc, out, stages, records, findings, parts)
     report.parent.mkdir(parents=True, exist_ok=True)
-    stem = report.stem
-    link = copied_to(report.parent / "img", lambda p: f"{stem}_{p.parent.name}_{p.name}")
+    # Not named after the report: report.md, comparison.md and nlg.md of one reproduction sit side by side (docs/)
+    # and show the same pictures of the same run, which the report's name copied once per report.
+    link = copied_to(report.parent / "img", lambda p: f"report_{p.parent.name}_{p.name}")
     report.write_text(doc.markdown(link), encoding="utf-8")
     report.with_suffix(".html").write_text(doc.html(title), encoding="utf-8")
     return report, doc.problems()

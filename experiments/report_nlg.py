@@ -64,12 +64,11 @@ def nlg_part(doc: Document, cmps: dict[str, Any], cmp_dir: Path, out: Path, find
     doc.h(2, "Adaptation to a new generation task (NLG Table 4 layout)")
     if cmps["nlg_adapt"]:
         c = cmps["nlg_adapt"]
-        score_table(doc, c, [("a_existing", "SkillNet-NLG, existing skills"), ("c_new_skill", "SkillNet-NLG + new skill"),
-                             ("task_specific", "task-specific")])
+        order = [("a_existing", "SkillNet-NLG, existing skills"), ("c_new_skill", "SkillNet-NLG + new skill"),
+                 ("task_specific", "task-specific")]
+        score_table(doc, c, order)
         doc.p("Differences from the existing-skills row, paired over seeds (positive = existing skills are better):")
-        d = differences(doc, c, "a_existing", [("a_existing", "SkillNet-NLG, existing skills"),
-                                               ("c_new_skill", "SkillNet-NLG + new skill"),
-                                               ("task_specific", "task-specific")])
+        d = differences(doc, c, "a_existing", order)
         claim(findings, "On the new generation task, SkillNet-NLG beats task-specific fine-tuning (NLG Table 4)",
               d.get("task_specific", {}).get("average"), len(c["seeds"]), "existing skills minus task-specific")
         const, pairs = constant_outputs(samples(doc, cmp_dir / "nlg_adapt"))

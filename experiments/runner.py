@@ -3,41 +3,23 @@ report; and what every stage shares (output paths, config files, the pre-trainin
 
 from __future__ import annotations
 
-import contextlib
 import json
 import math
 import os
 import shlex
 import subprocess
 import sys
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any, NoReturn
 
 from skillnet.experiments.profiles import Profile
+from skillnet.finetune.workers import InProcessCommands
 
 # The stages run the repository's scripts (`deepspeed pretrain/run.py`, ds_configs/) from its root.
 REPO = Path(__file__).resolve().parents[1]
 PY = sys.executable
-
-
-# Commands (python -m <module> ...) that a profile with in-process runs (Profile.in_process) runs in the
-# reproduction's own process, by calling the module's main(argv): the reproduction's torch commands other than
-# training (DeepSpeed launches its ranks; pre-training keeps its own process).
-IN_PROCESS = ("skillnet.finetune.compare", "skillnet.pretrain.export", "skillnet.pretrain.heldout")
-
-
-@contextlib.contextmanager
-def _environ(env: dict[str, str]) -> Iterator[None]:
-    """os.environ is `env` within the block (a command run in this process sees what a subprocess would)."""
-    saved = dict(os.environ)
-    os.environ.update(env)
-    try:
-        yield
-    finally:
-        os.environ.clear()
-        os.environ.update(saved)
 
 
 class Runner:
@@ -51,7 +33,8 @@ class Runner:
         (out / "logs").mkdir(parents=True, exist_ok=True)
         self.stage: str = ""
         self.commands: list[str] = []
-        self._workers: contextlib.ExitStack | None = None  # the comparisons' worker pool (_exec_in_process)
+        # the comparisons, exports and held-out checks of an in-process profile, run in this process
+        self.in_process = InProcessCommands(lock_fd) if profile.in_process else None
 
     def env(self) -> dict[str, str]:
         # skillnet.* resolves through the install (pyproject's package-dir), not through the repository on a path
@@ -75,8 +58,8 @@ class Runner:
         """Run one command from the repository root, its output (stdout and stderr) into `f`. A command
         that cannot start (e.g. `deepspeed` not installed) fails like one that exits 127, with the reason
         in its output, so the other commands of the stage still reach the log."""
-        if self.p.in_process and not threaded and len(cmd) > 2 and cmd[:2] == [PY, "-m"] and cmd[2] in IN_PROCESS:
-            return self._exec_in_process(cmd, f)
+        if self.in_process is not None and not threaded and self.in_process.takes(cmd):
+            return self.in_process.run(cmd, f, self.env())
         try:
             fds = () if self.lock_fd is None else (self.lock_fd,)
             return subprocess.run(cmd, cwd=REPO, stdout=f, stderr=subprocess.STDOUT, env=self.env(),
@@ -85,45 +68,10 @@ class Runner:
             f.write(f"cannot run {cmd[0]}: {e}\n")
             return 127
 
-    def _exec_in_process(self, cmd: list[str], f: IO[str]) -> int:
-        """A command of IN_PROCESS, run in this process: the same command line, output, exit code and files as
-        a subprocess, without the ~10 s of imports (torch, transformers, the model code) that each such
-        subprocess pays on a laptop core. A comparison's fine-tuning runs go to worker processes that every
-        comparison of the reproduction shares (compare.shared_workers): each worker starts once per
-        reproduction, not once per comparison. The workers hold the output folder's lock, as a subprocess does."""
-        import importlib
-        import traceback
-
-        from skillnet.common.cli import output_to
-
-        f.write("(run in the reproduction's process)\n")
-        with _environ(self.env()):
-            try:
-                # imported outside output_to: a library's log handler made at import (transformers') must write
-                # to this process's stderr, not to a stage log that is closed afterwards
-                module = importlib.import_module(cmd[2])
-                if cmd[2] == "skillnet.finetune.compare" and self._workers is None:
-                    self._workers = contextlib.ExitStack()
-                    self._workers.enter_context(module.shared_workers(self.lock_fd))
-            except Exception:  # noqa: BLE001 (reported like a subprocess that fails at start-up)
-                f.write(traceback.format_exc())
-                return 1
-            with output_to(f):
-                try:
-                    return int(module.main(cmd[3:]) or 0)
-                except SystemExit as e:  # argparse's errors and the like, as a subprocess would exit
-                    if isinstance(e.code, str):
-                        print(e.code, file=sys.stderr)
-                    return e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
-                except Exception:  # noqa: BLE001 (a failed command fails its stage like a failed subprocess)
-                    traceback.print_exc()
-                    return 1
-
     def close(self) -> None:
         """Stop the comparisons' worker processes (they finish a run in progress first)."""
-        if self._workers is not None:
-            self._workers.close()
-            self._workers = None
+        if self.in_process is not None:
+            self.in_process.close()
 
     def _fail(self, what: str, rc: int, text: str, output: str, log: Path) -> NoReturn:
         tail = output.splitlines()[-15:]  # the failed command's own last lines
@@ -323,6 +271,12 @@ def stage_shards(r: Runner) -> dict[str, Any]:
     return {"tokens": manifest.get("totals", {}).get("num_tokens")}
 
 
+def task_counts(tasks: Path, names: list[str]) -> dict[str, Any]:
+    """The example counts of every converted task of `names` (its task.json in `tasks`), for the stage record."""
+    return {n: json.loads((tasks / n / "task.json").read_text()).get("counts") for n in names
+            if (tasks / n / "task.json").exists()}
+
+
 def write_config(r: Runner, name: str, d: dict[str, Any]) -> Path:
     P = paths(r.out)
     P["configs"].mkdir(parents=True, exist_ok=True)
@@ -338,13 +292,11 @@ def pt_args(r: Runner, steps: int, lr: float | None = None) -> list[str]:
             "--no-progress"]
 
 
-def compare(r: Runner, config: Path, out: Path, rows: list[str], seeds: list[int], init: Path | None,
+def compare(r: Runner, config: Path, out: Path, rows: list[str], seeds: list[int], init: Path,
             extra: Sequence[str] = ()) -> None:
     """One `finetune.compare` run (skipped once its comparison.json exists)."""
     cmd = [PY, "-m", "skillnet.finetune.compare", "--config", str(config), "--methods", *rows,
-           "--seeds", *map(str, seeds), "--output-dir", str(out), *extra]
-    if init is not None:
-        cmd += ["--init", str(init)]
+           "--seeds", *map(str, seeds), "--output-dir", str(out), *extra, "--init", str(init)]
     if r.p.threads:
         cmd += ["--threads", str(r.p.threads)]
     if r.p.jobs > 1:

@@ -9,7 +9,7 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from skillnet.finetune.document import Document, paired_test, verdict
+from skillnet.finetune.document import Document, paired_test, pyplot, save_figure, verdict
 
 # The packaged task each of the papers' datasets is replaced by (same task type and skills).
 NLU_STAND_INS = {"sentiment": "ChnSentiCorp", "ner": "OntoNotes", "domain": "TNEWS", "qa_match": "AFQMC",
@@ -92,13 +92,10 @@ def score_table(doc: Document, cmp: dict[str, Any], order: list[tuple[str, str]]
     rows_data = cmp["methods"]
     metric = {t: next(iter(rows_data.values()))["tasks"][t]["metric"] for t in tasks}
     head = ["model", *[f"{t} ({metric[t]})" for t in tasks], "Avg"]
-    rows = []
     labels = [(k, name) for k, name in order if k in rows_data] + [(k, k) for k in rows_data
                                                                     if k not in dict(order)]
-    for key, name in labels:
-        r = rows_data[key]
-        rows.append([name, *[ms(r["tasks"][t]) for t in tasks], ms(r["average"])])
-    doc.table(head, rows)
+    doc.table(head, [[name, *[ms(rows_data[key]["tasks"][t]) for t in tasks], ms(rows_data[key]["average"])]
+                     for key, name in labels])
     if params:
         prow = []
         for key, name in labels:
@@ -165,11 +162,7 @@ def study_sizes(doc: Document, config: Path, var: str, source: str) -> None:
 
 
 def line_plot(c: dict[str, Any], var: str, path: Path, title: str, logx: bool = False) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     pts = sorted((float(k.split("_", 1)[1]), r["average"]) for k, r in c["methods"].items())
     fig, ax = plt.subplots(figsize=(5, 3.2))
     ax.errorbar([x for x, _ in pts], [a["mean"] for _, a in pts], yerr=[a["std"] for _, a in pts], marker="o",
@@ -180,8 +173,6 @@ def line_plot(c: dict[str, Any], var: str, path: Path, title: str, logx: bool = 
     ax.set_ylabel("average test score")
     ax.set_title(title, fontsize=10)
     ax.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path)
 
 

@@ -145,9 +145,7 @@ def _bert_outputs(sparse: Any, plain: Any, task: str, head: str | None, batch: d
             got.masked_fill(~cm.bool(), 0) if cm is not None else got, None
     if head == "regression":
         return ref[:, None], out.logits, None
-    if head == "token_crf":
-        return ref, out.logits, am
-    return ref, out.logits, None
+    return ref, out.logits, am if head == "token_crf" else None
 
 
 def _batches(pred: Any, task: str, recs: list[dict[str, Any]]) -> list[tuple[list[Any], dict[str, torch.Tensor]]]:

@@ -27,8 +27,9 @@ from pathlib import Path
 
 from skillnet.common.cli import Parser
 from skillnet.data_prep.tasks.schema import TaskDataError
+from skillnet.training.config import add_train_flags, check_train_flags, train_overrides
 
-from .config import SELECTIONS, ConfigError, FinetuneConfig, NewSkill
+from .config import FINETUNE_DEFAULTS, ConfigError, FinetuneConfig, NewSkill
 from .methods import METHODS, method_names
 from .samplers import SAMPLER_KINDS
 
@@ -63,6 +64,13 @@ class _ListSkills(argparse.Action):
         parser.exit()
 
 
+# The TrainConfig fields this command takes as flags (training.config.add_train_flags); the config file's "train"
+# section takes every field.
+FLAGS = ("max_steps", "batch_size", "lr", "warmup_ratio", "weight_decay", "max_grad_norm", "seed", "eval_every",
+         "log_every", "save_every", "keep_last", "early_stopping_patience", "selection", "select_min_distinct",
+         "label_smoothing", "packing", "gradient_checkpointing", "compile", "zero_comm", "profile_steps")
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = Parser(
         "skillnet.finetune.run",
@@ -80,20 +88,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--method", choices=method_names(),
                    help="multi-task method (finetune/methods.py): " + "; ".join(
                        f"{n}: {m.summary}" for n, m in METHODS.items()) + " (default: the config's, else skillnet)")
-    p.add_argument("--selection", choices=SELECTIONS,
-                   help="mean: one checkpoint for all tasks, best mean dev score (default); per_task: each task "
-                        "from its own best-on-dev checkpoint")
-    p.add_argument("--select-min-distinct", type=float, metavar="PCT",
-                   help="generation: select a checkpoint whose dev outputs are less than PCT%% distinct on some "
-                        "task only while no checkpoint reaches PCT (0 = off, the default)")
-    p.add_argument("--max-steps", type=int, help="optimizer steps")
-    p.add_argument("--batch-size", type=int, help="global batch size (summed over ranks)")
-    p.add_argument("--lr", type=float, help="peak learning rate (§4.1: 2e-5 for BERT-base)")
-    p.add_argument("--seed", type=int, help="seed of the initial weights of new parts, the task sequence and the data "
-                   "order")
-    p.add_argument("--eval-every", type=int, help="evaluate on dev every N steps (and at the end)")
-    p.add_argument("--early-stopping", type=int, metavar="N",
-                   help="stop after N evaluations without improvement of the mean dev score (0 = off)")
+    add_train_flags(p.add_argument_group("training (the config's \"train\" section; a flag given here wins)"),
+                    FLAGS, FINETUNE_DEFAULTS, source="the config's train")
     g = p.add_argument_group("task sampling")
     g.add_argument("--sampler", choices=SAMPLER_KINDS, help="proportional (Eq. 3) | temperature (NLG Eq. 4) | "
                    "annealed (PALs Eq. 6) | round_robin")
@@ -118,10 +114,6 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--skip-bad", action="store_true",
                    help="count and skip bad task records instead of stopping at the first one")
     g = p.add_argument_group("runtime")
-    g.add_argument("--gradient-checkpointing", action="store_true",
-                   help="activation checkpointing (train.gradient_checkpointing): keep each layer's input only and "
-                        "recompute the layer in the backward pass; less memory, same gradients. Also on when the "
-                        "DeepSpeed JSON has an activation_checkpointing section")
     g.add_argument("--ds-config", dest="ds_config",
                    help="DeepSpeed JSON (ZeRO-1/2); without it: plain PyTorch, one process")
     g.add_argument("--resume", help="'auto' (the newest intact checkpoint in the output dir, if any) or a "
@@ -144,16 +136,12 @@ def apply_overrides(cfg: FinetuneConfig, a: argparse.Namespace) -> FinetuneConfi
         d["output_dir"] = a.output_dir
     if a.method:
         d["method"] = a.method
-    if a.selection:
-        d["train"]["selection"] = a.selection
-    if a.select_min_distinct is not None:
-        d["train"]["select_min_distinct"] = a.select_min_distinct
     if a.init:
         d["model"]["init"] = str(Path(a.init).resolve())  # CLI paths are relative to the working directory
-    for key, val in (("max_steps", a.max_steps), ("batch_size", a.batch_size), ("lr", a.lr), ("seed", a.seed),
-                     ("eval_every", a.eval_every), ("early_stopping_patience", a.early_stopping)):
-        if val is not None:
-            d["train"][key] = val
+    given = train_overrides(a, FLAGS)
+    if "warmup_ratio" in given:
+        d["train"]["warmup_steps"] = 0  # the flag's ratio replaces a step count of the file
+    d["train"].update(given)
     for key, val in (("kind", a.sampler), ("alpha", a.alpha), ("temperature", a.temperature),
                      ("size_cap", a.size_cap), ("num_epochs", a.num_epochs)):
         if val is not None:
@@ -169,8 +157,6 @@ def apply_overrides(cfg: FinetuneConfig, a: argparse.Namespace) -> FinetuneConfi
         d["drop_skills"] = sorted(set(d.get("drop_skills", [])) | set(a.drop_skill))
     if a.skip_bad:
         d["skip_bad"] = True
-    if a.gradient_checkpointing:
-        d["train"]["gradient_checkpointing"] = True
     return FinetuneConfig.from_dict(d, where="config + command line", base_dir=cfg.base_dir)
 
 
@@ -210,17 +196,14 @@ def claim_run_dir(cfg: FinetuneConfig, resume: str | None, overwrite: bool) -> s
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from skillnet.common.outputs import at_least, check_options, in_range, non_negative, positive
+    from skillnet.common.outputs import at_least, check_options, non_negative, positive
 
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     parser = build_parser()
     a = parser.parse_args(argv)
-    check_options(parser, a, {
-        "max_steps": at_least(1), "batch_size": at_least(1), "lr": positive(), "eval_every": non_negative(),
-        "early_stopping": non_negative(), "alpha": non_negative(), "temperature": positive(),
-        "size_cap": at_least(1), "num_epochs": non_negative(), "threads": at_least(1),
-        "select_min_distinct": in_range(0, 100), "seed": non_negative(),
-    })
+    check_train_flags(parser, a, FLAGS)
+    check_options(parser, a, {"alpha": non_negative(), "temperature": positive(), "size_cap": at_least(1),
+                              "num_epochs": non_negative(), "threads": at_least(1)})
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     if a.threads:

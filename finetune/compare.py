@@ -38,9 +38,9 @@ from typing import Any
 
 from skillnet.common.cli import Parser
 from skillnet.finetune.config import ConfigError, FinetuneConfig
-from skillnet.finetune.document import Document, copied_to, paired_test
+from skillnet.finetune.document import Document, copied_to, paired_test, pyplot, save_figure
 from skillnet.finetune.methods import METHODS
-from skillnet.finetune.workers import REPO, Job, run_all, shared_workers  # noqa: F401  (re-exported: a reproduction enters it)
+from skillnet.finetune.workers import REPO, Job, run_all
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -104,11 +104,6 @@ class Row:
     args: tuple[str, ...] = ()
 
 
-def resolve_methods(names: Sequence[str]) -> list[str]:
-    """Row labels of --methods (the method name unless LABEL=METHOD)."""
-    return [r.label for r in resolve_rows(names)]
-
-
 def resolve_rows(names: Sequence[str], init: str | None = None, init_for: Sequence[str] = (),
                  args_for: Sequence[str] = ()) -> list[Row]:
     if list(names) == ["all"]:
@@ -159,11 +154,8 @@ def run_dir(out: Path, label: str, seed: int) -> Path:
 def run_command(a: argparse.Namespace, config: Path, row: Row, seed: int, rdir: Path) -> list[str]:
     args = ["--config", str(config), "--method", row.method, "--seed", str(seed), "--output-dir", str(rdir),
             "--resume", "auto", "--no-progress", *row.args]
-    if row.init:
-        init = Path(row.init.replace("{seed}", str(seed)))
-        if not init.exists():
-            raise ConfigError(f"row {row.label}, seed {seed}: initial weights {init} do not exist")
-        args += ["--init", str(init.resolve())]
+    if row.init:  # checked to exist by _check_row
+        args += ["--init", str(Path(row.init.replace("{seed}", str(seed))).resolve())]
     if a.max_steps is not None:
         args += ["--max-steps", str(a.max_steps)]
     if a.threads:
@@ -292,11 +284,7 @@ def document(agg: dict[str, Any], diffs: dict[str, Any], reference: str, title: 
 
 # ---------------------------------------------------------------------------------------- pictures
 def plot_curves(agg: dict[str, Any], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     tasks, rows = agg["tasks"], agg["methods"]
     cols = min(3, len(tasks))
     nrows = math.ceil(len(tasks) / cols)
@@ -322,9 +310,7 @@ def plot_curves(agg: dict[str, Any], path: Path) -> None:
     handles, labels = axes[0][0].get_legend_handles_labels()
     fig.legend(handles, labels, loc="lower center", ncol=min(6, len(labels)), frameon=False)
     fig.suptitle(f"Dev score during training (mean over seeds {agg['seeds']}; band = min..max)")
-    fig.tight_layout(rect=(0, 0.06, 1, 0.95))
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path, rect=(0, 0.06, 1, 0.95))
 
 
 def learned_maps(out: Path, rows: list[Row], seeds: list[int]) -> dict[str, Any]:

@@ -39,12 +39,15 @@ variant that is not comparable with published CMRC numbers.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
+
+from skillnet.training.config import RUNTIME_FIELDS, TrainConfig
 
 from .samplers import SamplerConfig
 from .task_config import (
@@ -80,72 +83,38 @@ class NewSkill:
     tasks: list[str] = field(default_factory=list)  # tasks that activate it; empty = every task
 
 
-@dataclass
-class TrainConfig:
-    max_steps: int = 1000
-    batch_size: int = 8  # global batch (summed over ranks)
-    eval_batch_size: int = 32
-    lr: float = 2e-5
-    warmup_ratio: float = 0.1  # §4.1: 5k of 50k steps
-    betas: list[float] = field(default_factory=lambda: [0.9, 0.98])
-    eps: float = 1e-6
-    weight_decay: float = 0.01
-    grad_clip: float = 1.0
-    eval_every: int = 200
-    log_every: int = 20
-    early_stopping_patience: int = 0  # evals without improvement of the mean dev score; 0 = off
-    seed: int = 0
-    # "mean": one checkpoint for all tasks, the one with the best mean dev score (the paper's claim is
-    # one model for every task); "per_task": each task scored from its own best-on-dev checkpoint.
-    selection: str = "mean"
-    # Generation: a checkpoint whose dev outputs on a generation task are less than this percent distinct
-    # (one text for many inputs) is selected only while no checkpoint of the run reaches it; 0 = off.
-    select_min_distinct: float = 0.0
-    skill_map_lr: float = 1e-2  # method "learnable": the task/skill embeddings' own learning rate
-    # method "task_specific": "share" = each task gets the steps it would get in the joint run (the
-    # sampler's share of max_steps, so the total equals one joint run); "full" = max_steps each.
-    task_specific_budget: str = "share"
-    # Also score the task type's non-neural baseline fit on train (TF-IDF + logistic regression, TF-IDF
-    # similarity) beside each task's results; off by default: a fit on a large train split takes seconds.
-    lexical_baselines: bool = False
-    label_smoothing: float = 0.0  # generation: cross-entropy label smoothing (0 = plain CE)
-    save_every: int = 0  # resumable trainer checkpoints every N steps (0 = only at the end / on SIGTERM)
-    keep_last: int = 2
-    # Recompute each layer in the backward pass instead of keeping its activations (same gradients, less
-    # memory); also on when the DeepSpeed JSON has an activation_checkpointing section.
-    gradient_checkpointing: bool = False
-    # Training rows of classification and regression tasks hold several examples each, every one attending
-    # only to itself (the same examples and losses, without computing padding: pays where examples are far
-    # shorter than max_seq_len, e.g. ~2x on short sentiment texts). Off: one example per row (the default,
-    # with which the committed results were made).
-    packing: bool = False
-
-    def __post_init__(self) -> None:
-        for key, lo in (("max_steps", 1), ("batch_size", 1), ("eval_batch_size", 1), ("eval_every", 0),
-                        ("log_every", 0), ("early_stopping_patience", 0), ("save_every", 0), ("keep_last", 1)):
-            v = getattr(self, key)
-            if not _int(v) or v < lo:
-                raise ValueError(f"{key} must be >= {lo}, got {v!r}")
-        if not _int(self.seed):
-            raise ValueError(f"seed must be an integer, got {self.seed!r}")
-        if not _num(self.eps) or not self.eps > 0:
-            raise ValueError(f"eps must be a number > 0, got {self.eps!r}")
-        for key in ("lr", "skill_map_lr", "weight_decay", "grad_clip"):  # lr 0: a frozen control run
-            v = getattr(self, key)
-            if not _num(v) or v < 0:
-                raise ValueError(f"{key} must be a number >= 0, got {v!r}")
-        if not _num(self.label_smoothing) or not 0 <= self.label_smoothing < 1:
-            raise ValueError(f"label_smoothing must be in [0, 1), got {self.label_smoothing!r}")
-        if not _num(self.select_min_distinct) or not 0 <= self.select_min_distinct <= 100:
-            raise ValueError(f"select_min_distinct must be a percent in [0, 100], got {self.select_min_distinct!r}")
-        if not _num(self.warmup_ratio) or not 0 <= self.warmup_ratio <= 1:
-            raise ValueError(f"warmup_ratio must be in [0, 1], got {self.warmup_ratio!r}")
-        if (not isinstance(self.betas, list) or len(self.betas) != 2
-                or not all(_num(b) and 0 <= b < 1 for b in self.betas)):
-            raise ValueError(f"betas must be two numbers in [0, 1), got {self.betas!r}")
+# Fine-tuning's training settings: the one TrainConfig (training/config.py) with this stage's defaults (§4.1:
+# lr 2e-5, a warmup over the first tenth: 5k of 50k steps), read from the config file's "train" section.
+FINETUNE_DEFAULTS = TrainConfig(max_steps=1000, batch_size=8, lr=2e-5, warmup_ratio=0.1, eval_every=200, log_every=20)
+# Older names the "train" section still takes.
+TRAIN_ALIASES = {"grad_clip": "max_grad_norm"}
 
 
-SELECTIONS = ("mean", "per_task")
+def train_from_dict(d: Any, where: str) -> TrainConfig:
+    """The "train" section: FINETUNE_DEFAULTS with the file's values. The run's own wiring (RUNTIME_FIELDS:
+    output folder, resume, DeepSpeed JSON, logging) comes from the command line, not from here."""
+    if not isinstance(d, Mapping):
+        raise ConfigError(f"{where}: expected a JSON object, got {type(d).__name__}")
+    d = dict(d)
+    for old, new in TRAIN_ALIASES.items():
+        if old in d:
+            if new in d:
+                raise ConfigError(f"{where}: {old} and {new} name the same setting; give {new}")
+            d[new] = d.pop(old)
+    runtime = sorted(set(d) & set(RUNTIME_FIELDS))
+    if runtime:
+        raise ConfigError(f"{where}: {runtime} are set by the command line (--output-dir, --resume, --ds-config, "
+                          f"--no-tensorboard, --no-progress) and the top-level output_dir, not here")
+    known = {f.name for f in fields(TrainConfig)} - set(RUNTIME_FIELDS)
+    unknown = sorted(set(d) - known)
+    if unknown:
+        raise ConfigError(f"{where}: unknown option(s) {unknown}; known: {sorted(known)}")
+    if "warmup_steps" in d and "warmup_ratio" not in d:
+        d["warmup_ratio"] = None  # a step count replaces the stage's default ratio
+    try:
+        return dataclasses.replace(FINETUNE_DEFAULTS, **d)
+    except (TypeError, ValueError) as e:
+        raise ConfigError(f"{where}: {e}") from None
 
 
 def _arch_names() -> tuple[str, ...]:
@@ -160,16 +129,13 @@ def _presets(arch: str = "bert") -> list[str]:
     return list(model_family(arch).presets())
 
 
-TASK_SPECIFIC_BUDGETS = ("share", "full")
-
-
 @dataclass
 class FinetuneConfig:
     tasks: list[TaskConfig]
     method: str = "skillnet"  # see finetune/methods.py
     model: ModelConfig = field(default_factory=ModelConfig)
     sampler: SamplerConfig = field(default_factory=SamplerConfig)
-    train: TrainConfig = field(default_factory=TrainConfig)
+    train: TrainConfig = field(default_factory=lambda: dataclasses.replace(FINETUNE_DEFAULTS))
     new_skills: list[NewSkill] = field(default_factory=list)
     freeze_old_skills: bool = False  # only new skills and task heads train (Table 5 "Update Old Skills: N")
     drop_skills: list[str] = field(default_factory=list)  # ablation (Table 6)
@@ -214,11 +180,6 @@ class FinetuneConfig:
                                                            or self.freeze_old_skills):
             raise ValueError(f"new_skills / drop_skills / freeze_old_skills apply to method 'skillnet', "
                              f"not {self.method!r}")
-        if self.train.selection not in SELECTIONS:
-            raise ValueError(f"train.selection={self.train.selection!r}; valid: {', '.join(SELECTIONS)}")
-        if self.train.task_specific_budget not in TASK_SPECIFIC_BUDGETS:
-            raise ValueError(f"train.task_specific_budget={self.train.task_specific_budget!r}; "
-                             f"valid: {', '.join(TASK_SPECIFIC_BUDGETS)}")
         if self.freeze_old_skills and not self.new_skills:
             raise ValueError("freeze_old_skills needs at least one new skill (nothing else would train "
                              "but the heads); add one with --new-skill s8")
@@ -384,14 +345,17 @@ class FinetuneConfig:
 
     # --- (de)serialisation ---------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
-        d = _plain(self)  # in-memory datasets stay objects: from_dict(to_dict()) is the same config
-        d.pop("base_dir")
-        return d
+        return self._plain_dict(describe=False)  # in-memory datasets stay objects: from_dict(to_dict()) is equal
 
     def to_json(self) -> str:
-        d = _plain(self, describe=True)
+        return json.dumps(self._plain_dict(describe=True), ensure_ascii=False, indent=2) + "\n"
+
+    def _plain_dict(self, describe: bool) -> dict[str, Any]:
+        d = _plain(self, describe=describe)
         d.pop("base_dir")
-        return json.dumps(d, ensure_ascii=False, indent=2) + "\n"
+        for name in RUNTIME_FIELDS:  # the command line's (train_from_dict refuses them)
+            d["train"].pop(name)
+        return d
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any], where: str = "config", base_dir: str = "") -> FinetuneConfig:
@@ -411,7 +375,7 @@ class FinetuneConfig:
             sampler = SamplerConfig.from_dict(sampler_d)
         except (TypeError, ValueError) as e:
             raise ConfigError(f"{where}: sampler: {e}") from None
-        train = _from_dict(TrainConfig, d.pop("train", {}), f"{where}: train")
+        train = train_from_dict(d.pop("train", {}), f"{where}: train")
         new = [_from_dict(NewSkill, s, f"{where}: new_skills[{i}]") for i, s in enumerate(d.pop("new_skills", []))]
         try:
             return cls(tasks=tasks, model=model, sampler=sampler, train=train, new_skills=new,

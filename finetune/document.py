@@ -18,7 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-__all__ = ["Block", "Document", "EMPTY_MARKERS", "claim", "copied_to", "inline", "paired_test", "verdict"]
+__all__ = ["Block", "Document", "EMPTY_MARKERS", "claim", "copied_to", "inline", "paired_test", "pyplot", "save_figure",
+           "verdict"]
 
 # Words a report writes into a section that has nothing to show yet; `Document.problems` flags them.
 EMPTY_MARKERS = ("Not run yet", "(none yet)", "No comparison has finished yet")
@@ -55,6 +56,23 @@ def copied_to(img_dir: Path, name: Callable[[Path], str]) -> Callable[[Path], st
         return f"{img_dir.name}/{dst.name}"
 
     return link
+
+
+def pyplot() -> Any:
+    """matplotlib.pyplot drawing into files (the Agg backend), for the reports' pictures."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def save_figure(fig: Any, path: Path, dpi: int = 110, **layout: Any) -> None:
+    """Lay out `fig` (``tight_layout(**layout)``), write it to `path` and close it."""
+    fig.tight_layout(**layout)
+    fig.savefig(path, dpi=dpi)
+    pyplot().close(fig)
 
 
 class Document:

@@ -199,7 +199,7 @@ def final_scores(model: torch.nn.Module, cfg: FinetuneConfig, data: dict[str, Ta
         results[name] = r
     model.load_state_dict(final_state)
     if samples:
-        write_json(out / "samples.json", samples)
+        atomic_write_json(out / "samples.json", samples)
     return results
 
 
@@ -223,10 +223,6 @@ def results_markdown(results: dict[str, Any], summary: dict[str, Any] | None = N
         lines.append(f"| {name} | {r['type']} | {r['metric']} | {r.get('best_step') or '-'} | {f(r, 'dev')} | "
                      f"{f(r, 'test')} | {f(r, 'trivial_dev')} | {f(r, 'trivial_test')} |")
     return "\n".join(lines) + "\n"
-
-
-def write_json(path: Path, obj: Any) -> None:
-    atomic_write_json(path, obj)
 
 
 def write_hparams(out: Path, cfg: FinetuneConfig, summary: dict[str, Any]) -> None:
@@ -261,7 +257,7 @@ def write_hparams(out: Path, cfg: FinetuneConfig, summary: dict[str, Any]) -> No
 
 
 def write_results(out: Path, summary: dict[str, Any]) -> None:
-    write_json(out / "results.json", summary)
+    atomic_write_json(out / "results.json", summary)
     md = results_markdown(summary["tasks"], summary)
     (out / "results.md").write_text(md, encoding="utf-8")
     print(md, file=sys.stderr)

@@ -138,10 +138,6 @@ def _is_punct(text: str) -> bool:
     return bool(text) and all(unicodedata.category(c)[0] in "PS" for c in text)
 
 
-def _sub_cost(a: str, b: str) -> int:
-    return _SUB_COST[_is_punct(a) + _is_punct(b)]
-
-
 def _levenshtein(a: Sequence[Hashable], b: Sequence[Hashable]) -> int:
     """Edit distance by the bit-vector algorithm of Myers/Hyyroe: one column of the DP table is a pair of
     bit masks of the vertical +1/-1 steps, so each token of `a` costs a few big-int operations instead of

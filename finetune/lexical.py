@@ -39,15 +39,11 @@ def _fitted(fit_texts: tuple[str, ...]) -> Any:
     return _vectorizer().fit(fit_texts)
 
 
-def tfidf_similarity(fit_texts: Sequence[str], query: str, candidates: Sequence[str]) -> list[float]:
-    """Cosine similarity of each candidate's TF-IDF vector to the query's (rows are L2-normalised)."""
-    return tfidf_similarities(fit_texts, [query], [candidates])[0]
-
-
 def tfidf_similarities(fit_texts: Sequence[str], queries: Sequence[str],
                        candidates: Sequence[Sequence[str]]) -> list[list[float]]:
-    """`tfidf_similarity` of many queries, each with its own candidates, in two transforms (one per query
-    and candidate call cost more than the rest of a CPU evaluation)."""
+    """Cosine similarity of each candidate's TF-IDF vector to its query's (rows are L2-normalised), for many
+    queries, each with its own candidates, in two transforms (one per query and candidate call cost more than
+    the rest of a CPU evaluation)."""
     import numpy as np
 
     vec = _fitted(tuple(fit_texts))

@@ -25,16 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from skillnet.common.cli import Parser
-from skillnet.finetune.document import Document
-
-
-def _plt() -> Any:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
+from skillnet.finetune.document import Document, pyplot, save_figure
 
 
 def read_log(run: Path) -> list[dict[str, Any]]:
@@ -58,7 +49,7 @@ def read_log(run: Path) -> list[dict[str, Any]]:
 
 # ------------------------------------------------------------------------------------- fine-tuning run
 def dev_curves(results: dict[str, Any], path: Path) -> None:
-    plt = _plt()
+    plt = pyplot()
     tasks = results["tasks"]
     cols = min(3, len(tasks))
     rows = math.ceil(len(tasks) / cols)
@@ -82,13 +73,11 @@ def dev_curves(results: dict[str, Any], path: Path) -> None:
     sel = results.get("selection", "mean")
     fig.suptitle("Dev score during training; dashed = the checkpoint the results come from "
                  + ("(best mean dev over tasks)" if sel == "mean" else "(each task's own best)"), fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 def task_mix(results: dict[str, Any], path: Path) -> None:
-    plt = _plt()
+    plt = pyplot()
     mix = results.get("task_mix") or {}
     names = list(mix)
     x = range(len(names))
@@ -101,13 +90,11 @@ def task_mix(results: dict[str, Any], path: Path) -> None:
     ax.set_title(f"Task mix: sampler {s.get('kind')}" + (f", alpha {s.get('alpha')}" if s.get("kind") ==
                                                         "proportional" else ""), fontsize=10)
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 def parameters(params: dict[str, Any], path: Path) -> None:
-    plt = _plt()
+    plt = pyplot()
     tasks = params["tasks"]
     names = list(tasks)
     act = [tasks[t]["activated"] / 1e6 for t in names]
@@ -121,9 +108,7 @@ def parameters(params: dict[str, Any], path: Path) -> None:
     ax.set_xlabel("parameters (millions)")
     ax.set_title("Parameters per task (Tables 4-6: activated = what one task's forward pass uses)", fontsize=10)
     ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.22), ncol=3, frameon=False)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 def task_skill_map(run: Path, results: dict[str, Any], path: Path) -> bool:
@@ -150,7 +135,7 @@ def task_skill_map(run: Path, results: dict[str, Any], path: Path) -> bool:
 
 # ------------------------------------------------------------------------------------- comparison
 def comparison_bars(cmp: dict[str, Any], path: Path) -> None:
-    plt = _plt()
+    plt = pyplot()
     rows = cmp["methods"]
     names = list(rows)
     means = [rows[m]["average"]["mean"] for m in names]
@@ -177,9 +162,7 @@ def comparison_bars(cmp: dict[str, Any], path: Path) -> None:
     ax2.set_xlabel("parameters (millions)")
     ax2.legend(fontsize=7)
     fig.suptitle(f"Methods compared over seeds {cmp['seeds']}", fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 # ------------------------------------------------------------------------------------- pre-training run
@@ -188,7 +171,7 @@ def pretrain_curves(log: list[dict[str, Any]], path: Path) -> bool:
     objectives = sorted({k.split("/")[0] for r in train for k in r if k.endswith("/loss")})
     if not objectives:
         return False
-    plt = _plt()
+    plt = pyplot()
     # A one-objective run (dense MLM, BART denoising) has no mix to show: two panels, not an empty third.
     has_mix = any(k.startswith("mix/") for r in train for k in r)
     fig, axes = plt.subplots(1, 3 if has_mix else 2, figsize=(13 if has_mix else 9, 3.3))
@@ -208,9 +191,7 @@ def pretrain_curves(log: list[dict[str, Any]], path: Path) -> bool:
         ax.grid(alpha=0.3)
         if ax.get_lines():
             ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path)
     return True
 
 

@@ -9,6 +9,7 @@ the command line (which imports it), so ``python -m skillnet.finetune.run`` hand
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import math
@@ -19,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from skillnet.common.files import atomic_write_json
 from skillnet.data_prep.tasks.schema import TaskDataError
 from skillnet.finetune import skill_map
 from skillnet.finetune.build import META_FILE, build_model, parameter_report, save_model_dir
@@ -28,7 +30,6 @@ from skillnet.finetune.evaluation import (
     final_scores,
     mix_table,
     write_hparams,
-    write_json,
     write_results,
 )
 from skillnet.finetune.methods import METHODS
@@ -62,7 +63,7 @@ def setup(cfg: FinetuneConfig, *, ds_config: str | None = None, resume: str | No
     load every task once and train each alone)."""
     from skillnet.data_prep.tokenizer import load_tokenizer
     from skillnet.model.surgery import skill_parameters
-    from skillnet.training import SkillStatistics, TrainConfig, Trainer, prepare
+    from skillnet.training import SkillStatistics, Trainer, prepare
     from skillnet.training import dist as D
     from skillnet.training.activation_checkpointing import (
         enable_activation_checkpointing,
@@ -73,17 +74,8 @@ def setup(cfg: FinetuneConfig, *, ds_config: str | None = None, resume: str | No
 
     tc = cfg.train
     out = Path(cfg.output_dir).resolve()  # relative to the working directory, unlike data paths
-    raw = TrainConfig(
-        output_dir=str(out), max_steps=tc.max_steps, lr=tc.lr, betas=tuple(tc.betas), eps=tc.eps,
-        weight_decay=tc.weight_decay, warmup_steps=int(round(tc.warmup_ratio * tc.max_steps)),
-        max_grad_norm=tc.grad_clip, seed=tc.seed, save_every=tc.save_every, keep_last=tc.keep_last,
-        log_every=tc.log_every, eval_every=tc.eval_every, resume=resume, ds_config=ds_config,
-        tensorboard=tensorboard, progress=progress,
-    )
-    if ds_config is None:
-        raw.micro_batch_size = tc.batch_size
-        raw.grad_accum = 1
-    tcfg, _ = prepare(raw)
+    tcfg, _ = prepare(dataclasses.replace(tc, output_dir=str(out), resume=resume, ds_config=ds_config,
+                                          tensorboard=tensorboard, progress=progress))
     rank, world = D.rank(), D.world_size()
     if ds_config is not None and tcfg.micro_batch_size * world * tcfg.grad_accum != tc.batch_size:
         log.warning("global batch from the DeepSpeed JSON (%d x %d ranks x %d accum) differs from "
@@ -114,7 +106,7 @@ def setup(cfg: FinetuneConfig, *, ds_config: str | None = None, resume: str | No
     if rank == 0:
         out.mkdir(parents=True, exist_ok=True)
         (out / "finetune_config.json").write_text(cfg.to_json(), encoding="utf-8")
-        write_json(out / "params.json", params)
+        atomic_write_json(out / "params.json", params)
         _print_plan(cfg, data, sampler, params, new_skills, steps_per_epoch, ckpt.describe())
     inherited = None
     if cfg.model.init and (Path(cfg.resolve(cfg.model.init)) / META_FILE).is_file():
@@ -263,7 +255,7 @@ def _run_per_task(cfg: FinetuneConfig, *, ds_config: str | None, resume: str | N
                "budget": budget, "seconds": round(time.time() - t_start, 1), "world_size": D.world_size(),
                "sampler": cfg.sampler.to_dict(), "params": params, "tasks": tasks}
     out.mkdir(parents=True, exist_ok=True)
-    write_json(out / "params.json", params)
+    atomic_write_json(out / "params.json", params)
     write_results(out, summary)
     return tasks
 

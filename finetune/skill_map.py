@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from skillnet.finetune.document import pyplot, save_figure
 
 
 def snapshot(model: torch.nn.Module, tasks: list[str]) -> dict[str, Any] | None:
@@ -64,11 +65,7 @@ def write(out_dir: Path, final: dict[str, Any], initial: dict[str, Any] | None, 
 
 
 def draw(doc: dict[str, Any], path: Path, title: str | None = None) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     tasks, skills, active = doc["tasks"], doc["skills"], doc["active"]
     learned = "alpha" in doc
     values = doc["alpha"] if learned else [[float(x) for x in row] for row in active]
@@ -97,6 +94,4 @@ def draw(doc: dict[str, Any], path: Path, title: str | None = None) -> None:
     ax.set_title(title or "Task x skill map", fontsize=10)
     width = max(40, int(fig.get_size_inches()[0] * 11))
     fig.text(0.01, 0.01, textwrap.fill(sub, width), fontsize=7.5, va="bottom")
-    fig.tight_layout(rect=(0, 0.06 + 0.035 * (len(sub) // width), 1, 1))
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    save_figure(fig, path, dpi=120, rect=(0, 0.06 + 0.035 * (len(sub) // width), 1, 1))

@@ -208,9 +208,5 @@ class TaskConfig:
                 raise ValueError(f"head: {k} must be {what}, got {v!r}")
 
     @property
-    def head_type(self) -> str | None:
-        return _codec(self.type).head
-
-    @property
     def source_prefix(self) -> str:
         return f"{self.name}: " if self.prefix is None else self.prefix

@@ -1,12 +1,16 @@
-"""The runs of a comparison (finetune/compare.py), up to `jobs` at once.
+"""Commands run without an interpreter's start-up each: the runs of a comparison (finetune/compare.py), up to
+`jobs` at once, in long-lived worker processes, and the reproduction's comparisons, exports and held-out
+checks in its own process (``InProcessCommands``).
 
-Why worker processes that outlive a run: on the CPU demo a fine-tuning run is seconds of training behind
-seconds of start-up (importing torch, transformers and the model code, ~10 s on a laptop core, plus the
-caches a run warms: metric scorers, lexical baselines). A plain ``python -m skillnet.finetune.run`` is
-therefore run inside a long-lived worker (``_run_in_process``) rather than as a fresh interpreter, and
-within `shared_workers` the same workers serve every comparison of the process (a reproduction runs
-several). Runs under a launcher (DeepSpeed, a cluster) are subprocesses as before. A worker dies with the
-comparison that started it and holds the output folder's lock while it lives.
+Why: on the CPU demo a fine-tuning run is seconds of training behind seconds of start-up (importing torch,
+transformers and the model code, ~10 s on a laptop core, plus the caches a run warms: metric scorers,
+lexical baselines). A plain ``python -m skillnet.finetune.run`` therefore runs inside a long-lived worker
+(``_run_in_process``) rather than as a fresh interpreter, and within `shared_workers` the same workers
+serve every comparison of the process (a reproduction runs several). Measured on `make demo` (2 cores,
+bench/in_process.py, docs/speed.md "Long-lived workers"): 165 s with them against 415 s with a fresh
+interpreter per command (``--subprocesses``), 60% less. Runs under a launcher (DeepSpeed, a cluster) are
+subprocesses as before. A worker dies with the comparison that started it and holds the output folder's
+lock while it lives.
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from skillnet.common.cli import output_to
 
@@ -207,3 +211,66 @@ def run_all(todo: list[Job], jobs: int, finished: Callable[[Job, int, float], No
                         and _SHARED.pop(jobs, None) is not None):
                     pool.shutdown(wait=False)
             finished(futures[f], rc, secs)
+
+
+class InProcessCommands:
+    """``python -m <module> ...`` of MODULES, run in this process by calling the module's ``main(argv)``: the same
+    command line, output, exit code and files as a subprocess, without its start-up. A comparison's runs go to
+    the worker processes every comparison of this process shares (``shared_workers``). `lock_fd`: the output
+    folder's lock, which the workers hold too, as a subprocess does."""
+
+    # The reproduction's torch commands other than training (DeepSpeed launches its ranks; pre-training keeps
+    # its own process).
+    MODULES = ("skillnet.finetune.compare", "skillnet.pretrain.export", "skillnet.pretrain.heldout")
+
+    def __init__(self, lock_fd: int | None = None) -> None:
+        self.lock_fd = lock_fd
+        self._workers: contextlib.ExitStack | None = None
+
+    def takes(self, cmd: list[str]) -> bool:
+        return len(cmd) > 2 and cmd[:2] == [sys.executable, "-m"] and cmd[2] in self.MODULES
+
+    def run(self, cmd: list[str], f: IO[str], env: dict[str, str]) -> int:
+        import importlib
+        import traceback
+
+        f.write("(run in the reproduction's process)\n")
+        with _environ(env):
+            try:
+                # imported outside output_to: a library's log handler made at import (transformers') must write
+                # to this process's stderr, not to a stage log that is closed afterwards
+                module = importlib.import_module(cmd[2])
+                if cmd[2] == "skillnet.finetune.compare" and self._workers is None:
+                    self._workers = contextlib.ExitStack()
+                    self._workers.enter_context(shared_workers(self.lock_fd))
+            except Exception:  # noqa: BLE001 (reported like a subprocess that fails at start-up)
+                f.write(traceback.format_exc())
+                return 1
+            with output_to(f):
+                try:
+                    return int(module.main(cmd[3:]) or 0)
+                except SystemExit as e:  # argparse's errors and the like, as a subprocess would exit
+                    if isinstance(e.code, str):
+                        print(e.code, file=sys.stderr)
+                    return e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+                except Exception:  # noqa: BLE001 (a failed command fails its stage like a failed subprocess)
+                    traceback.print_exc()
+                    return 1
+
+    def close(self) -> None:
+        """Stop the worker processes (they finish a run in progress first)."""
+        if self._workers is not None:
+            self._workers.close()
+            self._workers = None
+
+
+@contextlib.contextmanager
+def _environ(env: dict[str, str]) -> Iterator[None]:
+    """os.environ is `env` within the block (a command run in this process sees what a subprocess would)."""
+    saved = dict(os.environ)
+    os.environ.update(env)
+    try:
+        yield
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)

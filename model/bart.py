@@ -249,27 +249,32 @@ class SkillNetBartDecoderLayer(_FFNSublayer, BartDecoderLayer):
 
 
 # ---- encoder / decoder -------------------------------------------------------------------------------
+def _embed_scale(config: SkillNetBartConfig) -> float:
+    return config.d_model**0.5 if config.scale_embedding else 1.0
+
+
+def _init_stack(stack: nn.Module, config: SkillNetBartConfig, layer_cls: type, skill_layer_ids: list[int],
+                num_layers: int) -> None:
+    """As BartEncoder/BartDecoder.__init__, minus building dense FFNs that skill layers would throw away."""
+    BartPreTrainedModel.__init__(stack, config)
+    stack.dropout = config.dropout
+    stack.padding_idx = config.pad_token_id
+    stack.embed_tokens = BartScaledWordEmbedding(
+        config.vocab_size, config.d_model, stack.padding_idx, embed_scale=_embed_scale(config)
+    )
+    stack.embed_positions = BartLearnedPositionalEmbedding(config.max_position_embeddings, config.d_model)
+    stack.layers = nn.ModuleList(layer_cls(config, i, i in skill_layer_ids) for i in range(num_layers))
+    stack.layernorm_embedding = nn.LayerNorm(config.d_model)
+    stack.gradient_checkpointing = False
+
+
 class SkillNetBartEncoder(SkillRoutingMixin, BartEncoder):
     """HF's `BartEncoder` with skill layers. Its forward is HF's; the routing reaches layers as a kwarg."""
 
     def __init__(self, config: SkillNetBartConfig) -> None:
-        # As BartEncoder.__init__, minus building dense FFNs that skill layers would throw away.
-        BartPreTrainedModel.__init__(self, config)
-        self.dropout = config.dropout
+        _init_stack(self, config, SkillNetBartEncoderLayer, config.encoder_skill_layer_ids(), config.encoder_layers)
         self.layerdrop = config.encoder_layerdrop
-        self.padding_idx = config.pad_token_id
         self.max_source_positions = config.max_position_embeddings
-        embed_scale = config.d_model**0.5 if config.scale_embedding else 1.0
-        self.embed_tokens = BartScaledWordEmbedding(
-            config.vocab_size, config.d_model, self.padding_idx, embed_scale=embed_scale
-        )
-        self.embed_positions = BartLearnedPositionalEmbedding(config.max_position_embeddings, config.d_model)
-        skill_layers = set(config.encoder_skill_layer_ids())
-        self.layers = nn.ModuleList(
-            SkillNetBartEncoderLayer(config, i, i in skill_layers) for i in range(config.encoder_layers)
-        )
-        self.layernorm_embedding = nn.LayerNorm(config.d_model)
-        self.gradient_checkpointing = False
         self.post_init()
 
     def forward(
@@ -298,22 +303,9 @@ class SkillNetBartDecoder(SkillRoutingMixin, BartDecoder):
     """HF's `BartDecoder` with skill layers; its forward (masks, cache) is HF's."""
 
     def __init__(self, config: SkillNetBartConfig) -> None:
-        BartPreTrainedModel.__init__(self, config)
-        self.dropout = config.dropout
+        _init_stack(self, config, SkillNetBartDecoderLayer, config.decoder_skill_layer_ids(), config.decoder_layers)
         self.layerdrop = config.decoder_layerdrop
-        self.padding_idx = config.pad_token_id
         self.max_target_positions = config.max_position_embeddings
-        embed_scale = config.d_model**0.5 if config.scale_embedding else 1.0
-        self.embed_tokens = BartScaledWordEmbedding(
-            config.vocab_size, config.d_model, self.padding_idx, embed_scale=embed_scale
-        )
-        self.embed_positions = BartLearnedPositionalEmbedding(config.max_position_embeddings, config.d_model)
-        skill_layers = set(config.decoder_skill_layer_ids())
-        self.layers = nn.ModuleList(
-            SkillNetBartDecoderLayer(config, i, i in skill_layers) for i in range(config.decoder_layers)
-        )
-        self.layernorm_embedding = nn.LayerNorm(config.d_model)
-        self.gradient_checkpointing = False
         self.post_init()
 
     @deprecate_kwarg("past_key_values", "5.40.0", new_name="cache")  # as HF's own forward
@@ -389,9 +381,8 @@ class SkillNetBartModel(SkillNetBartPreTrainedModel, BartModel):
     def __init__(self, config: SkillNetBartConfig) -> None:
         # As BartModel.__init__ with the skill encoder and decoder (BartModel's would build dense ones).
         BartPreTrainedModel.__init__(self, config)
-        embed_scale = config.d_model**0.5 if config.scale_embedding else 1.0
         self.shared = BartScaledWordEmbedding(
-            config.vocab_size, config.d_model, config.pad_token_id, embed_scale=embed_scale
+            config.vocab_size, config.d_model, config.pad_token_id, embed_scale=_embed_scale(config)
         )
         self.encoder = SkillNetBartEncoder(config)
         self.decoder = SkillNetBartDecoder(config)

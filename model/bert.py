@@ -329,20 +329,6 @@ class SkillNetBertModel(SkillNetBertPreTrainedModel):
         hooks = [h for m in self.task_extras() if (h := m.layer_hook(task, mask_B11T, device)) is not None]
         return combine_hooks(hooks)
 
-    def learned_task_skills(self) -> dict[str, list[str]]:
-        """The learned map's skill names per task (its hard threshold, generic skill included)."""
-        router = self.router
-        if router.learned_map(self) is None:
-            raise ValueError(f"this model's router ({self.config.router!r}) does not learn a task-skill map")
-        return router.task_skills(self)
-
-    def sync_learned_map(self) -> dict[str, list[str]]:
-        """Write the learned map into ``config.tasks`` (what counts, exports and metadata read): the model
-        routes with the map itself, so the config then says exactly which skills prediction runs."""
-        learned = self.learned_task_skills()
-        self.router.before_save(self)
-        return learned
-
     # ---- skill views -----------------------------------------------------------------------------
     def skill_modules(self, name: str) -> list[Skill]:
         """The `Skill` module of skill `name` in every skill layer (bottom to top)."""

@@ -41,31 +41,17 @@ HEAD_TYPES = ("classification", "regression", "token_crf", "span", "matching")
 
 # Named sizes. "tiny" is for tests (2 layers, hidden 64); "small" trains on a CPU in minutes;
 # "base" is BERT-base as in the paper. Vocab defaults to bert-base-chinese (21,128).
+def _size(hidden: int, layers: int, heads: int, ffn: int) -> dict[str, int]:
+    return dict(
+        vocab_size=21128, hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads,
+        intermediate_size=ffn, max_position_embeddings=512,
+    )
+
+
 PRESETS: dict[str, dict[str, Any]] = {
-    "tiny": dict(
-        vocab_size=21128,
-        hidden_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        intermediate_size=128,
-        max_position_embeddings=512,
-    ),
-    "small": dict(
-        vocab_size=21128,
-        hidden_size=256,
-        num_hidden_layers=4,
-        num_attention_heads=4,
-        intermediate_size=1024,
-        max_position_embeddings=512,
-    ),
-    "base": dict(
-        vocab_size=21128,
-        hidden_size=768,
-        num_hidden_layers=12,
-        num_attention_heads=12,
-        intermediate_size=3072,
-        max_position_embeddings=512,
-    ),
+    "tiny": _size(64, 2, 4, 128),
+    "small": _size(256, 4, 4, 1024),
+    "base": _size(768, 12, 12, 3072),
 }
 
 

@@ -149,9 +149,6 @@ def write_remote_code(folder: str | os.PathLike, model_type: str) -> list[str]:
     return written
 
 
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt")
-
-
 def has_tokenizer(folder: str | os.PathLike) -> bool:
     return (Path(folder) / "tokenizer_config.json").is_file() or (Path(folder) / "vocab.txt").is_file()
 

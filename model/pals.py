@@ -10,7 +10,7 @@ The layer adds it inside its FFN residual, before the LayerNorm, as the public B
 LN(FFN(a) + a + PAL_l(h)), with h the layer's input and a the attention output.
 
 Parameters per task: d*d_m + d_m (V^E) + d_m*d + d (V^D) + L * 3 * (d_m^2 + d_m) (query, key, value of
-each layer), see `pals_parameter_count`.
+each layer).
 """
 
 from __future__ import annotations
@@ -135,11 +135,6 @@ class ProjectedAttentionLayers(TaskExtras, nn.Module):
             y = self.tasks[task](layer, h_BTD.index_select(0, idx), m)
             out = (torch.zeros_like(h_BTD) if out is None else out).index_copy(0, idx, y)
         return out
-
-
-def pals_parameter_count(hidden: int, dim: int, num_layers: int) -> int:
-    """Parameters one task's PALs add (PALs §3: V^E and V^D shared across layers, an attention per layer)."""
-    return (hidden * dim + dim) + (dim * hidden + hidden) + num_layers * 3 * (dim * dim + dim)
 
 
 def task_rows(task: str | Sequence[str] | None) -> dict[str, torch.Tensor | None]:

@@ -86,9 +86,6 @@ class SkillRouting:
         """Every FFN is a candidate; the layer's gate picks per token."""
         return SkillRouting((SkillGroup(None, tuple(range(num_skills))),), None, token_mask_BT, token_order)
 
-    def active_skills(self) -> set[int]:
-        return {i for g in self.groups for i in g.skill_ids}
-
 
 def _canon(skill_ids: Sequence[int] | torch.Tensor) -> tuple[int, ...]:
     ids = skill_ids.tolist() if isinstance(skill_ids, torch.Tensor) else list(skill_ids)
@@ -340,9 +337,9 @@ class SkillFFN(nn.Module):
         if g.weights is not None:
             return self._weighted(x, g, residual)
         if self.per_skill_layernorm:
-            return self._loop_per_skill_ln(x, ids, residual)
+            return self._loop(x, ids, residual)
         if self.impl == "loop" or len(ids) == 1:
-            return self._loop(x, ids)
+            return self._loop(x, ids, None)
         return self._fused(x, ids)
 
     def _skill_out(self, i: int, x: torch.Tensor, residual: torch.Tensor | None) -> torch.Tensor:
@@ -369,10 +366,10 @@ class SkillFFN(nn.Module):
                 out = out + w[k + j] * h
         return out / w.sum()
 
-    def _loop(self, x: torch.Tensor, ids: tuple[int, ...]) -> torch.Tensor:
+    def _loop(self, x: torch.Tensor, ids: tuple[int, ...], residual: torch.Tensor | None) -> torch.Tensor:
         out = None
         for i in ids:
-            h = self._skill_out(i, x, None)
+            h = self._skill_out(i, x, residual)
             out = h if out is None else out + h
         return out / len(ids) if len(ids) > 1 else out
 
@@ -420,15 +417,6 @@ class SkillFFN(nn.Module):
     def train(self, mode: bool = True) -> SkillFFN:
         self._decode_cache = None
         return super().train(mode)
-
-    def _loop_per_skill_ln(
-        self, x: torch.Tensor, ids: tuple[int, ...], residual: torch.Tensor
-    ) -> torch.Tensor:
-        out = None
-        for i in ids:
-            h = self._skill_out(i, x, residual)
-            out = h if out is None else out + h
-        return out / len(ids)
 
     def _gated(self, x: torch.Tensor, routing: SkillRouting) -> torch.Tensor:
         """Each token runs the experts its layer's gate picks, weighted by the gate; the gate's auxiliary

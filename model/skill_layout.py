@@ -148,10 +148,6 @@ class SkillLayoutMixin(TokenGateSettings):
     def num_skills(self) -> int:
         return len(self.skills)
 
-    @property
-    def task_names(self) -> list[str]:
-        return list(self.tasks)
-
     def skill_index(self, name: str) -> int:
         try:
             return self.skill_names.index(name)

@@ -50,9 +50,6 @@ def skill_base_of(model: nn.Module) -> SkillBase:
     )
 
 
-encoder_of = skill_base_of  # the BERT-era name, kept for callers outside model/
-
-
 def skill_banks(base: SkillBase) -> list[SkillFFN]:
     """The skill FFN bank of every skill layer of a SkillNet backbone."""
     if isinstance(base, SkillNetBartModel):

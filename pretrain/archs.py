@@ -67,8 +67,11 @@ def build_dataset(args: argparse.Namespace) -> Any:
     return ARCHS[args.arch].build_dataset(args)
 
 
-def _model_overrides(args: argparse.Namespace) -> dict[str, Any]:
-    return json.loads(Path(args.model_config).read_text()) if args.model_config else {}
+def _model_overrides(args: argparse.Namespace, vocab_size: int | None = None) -> dict[str, Any]:
+    overrides = json.loads(Path(args.model_config).read_text()) if args.model_config else {}
+    if vocab_size is not None:
+        overrides["vocab_size"] = vocab_size
+    return overrides
 
 
 def _check_vocab(model: torch.nn.Module, args: argparse.Namespace, vocab_size: int | None) -> None:
@@ -93,9 +96,7 @@ def _build_bert(args: argparse.Namespace, vocab_size: int | None, dataset: Any) 
         )
         _check_vocab(model, args, vocab_size)
         return model
-    overrides = _model_overrides(args)
-    if vocab_size is not None:
-        overrides["vocab_size"] = vocab_size
+    overrides = _model_overrides(args, vocab_size)
     cfg = config_cls.preset(args.preset, **{**overrides, **layout})
     torch.manual_seed(args.seed)  # same init on every rank (DeepSpeed also broadcasts rank 0's weights)
     return model_cls(cfg)
@@ -114,9 +115,7 @@ def _build_bart(args: argparse.Namespace, vocab_size: int | None, dataset: Any) 
         model = family.load("from_dense")(args.init_from_dense, model_class=model_cls, **layout)
         _check_vocab(model, args, vocab_size)
         return model
-    overrides = _model_overrides(args)
-    if vocab_size is not None:
-        overrides["vocab_size"] = vocab_size
+    overrides = _model_overrides(args, vocab_size)
     if dataset is not None:
         # The shards' special ids: decoder start [SEP], labels "[CLS] y [SEP]" (as the SkillNet-NLG code).
         overrides.update(
@@ -161,7 +160,7 @@ def _describe_bert(args: argparse.Namespace) -> str:
     how = "" if len(args.objectives) == 1 else (
         ", every step each" if args.objective_mode == "both" else ", one drawn per step"
     )
-    rows = "one sample per row [--no-packing]" if args.no_packing else "packed rows (several samples per row) [default]"
+    rows = "one sample per row [--no-packing]" if not args.packing else "packed rows (several samples per row) [default]"
     return f"{kind}; objectives {' + '.join(args.objectives)} [{args.objectives_source}]{how}; {rows}"
 
 

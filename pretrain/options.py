@@ -7,9 +7,22 @@ import argparse
 
 from skillnet.common.cli import Parser
 from skillnet.pretrain.archs import ARCHS, MASK_RATIO, POISSON_LAMBDA
-from skillnet.pretrain.recipes import RECIPES
+from skillnet.pretrain.recipes import PRETRAIN_DEFAULTS, RECIPES, TRAIN_SETTINGS
+from skillnet.training.config import add_train_flags
 
-__all__ = ["build_parser"]
+__all__ = ["FLAGS", "build_parser"]
+
+# The TrainConfig fields this command takes as flags (training.config.add_train_flags), in --help's order;
+# packing and gradient_checkpointing are listed under data and model.
+FLAGS = ("max_steps", "micro_batch_size", "grad_accum", "lr", "betas", "eps", "weight_decay", "warmup_steps",
+         "max_grad_norm", "sparse_updates", "optim_impl", "seed", "save_every", "keep_last", "log_every",
+         "eval_every", "new_schedule", "compile", "zero_comm", "profile_steps", "skill_drift", "tensorboard",
+         "progress", "packing", "gradient_checkpointing")
+NOTES = {
+    "max_steps": "a DeepSpeed JSON scheduler's total_num_steps, else the recipe's, comes first",
+    **{name: f"recipe {r.name}: {r.settings[name]}" for r in RECIPES.values() for name in TRAIN_SETTINGS
+       if name in r.settings and name != "max_steps" and r.settings[name] != getattr(PRETRAIN_DEFAULTS, name)},
+}
 
 
 def build_parser(description: str | None = None) -> argparse.ArgumentParser:
@@ -43,13 +56,8 @@ def build_parser(description: str | None = None) -> argparse.ArgumentParser:
     d.add_argument(
         "--whole-word-mask", action="store_true", help="MLM: mask whole words (needs word ids in shards)"
     )
-    d.add_argument(
-        "--no-packing",
-        action="store_true",
-        help="one sample per row, padded to --max-seq-len. Default (BERT): each micro-batch's samples are packed "
-        "into as few rows as fit, each sample attending only to itself with its own positions (the same samples "
-        "and losses, without computing padding); BART denoising always uses one sample per row",
-    )
+    add_train_flags(d, ["packing"], PRETRAIN_DEFAULTS,
+                    {"packing": "BART denoising always uses one sample per row"})
     d.add_argument(
         "--mask-ratio",
         type=float,
@@ -92,15 +100,7 @@ def build_parser(description: str | None = None) -> argparse.ArgumentParser:
     m.add_argument(
         "--model-config", help="JSON file of SkillNetBertConfig / SkillNetBartConfig fields (overrides --preset)"
     )
-    m.add_argument(
-        "--gradient-checkpointing",
-        action="store_true",
-        default=None,
-        help="activation checkpointing: keep only each layer's input and recompute the layer in the backward "
-        "pass (less activation memory, about one more forward pass of compute; same gradients). Also on when "
-        "the DeepSpeed JSON has an activation_checkpointing section (its cpu_checkpointing offloads the kept "
-        "inputs to host memory)",
-    )
+    add_train_flags(m, ["gradient_checkpointing"], PRETRAIN_DEFAULTS)
     m.add_argument(
         "--init-from-dense",
         metavar="DIR",
@@ -150,30 +150,7 @@ def build_parser(description: str | None = None) -> argparse.ArgumentParser:
         help="resolve and print the settings, check the data, then exit without building the model",
     )
     t.add_argument("--output-dir", default="runs/pretrain", help="checkpoints, log.jsonl, tensorboard/ and run_args.json")
-    t.add_argument(
-        "--max-steps",
-        type=int,
-        default=None,
-        help="default: the JSON scheduler's total_num_steps, else the recipe's (paper: 100000), else 100",
-    )
-    t.add_argument("--micro-batch-size", type=int, default=None, help="per rank (default: JSON, else 8)")
-    t.add_argument(
-        "--grad-accum", type=int, default=None, help="gradient accumulation steps (default: JSON, else 1)"
-    )
-    t.add_argument("--lr", type=float, default=None, help="peak learning rate (default 1e-4; recipe paper: 3e-5)")
-    t.add_argument("--betas", type=float, nargs=2, default=None, help="Adam betas (default 0.9 0.98)")
-    t.add_argument("--eps", type=float, default=None, help="Adam epsilon (default 1e-6)")
-    t.add_argument("--weight-decay", type=float, default=None, help="(default 0.01)")
-    t.add_argument(
-        "--warmup-steps", type=int, default=None, help="linear warmup steps (default 0; recipe paper: 10000)"
-    )
-    t.add_argument("--max-grad-norm", type=float, default=None, help="gradient clipping (default 1.0)")
-    t.add_argument(
-        "--dense-updates",
-        action="store_true",
-        help="plain AdamW semantics (inactive skills move with momentum/decay) instead of sparse updates",
-    )
-    t.add_argument("--seed", type=int, default=0, help="initial weights, objective draws and the data order")
+    add_train_flags(t, FLAGS[:FLAGS.index("seed") + 1], PRETRAIN_DEFAULTS, NOTES)
     t.add_argument(
         "--data-workers",
         type=int,
@@ -182,12 +159,7 @@ def build_parser(description: str | None = None) -> argparse.ArgumentParser:
         "in the training process); default: 2 on a GPU, 0 on a CPU, where they would take the cores training "
         "uses",
     )
-    t.add_argument(
-        "--save-every", type=int, default=0, help="checkpoint every N steps (always at exit and on SIGTERM)"
-    )
-    t.add_argument("--keep-last", type=int, default=2, help="complete checkpoints kept (older ones are deleted)")
-    t.add_argument("--log-every", type=int, default=10, help="log averaged metrics every N steps (0: never)")
-    t.add_argument("--eval-every", type=int, default=0, help="evaluate on fixed probe batches every N steps")
+    add_train_flags(t, ["save_every", "keep_last", "log_every", "eval_every"], PRETRAIN_DEFAULTS)
     t.add_argument("--eval-batches", type=int, default=4, help="probe batches per objective for evaluation")
     t.add_argument(
         "--resume",
@@ -202,36 +174,7 @@ def build_parser(description: str | None = None) -> argparse.ArgumentParser:
         help="start over in an --output-dir that holds a run of another model or data (its checkpoints and logs "
         "are removed); without it such a dir is refused, and a run of the same model and data resumes",
     )
-    t.add_argument(
-        "--new-schedule",
-        action="store_true",
-        help="on resume, follow this run's LR schedule (e.g. a larger --max-steps moves the decay's end) and "
-        "print it; without it, a resume whose --max-steps, --lr, --warmup-steps or decay end differ from the "
-        "checkpoint's is refused (the LR would jump)",
-    )
-    t.add_argument(
-        "--compile",
-        action="store_true",
-        help="torch.compile each encoder/decoder layer (in place: checkpoint names unchanged); on a GPU it fuses "
-        "the layers' elementwise work, and the first steps of each objective pay the compilation",
-    )
-    t.add_argument(
-        "--zero-comm",
-        choices=("auto", "json"),
-        default="auto",
-        help="auto: on one rank, ZeRO-1/2's overlap_comm and contiguous_gradients are turned off (nothing to "
-        "reduce across ranks; they only copy every gradient and synchronise the device each step); json: keep "
-        "the DeepSpeed JSON's values (default: %(default)s)",
-    )
-    t.add_argument(
-        "--profile-steps",
-        metavar="FIRST:LAST",
-        default=None,
-        help="record optimizer steps FIRST..LAST with torch.profiler: <output_dir>/profile/ gets a Perfetto trace "
-        "and a summary per rank (wall and device-busy time per step, top operators); e.g. 20:25, after warm-up",
-    )
-    t.add_argument("--no-tensorboard", action="store_true", help="no TensorBoard event files")
-    t.add_argument("--no-progress", action="store_true", help="no tqdm bar (CI logs)")
+    add_train_flags(t, FLAGS[FLAGS.index("new_schedule"):FLAGS.index("packing")], PRETRAIN_DEFAULTS)
     t.add_argument(
         "--dump-rank-weights",
         action="store_true",
@@ -243,8 +186,6 @@ def build_parser(description: str | None = None) -> argparse.ArgumentParser:
         help="every rank appends the dataset indices of each micro-batch to <output_dir>/samples_rank<r>.jsonl "
         "(an audit of the data order, e.g. across a resume)",
     )
-    t.add_argument("--sigterm-at-step", type=int, default=None, help=argparse.SUPPRESS)  # test hook
-    t.add_argument("--sigterm-group", action="store_true", help=argparse.SUPPRESS)  # test hook
     t.add_argument(
         "--local-rank", type=int, default=None, help=argparse.SUPPRESS
     )  # set by the deepspeed launcher

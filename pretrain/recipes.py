@@ -19,19 +19,20 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-__all__ = ["DEFAULTS", "RECIPES", "Recipe", "Setting", "resolve_settings", "ds_config_settings", "describe",
+from skillnet.training.config import TrainConfig, ds_settings
+
+__all__ = ["DEFAULTS", "PRETRAIN_DEFAULTS", "TRAIN_SETTINGS", "RECIPES", "Recipe", "Setting", "resolve_settings", "ds_config_settings", "describe",
            "describe_checkpoint"]
 
+# Pre-training's training settings: the one TrainConfig with this stage's defaults (packed rows; a rerun
+# in the same --output-dir continues it).
+PRETRAIN_DEFAULTS = TrainConfig(output_dir="runs/pretrain", resume="auto", packing=True)
+# The settings whose source the start log names (a flag > the DeepSpeed JSON > --recipe > the default).
+TRAIN_SETTINGS = ("max_steps", "lr", "betas", "eps", "weight_decay", "warmup_steps", "max_grad_norm")
 DEFAULTS: dict[str, Any] = {
     "preset": "tiny",
     "max_seq_len": 128,
-    "max_steps": 100,
-    "lr": 1e-4,
-    "betas": (0.9, 0.98),
-    "eps": 1e-6,
-    "weight_decay": 0.01,
-    "warmup_steps": 0,
-    "max_grad_norm": 1.0,
+    **{name: getattr(PRETRAIN_DEFAULTS, name) for name in TRAIN_SETTINGS},
 }
 
 
@@ -63,16 +64,6 @@ RECIPES: dict[str, Recipe] = {
     ),
 }
 
-# Where a DeepSpeed JSON defines a setting (the keys training.config.resolve_ds_config reads), first wins.
-_DS_KEYS: dict[str, tuple[tuple[str, ...], ...]] = {
-    "lr": (("scheduler", "params", "warmup_max_lr"), ("optimizer", "params", "lr")),
-    "betas": (("optimizer", "params", "betas"),),
-    "eps": (("optimizer", "params", "eps"),),
-    "weight_decay": (("optimizer", "params", "weight_decay"),),
-    "warmup_steps": (("scheduler", "params", "warmup_num_steps"),),
-    "max_steps": (("scheduler", "params", "total_num_steps"),),
-    "max_grad_norm": (("gradient_clipping",),),
-}
 # Settings the JSON only gives a default for: a flag may differ from it.
 _DS_DEFAULT_ONLY = frozenset({"max_steps"})
 
@@ -108,19 +99,12 @@ def _normalise(name: str, value: Any) -> Any:
 
 
 def ds_config_settings(ds: dict[str, Any] | None) -> dict[str, Any]:
-    """The settings of DEFAULTS that a DeepSpeed JSON defines, with their values."""
-    out: dict[str, Any] = {}
-    if not ds:
-        return out
-    for name, paths in _DS_KEYS.items():
-        for path in paths:
-            node: Any = ds
-            for key in path:
-                node = node.get(key) if isinstance(node, dict) else None
-            if node is not None and node != "auto":
-                out[name] = _normalise(name, node)
-                break
-    return out
+    """The settings of DEFAULTS that a DeepSpeed JSON defines (training.config.DS_PATHS), with their values;
+    its scheduler's decay end is the default run length."""
+    found = ds_settings(ds)
+    if "decay_steps" in found:
+        found["max_steps"] = found.pop("decay_steps")
+    return {name: value for name, value in found.items() if name in DEFAULTS}
 
 
 def resolve_settings(

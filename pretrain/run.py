@@ -16,6 +16,7 @@ trains a dense BART with text infilling (exported as HF BartForConditionalGenera
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
@@ -34,6 +35,8 @@ from skillnet.pretrain.archs import (
 )
 from skillnet.pretrain.recipes import (
     DEFAULTS,
+    PRETRAIN_DEFAULTS,
+    TRAIN_SETTINGS,
     ResolvedSettings,
     describe,
     describe_checkpoint,
@@ -144,30 +147,25 @@ def claim_output_dir(args: argparse.Namespace, rank: int) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from skillnet.common.outputs import at_least, check_options, in_range, non_negative, positive
+    from skillnet.common.outputs import at_least, check_options, non_negative
+    from skillnet.training.config import check_train_flags, train_overrides
 
     parser = build_parser()
     args = parser.parse_args(argv)
-    check_options(parser, args, {
-        "max_steps": at_least(1), "micro_batch_size": at_least(1), "grad_accum": at_least(1), "lr": positive(),
-        "eps": positive(), "weight_decay": non_negative(), "warmup_steps": non_negative(),
-        "max_grad_norm": non_negative(), "betas": in_range(0, 1, hi_open=True), "save_every": non_negative(),
-        "keep_last": non_negative(), "log_every": non_negative(), "eval_every": non_negative(),
-        "eval_batches": at_least(1), "max_seq_len": at_least(8), "synthetic": non_negative(),
-        "data_workers": non_negative(), "seed": non_negative(),
-    })
+    check_train_flags(parser, args, options.FLAGS)
+    check_options(parser, args, {"eval_batches": at_least(1), "max_seq_len": at_least(8), "synthetic": non_negative(),
+                                 "data_workers": non_negative()})
     from skillnet.data_prep.shards import ShardError
     from skillnet.data_prep.tokenizer import TokenizerError
     from skillnet.model import skill_parameters
     from skillnet.pretrain.objectives import ObjectiveSampler, PretrainBatchSource
-    from skillnet.training import SkillStatistics, TrainConfig, Trainer, prepare
+    from skillnet.training import SkillStatistics, Trainer, prepare
     from skillnet.training import dist as D
     from skillnet.training.activation_checkpointing import (
         enable_activation_checkpointing,
         resolve_activation_checkpointing,
     )
     from skillnet.training.config import DsConfigError, load_ds_config
-    from skillnet.training.profile import parse_profile_steps
 
     # Bad settings or data (wrong shard dir, unknown preset, JSON/launch mismatch, corpus too small) end
     # with one line naming the problem; errors once training runs keep their traceback.
@@ -175,36 +173,14 @@ def main(argv: list[str] | None = None) -> int:
         raw_ds = load_ds_config(args.ds_config) if args.ds_config else None
         settings = resolve_args(args, raw_ds)
         ckpt = resolve_activation_checkpointing(args.gradient_checkpointing, raw_ds, str(args.ds_config))
-        args.gradient_checkpointing = ckpt.enabled  # run_args.json records what the run did, whatever its source
         check_args(args)
-        cfg = TrainConfig(
-            output_dir=args.output_dir,
-            max_steps=args.max_steps,
-            lr=args.lr,
-            betas=tuple(args.betas),
-            eps=args.eps,
-            weight_decay=args.weight_decay,
-            warmup_steps=args.warmup_steps,
-            max_grad_norm=args.max_grad_norm,
-            sparse_updates=not args.dense_updates,
-            micro_batch_size=args.micro_batch_size,
-            grad_accum=args.grad_accum,
-            seed=args.seed,
-            save_every=args.save_every,
-            keep_last=args.keep_last,
-            log_every=args.log_every,
-            eval_every=args.eval_every,
-            resume=None if args.resume in ("none", "") else args.resume,
-            ds_config=args.ds_config,
-            tensorboard=not args.no_tensorboard,
-            progress=not args.no_progress,
-            sigterm_at_step=args.sigterm_at_step,
-            sigterm_group=args.sigterm_group,
-            compile=args.compile,
-            zero_comm=args.zero_comm,
-            new_schedule=args.new_schedule,
-            profile_steps=parse_profile_steps(args.profile_steps),
-        )
+        # The stage's defaults, then the flags given, then the resolved sources of DEFAULTS (recipe, JSON).
+        cfg = dataclasses.replace(PRETRAIN_DEFAULTS, **{
+            **train_overrides(args, options.FLAGS), **{name: settings[name] for name in TRAIN_SETTINGS},
+            "gradient_checkpointing": ckpt.enabled, "output_dir": args.output_dir, "ds_config": args.ds_config,
+            "resume": None if args.resume in ("none", "") else args.resume,
+        })
+        vars(args).update({name: getattr(cfg, name) for name in options.FLAGS})  # run_args.json: what ran
         cfg, _ = prepare(cfg)
         cfg.max_steps = args.max_steps  # the JSON's total_num_steps sets the decay end, not the run length
         rank, world = D.rank(), D.world_size()
@@ -247,7 +223,7 @@ def main(argv: list[str] | None = None) -> int:
             raise ValueError(f"--data-workers must be >= 0, got {workers}")
         source = PretrainBatchSource(
             dataset, sampler, cfg.micro_batch_size, cfg.grad_accum, rank, world, args.seed,
-            workers=workers, pin_memory=cuda, packing=ARCHS[args.arch].packs and not args.no_packing,
+            workers=workers, pin_memory=cuda, packing=ARCHS[args.arch].packs and cfg.packing,
         )
         if args.log_samples:
             source.on_batch = _sample_logger(Path(args.output_dir) / f"samples_rank{rank}.jsonl")

@@ -204,7 +204,8 @@ def test_killed_build_reruns_to_identical_result(corpus, tmp_path):
     common = [str(d / "*"), "--unit-bytes", "1500", "--no-progress"]
     assert _cli("build", *common, "--out", str(ref)).returncode == 0
     # Hard exit (like SIGKILL: no cleanup) after shard 0 is finished, in the middle of shard 1.
-    r = _cli("build", *common, "--out", str(out), env={"SKILLNET_DATA_PREP_FAIL_AT": "1:0"})
+    r = subprocess.run([sys.executable, str(REPO / "tests/fixtures/data_prep_fail_at.py"), "1:0", "build", *common,
+                        "--out", str(out)], capture_output=True, text=True, cwd=REPO)
     assert r.returncode == 17
     assert (out / "shard-000000.json").is_file() and not (out / "shard-000001.json").exists()
     assert not (out / "manifest.json").exists()

@@ -5,12 +5,15 @@ compared with DeepSpeed's own methods on the same inputs, and the patches that l
 config keys check that DeepSpeed still has them and still uses them as the patch assumes. The correctness
 patch (`clear_stale_gradients`) is also exercised end to end by tests/test_optim_zero_stages.py
 (``test_each_step_moves_exactly_the_skills_of_its_objective``: ZeRO-3 and ZeRO-2 offload, 2 ranks), which
-fails without it.
+fails without it. The launcher patches are exercised end to end by tests/test_ds_launch.py (a stop signal to
+every process of the launch: the save completes before the launcher exits) and on a real Slurm by
+tests/test_slurm_real.py.
 """
 
 from __future__ import annotations
 
 import inspect
+from pathlib import Path
 
 import pytest
 import torch
@@ -45,6 +48,10 @@ def test_another_series_skips_the_speed_patches_and_refuses_the_correctness_one(
         dsp.clear_stale_gradients(SimpleNamespace(grad_partitions_flat_buffer=torch.ones(3)), 3)
     # a stage without the stale buffer needs no patch, whatever the series
     dsp.clear_stale_gradients(SimpleNamespace(cpu_offload=False), 2)
+    with pytest.raises(dsp.UnsupportedDeepSpeed, match="launcher_waits_for_ranks.*0.19.*0.99"):
+        dsp.run_runner_with_node_launcher(["script.py"], ["node"])
+    with pytest.raises(dsp.UnsupportedDeepSpeed, match="launcher_waits_for_ranks.*0.19.*0.99"):
+        dsp.run_node_launcher_waiting(["script.py"], 1.0)
 
 
 def test_clear_stale_gradients_zeroes_the_buffers_deepspeed_keeps() -> None:
@@ -184,3 +191,84 @@ def test_foreach_grad_norm_equals_deepspeeds(monkeypatch: pytest.MonkeyPatch, ba
     torch.testing.assert_close(mine, ref, rtol=1e-6, atol=0)
     if bad is not None:
         assert float(mine) == -1.0
+
+
+def test_deepspeeds_node_launcher_still_kills_after_30_s_through_the_hooks_the_patch_replaces(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """`run_node_launcher_waiting` relies on DeepSpeed 0.19's ``deepspeed.launcher.launch``: its own
+    ``terminate_process_tree`` TERMs a rank's tree and SIGKILLs it 30 s later (else the patch is redundant),
+    ``main`` installs its TERM/INT handler through ``signal.signal`` and ends the ranks through the module's
+    ``terminate_process_tree`` (the two hooks the patch replaces), calls that handler directly after a rank
+    failure (not through a signal, which is how the patch tells the two apart), and exits 1 after a signal."""
+    import signal
+    import subprocess
+    import sys
+
+    import psutil
+    from deepspeed.launcher import launch
+
+    waits: list[tuple[float | None, list[int | None]]] = []
+    wait_procs = psutil.wait_procs
+
+    def recorded(procs: list[psutil.Process], timeout: float | None = None) -> tuple[list, list]:
+        gone, alive = wait_procs(procs, timeout=timeout)
+        waits.append((timeout, [p.returncode for p in gone]))  # psutil reaps the rank: its status is here
+        return gone, alive
+
+    monkeypatch.setattr(psutil, "wait_procs", recorded)
+    rank = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        launch.terminate_process_tree(rank.pid)
+        assert waits == [(30, [-signal.SIGTERM])]
+    finally:
+        rank.kill()
+        rank.wait()
+    main = inspect.getsource(launch.main)
+    assert "signal.signal(signal.SIGTERM, sigkill_handler)" in main
+    assert "signal.signal(signal.SIGINT, sigkill_handler)" in main
+    assert "terminate_process_tree(process.pid)" in main
+    assert "last_return_code = process.returncode" in main and "sigkill_handler(signal.SIGTERM, None)" in main
+    handler = main[main.index("def sigkill_handler"):main.index("signal.signal(signal.SIGINT")]
+    assert "sys.exit(last_return_code)" in handler and "sys.exit(1)" in handler
+
+
+def test_deepspeeds_runner_starts_the_node_launcher_the_patch_replaces_and_leaves_the_signals_alone(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """`run_runner_with_node_launcher` relies on DeepSpeed 0.19's runner on the batch-scheduler path
+    (``--hostfile --no_ssh --node_rank``): it starts ``python -m deepspeed.launcher.launch ...`` through
+    ``subprocess.Popen`` (which the patch swaps for the given module) and installs no TERM/INT handler of its
+    own (the patch's, which outlives the signal, stays). Nothing is started here: the Popen only records."""
+    import signal
+    import subprocess
+    import sys
+
+    started: list[list[str]] = []
+
+    class Recorder:
+        returncode = 0
+
+        def __init__(self, cmd: list[str], *a: object, **kw: object) -> None:
+            started.append(cmd)
+
+        def wait(self, timeout: float | None = None) -> int:
+            return 0
+
+    monkeypatch.setattr(subprocess, "Popen", Recorder)
+    monkeypatch.setattr(sys, "argv", list(sys.argv))
+    hostfile = tmp_path / "hostfile"
+    hostfile.write_text("node0 slots=1\nnode1 slots=1\n")
+    before = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        dsp.run_runner_with_node_launcher(
+            ["--hostfile", str(hostfile), "--no_ssh", "--node_rank", "1", "--master_addr", "10.0.0.1",
+             "--master_port", "29500", "rank.py", "--flag"], ["skillnet.node", "--mark"])
+        after = {s: signal.getsignal(s) for s in before}
+    finally:
+        for s, h in before.items():
+            signal.signal(s, h)
+    assert subprocess.Popen is Recorder  # the patch put DeepSpeed's Popen back
+    assert len(started) == 1, started
+    cmd = started[0]
+    assert cmd[:5] == [sys.executable, "-u", "-m", "skillnet.node", "--mark"], cmd
+    assert "--node_rank=1" in cmd and "--master_addr=10.0.0.1" in cmd and cmd[-2:] == ["rank.py", "--flag"]
+    assert all(getattr(h, "__module__", None) == dsp.__name__ for h in after.values()), after

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 from skillnet.finetune.config import ConfigError, FinetuneConfig
+from skillnet.finetune.task_types import codec_for
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ROOT / "finetune" / "configs" / "tiny.json"
@@ -25,7 +26,7 @@ def _base(**kw):
 def test_tiny_config_loads_and_round_trips(tmp_path):
     cfg = FinetuneConfig.load(TINY)
     assert [t.name for t in cfg.tasks] == ["sentiment", "ner", "qa_match", "mrc"]
-    assert cfg.task("ner").head_type == "token_crf" and cfg.task("ner").metric == "f1"
+    assert codec_for(cfg.task("ner").type).head == "token_crf" and cfg.task("ner").metric == "f1"
     assert Path(cfg.resolve(cfg.task("ner").train)).is_file()
     p = tmp_path / "c.json"
     p.write_text(cfg.to_json())

@@ -84,7 +84,7 @@ def test_method_config_errors():
     with pytest.raises(ConfigError, match="apply to method 'skillnet', not 'dense_joint'"):
         FinetuneConfig.from_dict(tiny_config(Path("x"), method="dense_joint",
                                              new_skills=[{"name": "s8"}], freeze_old_skills=True))
-    with pytest.raises(ConfigError, match="train.selection='best'"):
+    with pytest.raises(ConfigError, match="train: selection='best'"):
         FinetuneConfig.from_dict(tiny_config(Path("x"), train={"selection": "best"}))
 
 
@@ -360,7 +360,7 @@ def test_compare_jobs_two_gives_the_same_results_as_one_at_a_time(compared, tmp_
     cfg = args[args.index("--config") + 1]
     base = ["--config", cfg, "--seeds", "0", "1", "--no-plots", "--in-process", "--jobs", "2"]
     with (exclusive(tmp_path, option="--out", command="reproduction") as fd,
-          compare_cli.shared_workers(fd)):
+          compare_workers.shared_workers(fd)):
         assert compare_cli.main([*base, "--methods", "skillnet", "--output-dir", str(tmp_path / "jobs")]) == 0
         workers = set(compare_workers._SHARED[2]._processes)
         assert len(workers) == 2

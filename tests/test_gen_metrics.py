@@ -389,7 +389,10 @@ def test_char_accuracy_is_one_minus_the_character_error_rate_as_nltk_counts_it()
 def _op_table_by_sorting(src: str, tgt: str) -> list[list[tuple[str, ...]]]:
     """The operation table with its transposition test written plainly (sorted windows at every step): the
     reference that the incremental character counts of ``_op_table`` must reproduce cell for cell."""
-    from skillnet.finetune.gen_metrics import _UNIT, _sub_cost
+    from skillnet.finetune.gen_metrics import _SUB_COST, _UNIT, _is_punct
+
+    def sub_cost(a: str, b: str) -> int:  # per pair, as ChERRANT charges it
+        return _SUB_COST[_is_punct(a) + _is_punct(b)]
 
     n, m = len(src), len(tgt)
     cost = [[0] * (m + 1) for _ in range(n + 1)]
@@ -409,7 +412,7 @@ def _op_table_by_sorting(src: str, tgt: str) -> list[list[tuple[str, ...]]]:
                     trans = cost[i - k][j - k] + k * _UNIT
                     break
                 k += 1
-            cands = ((f"T{k + 1}", trans), ("S", cost[i][j] + _sub_cost(src[i], tgt[j])),
+            cands = ((f"T{k + 1}", trans), ("S", cost[i][j] + sub_cost(src[i], tgt[j])),
                      ("I", cost[i + 1][j] + _UNIT), ("D", cost[i][j + 1] + _UNIT))
             best = min(c for _, c in cands)
             cost[i + 1][j + 1] = int(best)

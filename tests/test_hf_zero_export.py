@@ -29,7 +29,8 @@ def test_zero2_pretraining_requeued_on_one_rank_exports_for_fill_mask_and_featur
     args = ["--ds_config", "ds_configs/zero2.json", "--shards", str(shards), "--preset", "tiny",
             "--max_seq_len", "32", "--max_steps", "24", "--lr", "5e-3", "--log_every", "4",
             "--output_dir", str(run), "--no_progress", "--no_tensorboard", "--log_samples"]
-    first = launch_fixture("pretrain/run.py", [*args, "--sigterm_at_step", "12"])
+    # the SIGTERM at step 12 comes from the test side (tests/faults.py): run.py has no flag for it
+    first = launch_fixture("tests/fixtures/pretrain/sigterm_run.py", ["--sigterm-at-step", "12", *args])
     assert '"stopped_by_signal": true' in first.stdout
     second = launch_fixture("pretrain/run.py", args, nprocs=1)
     assert "global batch 16 kept as micro-batch 8 x accumulation 2 x 1 rank(s)" in second.stdout, second.stdout

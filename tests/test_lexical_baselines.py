@@ -4,7 +4,7 @@ scikit-learn's own pipeline and against hand-made cases."""
 from __future__ import annotations
 
 import numpy as np
-from skillnet.finetune.lexical import tfidf_classifier, tfidf_similarity
+from skillnet.finetune.lexical import tfidf_classifier, tfidf_similarities
 
 
 def test_the_classifier_is_sklearns_char_tfidf_plus_logistic_regression() -> None:
@@ -30,12 +30,11 @@ def test_the_classifier_is_sklearns_char_tfidf_plus_logistic_regression() -> Non
 
 def test_similarity_prefers_the_candidate_sharing_characters() -> None:
     fit = ["保险怎么理赔", "理赔需要什么材料", "车险多少钱", "今天天气很好"]
-    scores = tfidf_similarity(fit, "怎么理赔", ["车险多少钱", "理赔需要什么材料", "今天天气很好"])
+    scores = tfidf_similarities(fit, ["怎么理赔"], [["车险多少钱", "理赔需要什么材料", "今天天气很好"]])[0]
     assert int(np.argmax(scores)) == 1 and all(0.0 <= s <= 1.0 + 1e-9 for s in scores)
 
 
 def test_batched_similarities_equal_sklearn_cosine_per_query() -> None:
-    from skillnet.finetune.lexical import tfidf_similarities
     from sklearn.feature_extraction.text import TfidfVectorizer
     from sklearn.metrics.pairwise import cosine_similarity
 
@@ -49,5 +48,5 @@ def test_batched_similarities_equal_sklearn_cosine_per_query() -> None:
         if cs:
             ref = cosine_similarity(ref_vec.transform(cs), ref_vec.transform([q])).ravel()
             np.testing.assert_allclose(g, ref, rtol=0, atol=1e-12)
-            assert g == tfidf_similarity(fit, q, cs)
+            assert g == tfidf_similarities(fit, [q], [cs])[0]  # batched = one query at a time
     assert tfidf_similarities(fit, ["a"], [[]]) == [[]]

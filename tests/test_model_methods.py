@@ -9,7 +9,6 @@ import pytest
 import torch
 from skillnet.model import PRESETS, SkillNetBertConfig, SkillNetBertForMultiTask, count_parameters
 from skillnet.model.learned_map import LearnedSkillMap
-from skillnet.model.pals import pals_parameter_count
 from skillnet.model.routers import TokenGate, top_k_gating
 from skillnet.model.skill_ffn import SkillFFN, SkillRouting
 from skillnet.training.optim import MaskedAdamW
@@ -178,10 +177,10 @@ def test_learned_map_moves_under_ste_and_prediction_uses_the_trained_map(tmp_pat
             opt.step()
     assert not torch.equal(lm.hard_map(), init), "the learned map did not move under the straight-through estimator"
     m.eval()
-    learned = m.bert.sync_learned_map()
-    m.save_pretrained(str(tmp_path / "m"))
+    learned = m.bert.router.task_skills(m.bert)  # the learned map's skill names per task (hard threshold)
+    m.save_pretrained(str(tmp_path / "m"))  # writes the learned map into the saved config.tasks
     back = SkillNetBertForMultiTask.from_pretrained(str(tmp_path / "m")).eval()
-    assert back.bert.learned_task_skills() == learned
+    assert back.bert.router.task_skills(back.bert) == learned
     assert {t: back.config.tasks[t] for t in learned} == learned
     with torch.no_grad():
         torch.testing.assert_close(back(task="a", **b).logits, m(task="a", **b).logits)
@@ -208,6 +207,11 @@ def test_learned_map_step_keeps_skills_it_did_not_use_and_probes_untouched():
 
 
 # ------------------------------------------------------------------------------------------------- PALs
+def pals_parameter_count(hidden: int, dim: int, num_layers: int) -> int:
+    """Parameters one task's PALs add (PALs §3: V^E and V^D shared across layers, an attention per layer)."""
+    return (hidden * dim + dim) + (dim * hidden + hidden) + num_layers * 3 * (dim * dim + dim)
+
+
 def test_pals_add_exactly_the_formula_parameter_count():
     d_m = SkillNetBertConfig.pals_dim_for(64)
     base = count_parameters(_model())["total"]

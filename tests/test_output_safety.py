@@ -537,10 +537,10 @@ def _hold_lock(out: str, held, release) -> None:  # noqa: ANN001
 
 # ---- degenerate options ----------------------------------------------------------------------------------
 @pytest.mark.parametrize("run, argv, message", [
-    (_pretrain, ["--lr", "-1"], "--lr -1.0: must be > 0"),
-    (_pretrain, ["--lr", "0"], "--lr 0.0: must be > 0"),
+    # one rule for the flag and the config file's field (training.config.TrainConfig): lr 0 is a frozen control run
+    (_pretrain, ["--lr", "-1"], "--lr -1.0: must be >= 0"),
     (_pretrain, ["--max-steps", "0"], "--max-steps 0: must be >= 1"),
-    (_finetune, ["--lr", "-1"], "--lr -1.0: must be > 0"),
+    (_finetune, ["--lr", "-1"], "--lr -1.0: must be >= 0"),
     (_finetune, ["--max-steps", "0"], "--max-steps 0: must be >= 1"),
     (_pretrain, ["--seed", "-1"], "--seed -1: must be >= 0"),  # numpy's generators take no negative seed
     (_finetune, ["--seed", "-1"], "--seed -1: must be >= 0"),

@@ -69,7 +69,7 @@ def test_every_head_flattens_exactly(variant):
 
 def test_learned_map_flattens_the_skills_over_its_threshold():
     m = _bert(router="learned")
-    learned = m.bert.learned_task_skills()["sentiment"]
+    learned = m.bert.router.task_skills(m.bert)["sentiment"]
     p = plain_bert(m, "sentiment")
     assert [m.config.skill_names[i] for i, _ in p.mixture] == sorted(learned, key=m.config.skill_index)
 

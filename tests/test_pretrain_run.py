@@ -14,6 +14,7 @@ from safetensors.torch import load_file
 from skillnet.export import hf_folder as export_mod
 from skillnet.pretrain import run as run_mod
 
+from tests.faults import SigtermAt, every_trainer_gets
 from tests.fixtures.pretrain.helpers import REPO, free_port, losses_by_step, subprocess_env
 
 N = 6
@@ -53,7 +54,8 @@ def _argv(shards: Path, out: Path, *extra: str) -> list[str]:
 def test_single_process_resume_after_sigterm_is_exact(shards: Path, tmp_path: Path) -> None:
     straight, split = tmp_path / "straight", tmp_path / "split"
     assert run_mod.main(_argv(shards, straight)) == 0
-    assert run_mod.main(_argv(shards, split, "--sigterm_at_step", str(N))) == 0
+    with every_trainer_gets(SigtermAt(N)):
+        assert run_mod.main(_argv(shards, split)) == 0
     assert (split / "checkpoints" / "latest").read_text().strip() == f"step_{N:08d}"
     assert max(losses_by_step(split)) == N
     assert run_mod.main(_argv(shards, split)) == 0  # --resume auto is the default

@@ -65,6 +65,8 @@ def _weights(path: Path) -> dict[str, torch.Tensor]:
 
 
 CPU_FP32 = "ds_configs/cpu_fp32.json"
+# pretrain/run.py with a SIGTERM at a given step, injected from the test side: run.py has no flag for it.
+SIGTERM_RUN = "tests/fixtures/pretrain/sigterm_run.py"
 
 
 SHM = "/dev/shm/deepspeed_allreduce_buffer_*"
@@ -114,8 +116,8 @@ def _straight_and_split(
     if straight is None:
         straight = tmp / "straight"
         launch_fixture("pretrain/run.py", _args(shards, straight, ds_config, 2 * N))
-    hook = ["--sigterm_at_step", str(N)] + (["--sigterm_group"] if group_signal else [])
-    first = start("pretrain/run.py", _args(shards, split, ds_config, 2 * N, *hook), check=not group_signal)
+    fault = ["--sigterm-at-step", str(N)] + (["--sigterm-group"] if group_signal else [])
+    first = start(SIGTERM_RUN, [*fault, *_args(shards, split, ds_config, 2 * N)], check=not group_signal)
     assert '"stopped_by_signal": true' in first.stdout, first.stdout[-2000:] + first.stderr[-3000:]
     root = split / "checkpoints"
     assert (root / "latest").read_text().strip() == f"step_{N:08d}"

@@ -32,6 +32,11 @@ def test_dry_run_lists_every_stage_command(tmp_path):
     assert "sample-corpus" in r.stdout and "--held-out" in r.stdout and "shards_heldout" in r.stdout
     assert r.stdout.count("skillnet.pretrain.heldout") == 2
     assert not (tmp_path / "stages" / "corpus.json").exists()  # a dry run records nothing as done
+    assert "--in-process" in r.stdout  # the CPU profile's comparisons run their runs in long-lived workers
+    sub = subprocess.run([sys.executable, "scripts/reproduce.py", "--quick", "--out", str(tmp_path / "sub"),
+                          "--dry-run", "--subprocesses"], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert sub.returncode == 0 and "skillnet.finetune.compare" in sub.stdout, sub.stderr
+    assert "--in-process" not in sub.stdout  # bench/in_process.py's other arm: a fresh interpreter per run
 
 
 def test_problems_flag_empty_and_not_run_sections(tmp_path):
@@ -62,6 +67,34 @@ def test_report_of_an_unfinished_run_is_incomplete(tmp_path, part):
 
 
 @pytest.mark.slow  # keeps make test-fast under 3 min (measured 9-30 s on 2 loaded cores)
+def test_the_reports_of_one_reproduction_write_each_picture_once(tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """The full profile writes report.md, comparison.md and nlg.md side by side (docs/), each showing pictures of
+    the same run: every picture lands once in their img/ folder (no byte-identical copy under a second name) and
+    every report links a file that is there."""
+    import re
+
+    import skillnet.experiments.report as report
+
+    def picture(run: Path) -> Path:  # a pre-training run's curves, without drawing them
+        pic = run / "curves.png"
+        pic.parent.mkdir(parents=True, exist_ok=True)
+        pic.write_bytes(b"\x89PNG " + run.name.encode())
+        return pic
+
+    monkeypatch.setattr(report, "pretrain_picture", picture)
+    docs = tmp_path / "docs"
+    for part in ("all", "nlu", "nlg"):
+        doc_name, parts, names = PARTS[part]
+        build(tmp_path / "out", PROFILES["full"], [s for s in STAGES if s.name in names], docs / doc_name, "t", parts)
+    written: dict[bytes, list[str]] = {}
+    for f in sorted((docs / "img").iterdir()):
+        written.setdefault(f.read_bytes(), []).append(f.name)
+    assert len(written) == 3 and all(len(names) == 1 for names in written.values()), written
+    links = {m for md in docs.glob("*.md") for m in re.findall(r"\]\((img/[^)]+)\)", md.read_text(encoding="utf-8"))}
+    assert len(links) == 3 and all((docs / link).is_file() for link in links), links
+
+
 def test_check_exits_nonzero_on_an_incomplete_report(tmp_path):
     r = subprocess.run([sys.executable, "scripts/reproduce.py", "--quick", "--out", str(tmp_path), "--stages",
                         "report", "--check", "--report", str(tmp_path / "r.md")],

@@ -19,13 +19,14 @@ import pytest
 
 from tests.fixtures.pretrain.helpers import REPO, subprocess_env
 
-# A toy run of tests/test_training_trainer.py: checkpoints every 4 steps, SIGTERM (the config's test hook) at
-# step 6, then a save of step 6 that takes SAVE_DELAY seconds more than its writes.
+# A toy run of tests/test_training_trainer.py: checkpoints every 4 steps, SIGTERM (tests/faults.py) at step 6,
+# then a save of step 6 that takes SAVE_DELAY seconds more than its writes.
 CHILD = """
 import sys, time
 from pathlib import Path
 from skillnet.training import Trainer
 from skillnet.training import checkpoint as C
+from tests.faults import SigtermAt
 from tests.test_training_trainer import ToyModel, ToySource, _cfg
 
 delay, out, resume = float(sys.argv[1]), Path(sys.argv[2]), sys.argv[3]
@@ -41,7 +42,7 @@ kw = dict(max_steps=8, log_every=1, save_every=4, keep_last=3, tensorboard=False
 if resume == "resume":
     r = Trainer(ToyModel(), ToySource(8, 1), _cfg(out, resume="auto", **kw)).train()
 else:
-    r = Trainer(ToyModel(), ToySource(8, 1), _cfg(out, sigterm_at_step=6, **kw)).train()
+    r = Trainer(ToyModel(), ToySource(8, 1), _cfg(out, **kw), callbacks=[SigtermAt(6)]).train()
 print("END", r.step, r.stop_reason, flush=True)
 """
 

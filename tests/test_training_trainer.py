@@ -13,6 +13,8 @@ from skillnet.training import Batch, BatchSource, SkillStatistics, TrainConfig, 
 from skillnet.training import checkpoint as ckpt_mod
 from torch import nn
 
+from tests.faults import SigtermAt
+
 SKILLS = {"a": [0, 1], "b": [1, 2]}
 
 
@@ -135,15 +137,15 @@ def test_skill_statistics_cover_only_the_steps_that_used_the_skill(tmp_path: Pat
 
 
 def test_skill_drift_is_measured_from_the_first_weights_across_a_resume(tmp_path: Path) -> None:
-    def run(out: Path, **kw: Any) -> dict[str, Any]:
+    def run(out: Path, *faults: TrainerCallback) -> dict[str, Any]:
         model = ToyModel()
         skill_params = {f"s{i}": list(model.skills[i].parameters()) for i in range(3)}
-        Trainer(model, ToySource(8, 1), _cfg(out, max_steps=6, log_every=2, tensorboard=False, resume="auto", **kw),
-                callbacks=[SkillStatistics(skill_params)]).train()
+        Trainer(model, ToySource(8, 1), _cfg(out, max_steps=6, log_every=2, tensorboard=False, resume="auto"),
+                callbacks=[SkillStatistics(skill_params), *faults]).train()
         return [json.loads(x) for x in (out / "log.jsonl").read_text().splitlines() if '"train"' in x][-1]
 
     full = run(tmp_path / "full")
-    run(tmp_path / "cut", sigterm_at_step=4)  # stops and checkpoints at step 4
+    assert run(tmp_path / "cut", SigtermAt(4))["step"] == 4  # stops and checkpoints at step 4
     cut = run(tmp_path / "cut")  # resumes at step 4
     assert cut["step"] == full["step"] == 6
     for i in range(3):
@@ -217,7 +219,7 @@ def test_sigterm_checkpoints_and_resume_is_exact(tmp_path: Path) -> None:
     straight = ToyModel()
     Trainer(straight, ToySource(8, 1), _cfg(tmp_path / "s", max_steps=12, log_every=1)).train()
     first = Trainer(
-        ToyModel(), ToySource(8, 1), _cfg(tmp_path / "r", max_steps=12, log_every=1, sigterm_at_step=5)
+        ToyModel(), ToySource(8, 1), _cfg(tmp_path / "r", max_steps=12, log_every=1), callbacks=[SigtermAt(5)]
     )
     res = first.train()
     assert res.stopped_by_signal and res.step == 5
@@ -349,7 +351,7 @@ def test_resume_auto_ignores_an_incomplete_checkpoint(tmp_path: Path) -> None:
     Trainer(ToyModel(), ToySource(8, 1), _cfg(tmp_path / "s", max_steps=16, log_every=1)).train()
     run = tmp_path / "r"
     kw = dict(max_steps=16, log_every=1, save_every=4, keep_last=3, tensorboard=False)
-    Trainer(ToyModel(), ToySource(8, 1), _cfg(run, sigterm_at_step=12, **kw)).train()
+    Trainer(ToyModel(), ToySource(8, 1), _cfg(run, **kw), callbacks=[SigtermAt(12)]).train()
     root = run / "checkpoints"
     assert (root / "latest").read_text().strip() == "step_00000012"
     half = root / "step_00000012"
@@ -390,7 +392,7 @@ def test_a_run_waits_for_the_ranks_of_the_previous_run(tmp_path: Path) -> None:
 
     run, other = tmp_path / "r", tmp_path / "other"
     kw = dict(max_steps=8, log_every=1, save_every=4, tensorboard=False)
-    Trainer(ToyModel(), ToySource(8, 1), _cfg(run, sigterm_at_step=4, **kw)).train()
+    Trainer(ToyModel(), ToySource(8, 1), _cfg(run, **kw), callbacks=[SigtermAt(4)]).train()
     Trainer(ToyModel(), ToySource(8, 1), _cfg(other, **kw)).train()  # the checkpoint the old ranks finish
     root = run / "checkpoints"
     ready = tmp_path / "ready"

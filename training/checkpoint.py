@@ -49,13 +49,11 @@ __all__ = [
     "CheckpointManager",
     "checkpoint_root",
     "tag_for_step",
-    "read_latest",
     "rotate",
     "mark_complete",
     "unmark_complete",
     "is_complete",
     "complete_tags",
-    "latest_complete",
     "hold_run_lock",
     "rng_state",
     "set_rng_state",
@@ -80,14 +78,6 @@ def checkpoint_root(output_dir: str | Path) -> Path:
 
 def tag_for_step(step: int) -> str:
     return f"step_{step:08d}"
-
-
-def read_latest(root: Path) -> str | None:
-    f = root / "latest"
-    if not f.is_file():
-        return None
-    tag = f.read_text().strip()
-    return tag or None
 
 
 def mark_complete(ckpt_dir: Path, step: int) -> None:
@@ -154,12 +144,6 @@ def checkpoint_problem(tdir: Path) -> str | None:
 def complete_tags(root: Path) -> list[str]:
     """Tags of the complete checkpoints under ``root``, oldest first."""
     return sorted(p.name for p in root.glob("step_*") if p.is_dir() and is_complete(p))
-
-
-def latest_complete(root: Path) -> str | None:
-    """The newest complete checkpoint; checkpoints without a marker (a save cut short) are ignored."""
-    tags = complete_tags(root)
-    return tags[-1] if tags else None
 
 
 def rotate(root: Path, keep_last: int) -> None:

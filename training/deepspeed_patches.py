@@ -13,11 +13,16 @@ against the new release before widening `written_for` (and pyproject's deepspeed
   replaced by the optimizer's device-side skip of a non-finite step.
 * `sync_free_clip`, `foreach_grad_norm` (speed, under that guard): ZeRO's clipping without a host read-back,
   and its gradient norm in one foreach kernel.
+* `run_runner_with_node_launcher` + `run_node_launcher_waiting` (a stop's save, refused on another series):
+  DeepSpeed's launcher that waits for the ranks' save on TERM/INT instead of killing them 30 s later
+  (training/ds_launch.py is its command).
 """
 
 from __future__ import annotations
 
 import math
+import signal
+import subprocess
 import sys
 from dataclasses import dataclass
 from typing import Any
@@ -33,6 +38,8 @@ __all__ = [
     "device_overflow_guard",
     "foreach_grad_norm",
     "nonfinite_norm",
+    "run_node_launcher_waiting",
+    "run_runner_with_node_launcher",
     "sync_free_clip",
 ]
 
@@ -52,7 +59,10 @@ STALE_GRADIENTS = Patch("clear_stale_gradients", (0, 19), correctness=True)
 OVERFLOW_GUARD = Patch("device_overflow_guard", (0, 19), correctness=False)
 SYNC_FREE_CLIP = Patch("sync_free_clip", (0, 19), correctness=False)
 FOREACH_GRAD_NORM = Patch("foreach_grad_norm", (0, 19), correctness=False)
-PATCHES = (STALE_GRADIENTS, OVERFLOW_GUARD, SYNC_FREE_CLIP, FOREACH_GRAD_NORM)
+# Refused rather than skipped: DeepSpeed's own launcher would cut a stop's save at 30 s again, and a batch job
+# requeued from its previous checkpoint says nothing of it.
+LAUNCHER_WAITS = Patch("launcher_waits_for_ranks", (0, 19), correctness=True)
+PATCHES = (STALE_GRADIENTS, OVERFLOW_GUARD, SYNC_FREE_CLIP, FOREACH_GRAD_NORM, LAUNCHER_WAITS)
 
 _warned: set[str] = set()
 
@@ -190,3 +200,87 @@ def foreach_grad_norm(zero_optimizer: Any) -> None:
         return total
 
     zero_optimizer.get_grad_norm_direct = get_grad_norm_direct
+
+
+def run_node_launcher_waiting(argv: list[str], grace: float) -> None:
+    """``python -m deepspeed.launcher.launch argv``, whose TERM/INT waits up to `grace` s for the ranks.
+
+    DeepSpeed 0.19's per-node launcher forwards a stop signal to the ranks and SIGKILLs them 30 s later
+    (``terminate_process_tree``), which cuts a longer checkpoint save. Under a scheduler that signals every
+    process of a step the ranks got the signal themselves: here they are waited for and killed only past
+    `grace`. A rank that fails on its own (no signal) still takes the others down DeepSpeed's way. Exits 0
+    where DeepSpeed exits 1 after a signal although every rank returned 0."""
+    _applies(LAUNCHER_WAITS)
+    import psutil  # noqa: PLC0415  (DeepSpeed's own dependency)
+    from deepspeed.launcher import launch  # noqa: PLC0415
+
+    signalled: list[int] = []  # a stop signal that reached launch.main's handler (not a rank failure)
+    original = launch.terminate_process_tree
+
+    def terminate_process_tree(pid: int) -> None:
+        if not signalled:  # a rank failed: DeepSpeed's way (TERM the rest, kill them 30 s later)
+            original(pid)
+            return
+        # a stop signal: every rank got it as well; wait for them to save and exit, kill only past the grace
+        proc = psutil.Process(pid)
+        procs = [*proc.children(recursive=True), proc]
+        _, alive = psutil.wait_procs(procs, timeout=grace)
+        for p in alive:
+            p.kill()
+
+    real_signal = signal.signal
+
+    def install(signum: int, handler: Any) -> Any:
+        # launch.main calls its handler directly after a rank failure: only the signal's path is marked.
+        if signum in (signal.SIGTERM, signal.SIGINT) and callable(handler):
+            inner = handler
+
+            def handler(s: int, frame: Any) -> None:
+                signalled.append(s)
+                inner(s, frame)
+
+        return real_signal(signum, handler)
+
+    launch.terminate_process_tree = terminate_process_tree
+    signal.signal = install  # type: ignore[assignment]  # launch.main installs its handlers through this
+    sys.argv = [launch.__file__, *argv]
+    try:
+        launch.main()
+    except SystemExit as e:
+        # launch.main exits 1 after a signal whatever its ranks returned; a clean stop (every rank 0) is 0
+        if signalled and e.code == 1:
+            raise SystemExit(0) from None
+        raise
+    finally:
+        signal.signal = real_signal
+        launch.terminate_process_tree = original
+
+
+def run_runner_with_node_launcher(argv: list[str], node_module: list[str]) -> None:
+    """The ``deepspeed argv`` command, starting ``python -m *node_module <launch arguments>`` on this node in
+    place of ``-m deepspeed.launcher.launch``, and outliving TERM/INT until that launcher exits.
+
+    DeepSpeed 0.19's runner installs no signal handler without pdsh (``--no_ssh`` or one node), so a stop
+    signal ends it at once (exit 143) while its ranks still save: a scheduler then sees the task gone. The
+    node launcher (`run_node_launcher_waiting`) handles the signal; the runner only waits for it."""
+    _applies(LAUNCHER_WAITS)
+    from deepspeed.launcher import runner  # noqa: PLC0415
+
+    real_popen = subprocess.Popen
+
+    class Popen(real_popen):  # type: ignore[misc, valid-type]
+        def __init__(self, cmd: Any, *a: Any, **kw: Any) -> None:
+            if isinstance(cmd, list) and "deepspeed.launcher.launch" in cmd:
+                i = cmd.index("deepspeed.launcher.launch")
+                cmd = [*cmd[:i], *node_module, *cmd[i + 1:]]
+            super().__init__(cmd, *a, **kw)
+
+    runner.subprocess.Popen = Popen  # type: ignore[misc]
+    # the node launcher handles the signal (it waits for the ranks); the runner only waits for it
+    for s in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(s, lambda *_: None)
+    sys.argv = ["deepspeed", *argv]
+    try:
+        runner.main()
+    finally:
+        runner.subprocess.Popen = real_popen  # type: ignore[misc]

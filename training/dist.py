@@ -24,7 +24,6 @@ __all__ = [
     "barrier",
     "all_reduce_sum",
     "all_reduce_host_sum",
-    "launched_world_size",
     "release_shared_memory",
     "remove_stale_shared_memory",
     "LaunchError",
@@ -77,11 +76,6 @@ def prepare_extensions() -> Path:
                       f"every later build waits for it without end: delete it if no build is running",
                       file=sys.stderr, flush=True)
     return Path(d)
-
-
-def launched_world_size() -> int:
-    """World size announced by a launcher (deepspeed, torchrun, Slurm via the launcher); 1 otherwise."""
-    return int(os.environ.get("WORLD_SIZE", "1"))
 
 
 # What a launcher (deepspeed, torchrun, srun under our sbatch scripts, mpirun) leaves in a rank's environment.
@@ -178,11 +172,11 @@ def _mapped_shm() -> set[int]:
     return mapped
 
 
-def remove_stale_shared_memory(min_age_s: float = 60.0) -> list[str]:
+def remove_stale_shared_memory() -> list[str]:
     """Unlink the /dev/shm allreduce buffers that killed CPU launches left (66 MB per rank and launch: a killed
     rank never reaches `release_shared_memory`). Docker's default /dev/shm is 64 MB, so one left-over buffer
     there makes the next launch die with a bus error. A buffer is left over when it is this user's, no process
-    this user can see maps it, and it is older than `min_age_s` (a launch starting beside this one creates and
+    this user can see maps it, and it is older than a minute (a launch starting beside this one creates and
     maps its buffers within that time). A process in another PID namespace (a container sharing /dev/shm) is
     not seen: a rank that has mapped its buffer keeps working, only the file's name goes. Returns the paths
     removed, and says so in one line."""
@@ -191,7 +185,7 @@ def remove_stale_shared_memory(min_age_s: float = 60.0) -> list[str]:
     for path in glob.glob(f"/dev/shm/{_SHM_PREFIX}*"):
         with contextlib.suppress(OSError):
             st = os.stat(path)
-            if st.st_uid == os.getuid() and now - st.st_mtime >= min_age_s:
+            if st.st_uid == os.getuid() and now - st.st_mtime >= 60.0:
                 candidates.append((path, st.st_ino, st.st_size))
     if not candidates:
         return []

@@ -13,7 +13,14 @@ import torch
 
 from . import dist as D
 from .checkpoint import CheckpointManager
-from .config import TrainConfig, load_ds_config, resolve_ds_config, single_rank_comm_off
+from .config import (
+    DsConfigError,
+    TrainConfig,
+    load_ds_config,
+    resolve_ds_config,
+    resolve_warmup,
+    single_rank_comm_off,
+)
 from .reshard import saved_geometry
 
 __all__ = ["prepare"]
@@ -64,10 +71,30 @@ def prepare(config: TrainConfig) -> tuple[TrainConfig, dict[str, Any] | None]:
             f"launched with {world} ranks but no --ds-config: multi-process training goes through DeepSpeed, "
             f"e.g. --ds-config ds_configs/zero2.json"
         )
-    cfg = TrainConfig.from_dict({**config.__dict__})
-    cfg.micro_batch_size = cfg.micro_batch_size or 8
-    cfg.grad_accum = cfg.grad_accum or 1
+    cfg = resolve_warmup(TrainConfig.from_dict({**config.__dict__}))
+    cfg.micro_batch_size, cfg.grad_accum = _one_process_geometry(cfg)
     return cfg, None
+
+
+def _one_process_geometry(cfg: TrainConfig) -> tuple[int, int]:
+    """(micro-batch, accumulation) of a run without DeepSpeed: what is given, the rest from ``batch_size``
+    (the global batch: here the batch of the one process), else micro-batch 8 without accumulation."""
+    micro, accum, batch = cfg.micro_batch_size, cfg.grad_accum, cfg.batch_size
+    if batch is None:
+        return micro or 8, accum or 1
+    if micro is None and accum is None:
+        return batch, 1
+    if micro is None or accum is None:
+        given = micro or accum
+        assert given is not None
+        if batch % given:
+            raise DsConfigError(f"batch_size {batch} is not a multiple of "
+                                f"{'micro_batch_size' if micro else 'grad_accum'} {given}")
+        return (micro, batch // micro) if micro else (batch // given, given)
+    if micro * accum != batch:
+        raise DsConfigError(f"batch_size {batch} but micro_batch_size {micro} x grad_accum {accum} = "
+                            f"{micro * accum}; give two of the three")
+    return micro, accum
 
 
 _NOTED: set[tuple[str, Any]] = set()  # what prepare (run twice) has printed

@@ -19,20 +19,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["StepProfiler", "parse_profile_steps"]
-
-
-def parse_profile_steps(text: str | None) -> list[int] | None:
-    """``"20:25"`` -> ``[20, 25]`` (steps 20 to 25, both included); ``None``/``""`` -> None."""
-    if not text:
-        return None
-    try:
-        first, last = (int(x) for x in text.split(":"))
-    except ValueError:
-        raise ValueError(f"--profile-steps takes FIRST:LAST (e.g. 20:25), got {text!r}") from None
-    if first < 1 or last < first:
-        raise ValueError(f"--profile-steps {text}: needs 1 <= FIRST <= LAST")
-    return [first, last]
+__all__ = ["StepProfiler"]
 
 
 def _sync(device: torch.device) -> None:

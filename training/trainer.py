@@ -16,7 +16,6 @@ from __future__ import annotations
 import contextlib
 import json
 import math
-import os
 import signal
 import time
 from collections.abc import Callable, Sequence
@@ -309,12 +308,6 @@ class Trainer(LoggingWindow):
             grad_norm = self._plain_update()
         self.global_step = step
 
-        if cfg.sigterm_at_step is not None and step == cfg.sigterm_at_step:
-            if cfg.sigterm_group:
-                if self.is_main:
-                    os.killpg(os.getpgrp(), signal.SIGTERM)
-            else:
-                signal.raise_signal(signal.SIGTERM)
         # The stop flags (so every rank stops at the same step) and the token count: host numbers, summed
         # on the host.
         stop_f, req_f, tokens, slots = D.all_reduce_host_sum(

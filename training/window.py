@@ -84,7 +84,6 @@ class LoggingWindow:
         self._window_tokens += out.tokens
         self._window_slots += out.slots
         self._window_steps += 1
-        self._last_out = out
 
     def _flush_window(self, out: StepOutput) -> dict[str, Any]:
         # The callbacks' figures may be device tensors: read back with the window's sums, in one transfer.

@@ -32,13 +32,14 @@ from tqdm import tqdm
 from .packaged import (
     IQA_LICENSE,
     IQA_SPLITS,
+    _checked,
     _iqa_answers,
     _iqa_questions,
     _source,
     package_dir,
 )
 from .peoples_daily import parse_pd_line
-from .schema import SPLITS, TaskDataError, TaskSpec, _Bad, validate_record
+from .schema import SPLITS, TaskDataError, TaskSpec, _Bad
 from .splits import DEFAULT_RATIOS, Converted, finalize, split_of
 
 Record = dict[str, Any]
@@ -69,23 +70,7 @@ GEN_TASKS: dict[str, GenTaskInfo] = {
 
 
 def _gen_record(rid: str, source: str, target: str) -> Record:
-    rec = {"id": rid, "source": source, "target": target}
-    try:
-        validate_record(rec, "generation")
-    except _Bad as b:  # a converter bug, not bad user input
-        raise AssertionError(f"generation converter produced a bad record {rid}: {b.msg}") from None
-    return rec
-
-
-def _drop_seen_sources(splits: dict[str, list[Record]], stats: Counter[str], what: str) -> None:
-    """Remove dev/test records whose source also occurs as a train source: the model must not be scored on
-    an input it was trained on with (possibly) the same target."""
-    train_sources = {r["source"] for r in splits.get("train", [])}
-    for name in SPLITS[1:]:
-        kept = [r for r in splits.get(name, []) if r["source"] not in train_sources]
-        if len(kept) != len(splits.get(name, [])):
-            stats[f"{what} also in train ({name})"] += len(splits[name]) - len(kept)
-            splits[name] = kept
+    return _checked({"id": rid, "source": source, "target": target}, "generation", "generation converter")
 
 
 # ----------------------------------------------------------------------------------- spelling correction
@@ -398,12 +383,9 @@ _NOT_POEM_RE = re.compile(f"[^\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\U00020000-
 
 def clean_poem(paragraphs: Sequence[str]) -> tuple[str, list[str]] | str:
     """(poem text, lines without punctuation), or the reason the poem is unusable."""
-    text = "".join(paragraphs)
-    while True:
-        stripped = _NOTE_RE.sub("", text)
-        if stripped == text:
-            break
-        text = stripped
+    text, n = "".join(paragraphs), 1
+    while n:  # until no note is left (a note may hold another)
+        text, n = _NOTE_RE.subn("", text)
     text = text.translate(_DROP_MARKS).replace(" ", "")
     if _NOT_POEM_RE.search(text):
         return "missing or unreadable character"
@@ -493,7 +475,14 @@ def convert_poetry(task: str, *, name: str | None = None, seed: int = 0, ratios:
             uniq = {(r["source"], r["target"]): r for r in reversed(splits[name_])}
             stats["duplicate line pair"] += len(splits[name_]) - len(uniq)
             splits[name_] = [r for r in splits[name_] if uniq[(r["source"], r["target"])] is r]
-        _drop_seen_sources(splits, stats, "first line")
+        # Dev/test pairs whose first line is also a train source: the model must not be scored on an input
+        # it was trained on with (possibly) the same target.
+        train_sources = {r["source"] for r in splits["train"]}
+        for name_ in SPLITS[1:]:
+            kept = [r for r in splits[name_] if r["source"] not in train_sources]
+            if len(kept) != len(splits[name_]):
+                stats[f"first line also in train ({name_})"] += len(splits[name_]) - len(kept)
+                splits[name_] = kept
     splits = finalize(splits, lambda r: r["id"], seed=seed, max_examples=max_examples,
                       max_eval_examples=max_eval_examples)
     rel = ",".join(POETRY_COLLECTIONS[c] for c in collections)

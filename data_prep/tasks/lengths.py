@@ -39,24 +39,20 @@ def _counts(tok: Any, texts: Sequence[str]) -> list[int]:
 
 def record_lengths(kind: str, records: Sequence[dict[str, Any]], tok: Any) -> list[int]:
     """Tokens (special tokens included) each record of `kind` needs so that nothing of it is cut."""
-    if kind == "single":
-        return [n + 2 for n in _counts(tok, [r["text"] for r in records])]
-    if kind == "pair":
-        a, b = _counts(tok, [r["text"] for r in records]), _counts(tok, [r["text_pair"] for r in records])
+    if kind in ("single", "generation"):
+        return [n + 2 for n in _counts(tok, [r["text" if kind == "single" else "source"] for r in records])]
+    if kind in ("pair", "span"):
+        fa, fb = ("text", "text_pair") if kind == "pair" else ("question", "context")
+        a, b = _counts(tok, [r[fa] for r in records]), _counts(tok, [r[fb] for r in records])
         return [x + y + 3 for x, y in zip(a, b)]
     if kind == "tagging":
         words = [w for r in records for w in r["tokens"]]
         per_word = iter(max(1, n) for n in _counts(tok, words))
         return [sum(next(per_word) for _ in r["tokens"]) + 2 for r in records]
-    if kind == "span":
-        q, c = _counts(tok, [r["question"] for r in records]), _counts(tok, [r["context"] for r in records])
-        return [x + y + 3 for x, y in zip(q, c)]
     if kind == "choice":
         q = _counts(tok, [r["question"] for r in records])
         cands = iter(_counts(tok, [c for r in records for c in r["candidates"]]))
         return [qn + max((next(cands) for _ in r["candidates"]), default=0) + 3 for qn, r in zip(q, records)]
-    if kind == "generation":
-        return [n + 2 for n in _counts(tok, [r["source"] for r in records])]
     raise ValueError(f"unknown task kind {kind!r}")
 
 

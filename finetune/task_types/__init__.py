@@ -17,7 +17,7 @@ from .ner import NerCodec
 from .regression import RegressionCodec
 from .span import SpanCodec
 
-__all__ = ["Encoded", "TaskCodec", "TaskSettings", "TaskView", "codec_for", "register", "task_types", "unregister"]
+__all__ = ["Encoded", "TaskCodec", "TaskSettings", "TaskView", "codec_for", "register", "task_types"]
 
 _CODECS: dict[str, TaskCodec] = {}
 
@@ -33,10 +33,6 @@ def register(codec: TaskCodec, *, replace: bool = False) -> TaskCodec:
         raise ValueError(f"task type {codec.name!r} is already registered ({type(_CODECS[codec.name]).__name__})")
     _CODECS[codec.name] = codec
     return codec
-
-
-def unregister(name: str) -> None:
-    _CODECS.pop(name, None)
 
 
 def codec_for(task_type: str) -> TaskCodec:
