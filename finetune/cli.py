@@ -89,7 +89,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="multi-task method (finetune/methods.py): " + "; ".join(
                        f"{n}: {m.summary}" for n, m in METHODS.items()) + " (default: the config's, else skillnet)")
     add_train_flags(p.add_argument_group("training (the config's \"train\" section; a flag given here wins)"),
-                    FLAGS, FINETUNE_DEFAULTS, source="the config's train")
+                    FLAGS, FINETUNE_DEFAULTS, source="the config's train",
+                    notes={"packing": "classification and regression tasks; the others keep one example per row"})
     g = p.add_argument_group("task sampling")
     g.add_argument("--sampler", choices=SAMPLER_KINDS, help="proportional (Eq. 3) | temperature (NLG Eq. 4) | "
                    "annealed (PALs Eq. 6) | round_robin")

@@ -247,7 +247,7 @@ def add_train_flags(group: Any, names: Sequence[str], defaults: TrainConfig,
         shown = ":".join(map(str, default)) if name == "profile_steps" and default else (
             " ".join(map(str, default)) if isinstance(default, tuple) else default)
         if source:
-            shown = f"{source}.{name}, else {shown}"
+            shown = f"{source}.{name}, else {'off' if shown is None else shown}"
         said = f" (default: {shown}{note})" if shown is not None else f" ({note[2:]})" if note else ""
         kw: dict[str, Any] = {"dest": name, "default": None, "help": f"{help_}{said}",
                               "metavar": f.metadata.get("metavar")}
