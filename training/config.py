@@ -236,11 +236,10 @@ def add_train_flags(group: Any, names: Sequence[str], defaults: TrainConfig,
         help_ = f.metadata["help"]
         kind = _kind(f)
         note = f"; {notes[name]}" if notes and name in notes else ""
-        if source and kind == "bool":
-            state = f"{source}.{name}, else {'on; this flag turns it off' if default else 'off'}"
-        elif kind == "bool":
-            state = "on; this flag turns it off" if default else "off"
         if kind == "bool":
+            state = "on; this flag turns it off" if default else "off"
+            if source:
+                state = f"{source}.{name}, else {state}"
             group.add_argument(_flag(f, default), dest=name, action="store_const", const=not default, default=None,
                                help=f"{help_} (default: {state}{note})")
             continue
@@ -287,10 +286,7 @@ def check_train_flags(parser: Any, args: Any, names: Sequence[str]) -> None:
 
 def train_overrides(args: Any, names: Sequence[str]) -> dict[str, Any]:
     """The TrainConfig fields among ``names`` that the command line gave (``add_train_flags``' dests)."""
-    out = {n: getattr(args, n) for n in names if getattr(args, n, None) is not None}
-    if "betas" in out:
-        out["betas"] = tuple(out["betas"])
-    return out
+    return {n: getattr(args, n) for n in names if getattr(args, n, None) is not None}
 
 
 # Where a DeepSpeed JSON sets a TrainConfig field (the first path present wins). resolve_ds_config folds

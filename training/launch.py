@@ -82,19 +82,17 @@ def _one_process_geometry(cfg: TrainConfig) -> tuple[int, int]:
     micro, accum, batch = cfg.micro_batch_size, cfg.grad_accum, cfg.batch_size
     if batch is None:
         return micro or 8, accum or 1
+    if micro is not None and accum is not None:
+        if micro * accum != batch:
+            raise DsConfigError(f"batch_size {batch} but micro_batch_size {micro} x grad_accum {accum} = "
+                                f"{micro * accum}; give two of the three")
+        return micro, accum
     if micro is None and accum is None:
         return batch, 1
-    if micro is None or accum is None:
-        given = micro or accum
-        assert given is not None
-        if batch % given:
-            raise DsConfigError(f"batch_size {batch} is not a multiple of "
-                                f"{'micro_batch_size' if micro else 'grad_accum'} {given}")
-        return (micro, batch // micro) if micro else (batch // given, given)
-    if micro * accum != batch:
-        raise DsConfigError(f"batch_size {batch} but micro_batch_size {micro} x grad_accum {accum} = "
-                            f"{micro * accum}; give two of the three")
-    return micro, accum
+    name, given = ("micro_batch_size", micro) if micro is not None else ("grad_accum", accum)
+    if batch % given:
+        raise DsConfigError(f"batch_size {batch} is not a multiple of {name} {given}")
+    return (given, batch // given) if micro is not None else (batch // given, given)
 
 
 _NOTED: set[tuple[str, Any]] = set()  # what prepare (run twice) has printed
