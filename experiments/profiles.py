@@ -62,7 +62,7 @@ class Profile:
     # better than two (bench/compare_jobs.py); GPUs run one at a time.
     jobs: int = 2
     # One-process fine-tuning runs inside compare (no start-up per run), and the comparisons, exports and
-    # held-out checks inside the reproduction's process (finetune/workers.py: no start-up per command; 60% of
+    # held-out checks inside the reproduction's process (finetune/workers.py: no start-up per command; 58% of
     # make demo's time, bench/in_process.py)
     in_process: bool = True
     # Stop before fine-tuning when a pre-trained model is below its accuracy floor (runner.FLOORS); a

@@ -7,9 +7,9 @@ transformers and the model code, ~10 s on a laptop core, plus the caches a run w
 lexical baselines). A plain ``python -m skillnet.finetune.run`` therefore runs inside a long-lived worker
 (``_run_in_process``) rather than as a fresh interpreter, and within `shared_workers` the same workers
 serve every comparison of the process (a reproduction runs several). Measured on `make demo` (2 cores,
-bench/in_process.py, docs/speed.md "Long-lived workers"): 165 s with them against 415 s with a fresh
-interpreter per command (``--subprocesses``), 60% less. Runs under a launcher (DeepSpeed, a cluster) are
-subprocesses as before. A worker dies with the comparison that started it and holds the output folder's
+bench/in_process.py, docs/speed.md "Long-lived workers"): 165 s with them against 401 s with a fresh
+interpreter per command (``--subprocesses``), 58% less (56-59% over two repetitions). Runs under a
+launcher (DeepSpeed, a cluster) are subprocesses as before. A worker dies with the comparison that started it and holds the output folder's
 lock while it lives.
 """
 
