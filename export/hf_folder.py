@@ -55,6 +55,7 @@ __all__ = [
     "locate_checkpoint",
     "reexport",
     "source_id",
+    "unused_skill_sources",
 ]
 
 
@@ -122,12 +123,9 @@ def load_checkpoint_state(root: Path, tag: str) -> dict[str, torch.Tensor]:
     raise FileNotFoundError(f"{d}: neither plain.pt nor DeepSpeed model states found")
 
 
-def init_unused_skills(model: torch.nn.Module, objectives: tuple[str, ...] | None = None) -> dict[str, str]:
-    """Copy the generic skill into every skill no pre-training objective activated (default: its family's
-    objectives, model/spec.py); returns {dst: src}."""
-    from skillnet.model import skill_parameters
-
-    cfg = model.config
+def unused_skill_sources(cfg: Any, objectives: tuple[str, ...] | None = None) -> dict[str, str]:
+    """{skill: generic skill} for every skill no pre-training objective activates (default: its family's
+    objectives, model/spec.py): what the export copies, and what ``skillnet.pretrain.skill_init`` reports."""
     generic = cfg.generic_skill
     if generic is None:
         return {}
@@ -135,15 +133,20 @@ def init_unused_skills(model: torch.nn.Module, objectives: tuple[str, ...] | Non
         family = family_of_model_type(cfg.model_type)
         objectives = family.objectives if family is not None else ()
     used = {s for o in objectives if o in cfg.tasks for s in cfg.task_skill_names(o)}
+    return {name: generic for name in cfg.skill_names if name not in used and name != generic}
+
+
+def init_unused_skills(model: torch.nn.Module, objectives: tuple[str, ...] | None = None) -> dict[str, str]:
+    """Copy the generic skill into every skill no pre-training objective activated (`unused_skill_sources`);
+    returns {dst: src}."""
+    from skillnet.model import skill_parameters
+
+    copied = unused_skill_sources(model.config, objectives)
     params = skill_parameters(model)
-    copied = {}
     with torch.no_grad():
-        for name in cfg.skill_names:
-            if name in used or name == generic:
-                continue
-            for dst, src in zip(params[name], params[generic]):
-                dst.copy_(src)
-            copied[name] = generic
+        for dst, src in copied.items():
+            for d, s in zip(params[dst], params[src]):
+                d.copy_(s)
     return copied
 
 
