@@ -74,7 +74,7 @@ def make_evaluator(dataset: Any, args: argparse.Namespace, micro_batch_size: int
                 out = model(task=obj, **batch.tensors)
                 tot_loss += float(out.loss)
                 c, k = accuracy_metrics(batch, out).get("acc", (0.0, 0.0))
-                correct, count = correct + c, count + k
+                correct, count = correct + float(c), count + float(k)  # counts may be device tensors
             res[f"{obj}/loss"] = tot_loss / args.eval_batches
             if count:
                 res[f"{obj}/acc"] = correct / count

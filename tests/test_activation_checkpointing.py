@@ -21,6 +21,8 @@ from skillnet.training.activation_checkpointing import (
 )
 from skillnet.training.config import DsConfigError
 
+from tests.fixtures.pretrain.helpers import task_losses
+
 REPO = Path(__file__).resolve().parents[1]
 
 Step = Callable[[bool, int], tuple[torch.Tensor, dict[str, torch.Tensor], torch.nn.Module]]
@@ -159,12 +161,12 @@ def test_the_deepspeed_section_turns_it_on_and_only_its_applicable_options_are_t
         resolve_activation_checkpointing(True, {"activation_checkpointing": {"partition_activations": True}}, "x.json")
 
 
-def _pretrain(out: Path, *extra: str) -> list[float]:
+def _pretrain(out: Path, *extra: str) -> list[dict[str, float]]:
     argv = ["--synthetic", "32", "--synthetic_vocab", "1024", "--max_seq_len", "16", "--micro_batch_size", "4",
             "--max_steps", "2", "--log_every", "1", "--output_dir", str(out), "--no_progress", "--no_tensorboard",
             *extra]
     assert pretrain_run.main(argv) == 0
-    return [r["loss"] for r in map(json.loads, (out / "log.jsonl").read_text().splitlines())]
+    return [task_losses(r) for r in map(json.loads, (out / "log.jsonl").read_text().splitlines())]
 
 
 def test_pretraining_flag_prints_records_and_trains_as_without_it(tmp_path: Path, capsys: pytest.CaptureFixture[str]

@@ -14,6 +14,7 @@ from skillnet.training import checkpoint as ckpt_mod
 from torch import nn
 
 from tests.faults import SigtermAt
+from tests.fixtures.pretrain.helpers import task_losses
 
 SKILLS = {"a": [0, 1], "b": [1, 2]}
 
@@ -102,8 +103,9 @@ def test_trainer_learns_logs_and_checkpoints(tmp_path: Path) -> None:
     train = [r for r in lines if r["split"] == "train"]
     assert [r["step"] for r in train] == [5, 10, 15, 20, 25, 30]
     assert train[-1]["a/loss"] < train[0]["a/loss"]
-    for key in ("loss", "a/loss", "a/acc", "b/loss", "lr", "grad_norm", "tokens_per_s", "skill_grad_norm/s0"):
+    for key in ("a/loss", "a/acc", "b/loss", "lr", "grad_norm", "tokens_per_s", "skill_grad_norm/s0"):
         assert key in train[0], key
+    assert not any("loss" in r for r in lines), "a loss averaged over tasks moves with the task draw"
     assert calls == [10, 20, 30]
     assert [r["probe"] for r in lines if r["split"] == "eval"] == [10.0, 20.0, 30.0]
     assert list((tmp_path / "tensorboard").glob("events.out.tfevents.*"))
@@ -228,8 +230,8 @@ def test_sigterm_checkpoints_and_resume_is_exact(tmp_path: Path) -> None:
         resumed_model, ToySource(8, 1), _cfg(tmp_path / "r", max_steps=12, log_every=1, resume="auto")
     )
     assert second.train().step == 12
-    ls = [json.loads(x)["loss"] for x in (tmp_path / "s" / "log.jsonl").read_text().splitlines()]
-    lr = [json.loads(x)["loss"] for x in (tmp_path / "r" / "log.jsonl").read_text().splitlines()]
+    ls = [task_losses(json.loads(x)) for x in (tmp_path / "s" / "log.jsonl").read_text().splitlines()]
+    lr = [task_losses(json.loads(x)) for x in (tmp_path / "r" / "log.jsonl").read_text().splitlines()]
     assert lr == ls
     for pa, pb in zip(straight.parameters(), resumed_model.parameters()):
         assert torch.equal(pa, pb)
@@ -294,7 +296,7 @@ def test_log_after_kill_and_resume_holds_each_step_once(tmp_path: Path) -> None:
         ).train()
     assert [r["step"] for r in _log(run) if r["split"] == "train"] == [1, 2, 3, 4, 5, 6]
     with open(run / "log.jsonl", "a") as f:
-        f.write('{"step": 7, "loss": 0.6')  # a line cut short by the kill
+        f.write('{"step": 7, "a/loss": 0.6')  # a line cut short by the kill
     Trainer(
         ToyModel(),
         ToySource(8, 1),
@@ -304,7 +306,7 @@ def test_log_after_kill_and_resume_holds_each_step_once(tmp_path: Path) -> None:
     straight, resumed = _log(tmp_path / "s"), _log(run)
     key = lambda r: (r["split"], r["step"])  # noqa: E731
     assert [key(r) for r in resumed] == [key(r) for r in straight]
-    assert [r["loss"] for r in resumed if "loss" in r] == [r["loss"] for r in straight if "loss" in r]
+    assert [task_losses(r) for r in resumed] == [task_losses(r) for r in straight]
 
 
 @pytest.mark.parametrize("save_every", [0, 3])
@@ -363,8 +365,8 @@ def test_resume_auto_ignores_an_incomplete_checkpoint(tmp_path: Path) -> None:
     assert probe.maybe_resume("auto") and probe.global_step == 8
     tr = Trainer(ToyModel(), ToySource(8, 1), _cfg(run, resume="auto", **kw))
     assert tr.train().step == 16
-    straight = [r["loss"] for r in _log(tmp_path / "s")]
-    assert [r["loss"] for r in _log(run)] == straight  # continued from step 8, exactly
+    straight = [task_losses(r) for r in _log(tmp_path / "s")]
+    assert [task_losses(r) for r in _log(run)] == straight  # continued from step 8, exactly
     assert (root / "step_00000012" / "complete").is_file()  # saved again, completely, at step 12
     with pytest.raises(FileNotFoundError, match="incomplete checkpoint"):
         (root / "step_00000012" / "complete").unlink()

@@ -85,9 +85,7 @@ class MetricsLogger:
         self.jsonl.write(line + "\n")
         if self.tb is not None:
             for k, v in record.items():
-                # "loss" averages whichever tasks (objectives) the window drew, e.g. MLM's ~10 with NSP's ~0.7:
-                # a meaningless curve. TensorBoard gets each task's own <task>/loss; the JSON line keeps it.
-                if k in ("step", "loss") or not isinstance(v, (int, float)) or isinstance(v, bool):
+                if k == "step" or not isinstance(v, (int, float)) or isinstance(v, bool):
                     continue
                 self.tb.add_scalar(f"{prefix}/{k}", v, step)
 

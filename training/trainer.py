@@ -133,7 +133,7 @@ class Trainer(LoggingWindow):
         self._window_time = 0.0
         self._window_steps = 0
         self._clock: float | None = None  # wall time since the window's clock last (re)started
-        self._postfix: dict[str, str] = {}  # the progress bar shows the last logged loss
+        self._postfix: dict[str, str] = {}  # the progress bar shows the last logged loss of each task
         self._skipped_dev: torch.Tensor | None = None  # sync-free plain path: skipped steps, on the device
         self._window_stats: dict[str, list[float]] = {}  # the callbacks' statistics: (sum, count) per name
         self._last_saved_step = -1
@@ -280,7 +280,6 @@ class Trainer(LoggingWindow):
             batch = next(self.source)
             loss, metrics = self.forward_backward(batch)
             add_to(sums, f"{batch.task}/loss", loss, 1.0)
-            add_to(sums, "loss", loss, 1.0)
             self._task_steps[batch.task] = self._task_steps.get(batch.task, 0) + 1
             for name, (num, den) in metrics.items():
                 add_to(sums, f"{batch.task}/{name}", num, den)
@@ -318,7 +317,10 @@ class Trainer(LoggingWindow):
         if reduce:
             red = self._reduce({k: tuple(v) for k, v in sums.items()}, grad_norm)
             out.sums, out.grad_norm = red["sums"], red["grad_norm"]
-            out.loss = out.sums["loss"][0] / max(out.sums["loss"][1], 1.0)
+            # The step's micro-batches, whatever their tasks: a figure for this step's callers, not the logs
+            # (which keep each task's own <task>/loss).
+            parts = [v for k, v in out.sums.items() if k.endswith("/loss")]
+            out.loss = sum(n for n, _ in parts) / max(sum(d for _, d in parts), 1.0)
         return out
 
     def _plain_update(self) -> Any:

@@ -107,8 +107,8 @@ class LoggingWindow:
         rec["real_token_share"] = self._window_tokens / self._window_slots if self._window_slots else float("nan")
         # wall time per optimizer step over the window (what padded tokens/s and MFU are computed from)
         rec["seconds_per_step"] = self._window_time / max(self._window_steps, 1)
-        if "loss" in rec:
-            self._postfix = {"loss": f"{rec['loss']:.4f}"}
+        # Each task's (objective's) last logged loss: a window that drew only some of them keeps the others'.
+        self._postfix.update({k.removesuffix("/loss"): f"{v:.4f}" for k, v in rec.items() if k.endswith("/loss")})
         if self.skipped_steps:
             rec["skipped_steps"] = self.skipped_steps
         total = sum(self._task_steps.values())
