@@ -56,8 +56,9 @@ def build_parser(description: str | None = None) -> argparse.ArgumentParser:
     d.add_argument(
         "--whole-word-mask", action="store_true", help="MLM: mask whole words (needs word ids in shards)"
     )
+    unpacked = [name for name, arch in ARCHS.items() if not arch.packs]
     add_train_flags(d, ["packing"], PRETRAIN_DEFAULTS,
-                    {"packing": "BART denoising always uses one sample per row"})
+                    {"packing": f"--arch {', '.join(unpacked)} always uses one sample per row"} if unpacked else None)
     d.add_argument(
         "--mask-ratio",
         type=float,

@@ -118,3 +118,30 @@ def test_the_deepspeed_keys_are_mapped_once() -> None:
     report = ds_config_settings(ds)
     assert report["max_steps"] == found["decay_steps"]  # the decay end is the run length's default
     assert all(report[k] == v for k, v in found.items() if k != "decay_steps")
+
+
+def test_each_bool_setting_takes_both_spellings_in_both_stages(tmp_path: Path) -> None:
+    """`--packing` and `--no-packing` in pre-training and fine-tuning: the command line turns a setting either way,
+    over the stage's default and over the config file's value (issue 50: fine-tuning refused --no-packing)."""
+    bools = [f.name for f in fields(TrainConfig) if f.type in ("bool", bool) and not f.metadata.get("flag")]
+    stages = [(pretrain_options.build_parser(), [], pretrain_options.FLAGS)]
+    for packing in (True, False):
+        cfg = tmp_path / f"c_{packing}.json"
+        cfg.write_text(json.dumps(_config({"packing": packing})), encoding="utf-8")
+        stages.append((finetune_cli.build_parser(), ["--config", str(cfg)], finetune_cli.FLAGS))
+    for parser, argv, names in stages:
+        for name in (n for n in bools if n in names):
+            dash = name.replace("_", "-")
+            assert getattr(parser.parse_args([*argv, f"--{dash}"]), name) is True, dash
+            assert getattr(parser.parse_args([*argv, f"--no-{dash}"]), name) is False, dash
+            assert getattr(parser.parse_args([*argv, f"--no_{name}"]), name) is False, name
+            assert getattr(parser.parse_args(argv), name) is None, f"{dash}: not given must leave the stage's value"
+    assert {"packing", "compile", "gradient_checkpointing"} <= {n for n in bools if n in finetune_cli.FLAGS}
+    for packing in (True, False):
+        file = FinetuneConfig.load(str(tmp_path / f"c_{packing}.json"))
+        for flag, want in (("--packing", True), ("--no-packing", False), (None, packing)):
+            args = finetune_cli.build_parser().parse_args(["--config", "c", *([flag] if flag else [])])
+            assert finetune_cli.apply_overrides(file, args).train.packing is want, (packing, flag)
+    # A switch named for the other state keeps its one spelling.
+    pre = pretrain_options.build_parser()
+    assert pre.parse_args(["--dense-updates"]).sparse_updates is False and pre.parse_args([]).sparse_updates is None

@@ -9,6 +9,7 @@ LR schedule (see training/optim.py) from the resolved values and hands DeepSpeed
 
 from __future__ import annotations
 
+import argparse
 import copy
 import json
 from collections.abc import Callable, Sequence
@@ -215,11 +216,12 @@ def _check_value(f: Any, v: Any) -> None:
         raise ValueError(f"profile_steps must be [first, last] with 1 <= first <= last, got {v!r}")
 
 
-def _flag(f: Any, default: Any) -> str:
+def _flag(f: Any) -> str:
+    """The option a user types for field ``f``: its own name (``--dense-updates``), else the field's; a bool
+    field also answers to ``--no-<name>`` (``add_train_flags``)."""
     if f.metadata.get("flag"):
         return f.metadata["flag"]
-    name = f.name.replace("_", "-")
-    return f"--no-{name}" if _kind(f) == "bool" and default else f"--{name}"
+    return f"--{f.name.replace('_', '-')}"
 
 
 def add_train_flags(group: Any, names: Sequence[str], defaults: TrainConfig,
@@ -228,7 +230,11 @@ def add_train_flags(group: Any, names: Sequence[str], defaults: TrainConfig,
     metavar come from the field, the default shown from the stage's ``defaults``. A flag not given leaves
     None in its dest (the field's name), so ``train_overrides`` takes only what the user typed; a bool
     flag switches the stage's default (``--compile``, ``--no-tensorboard``, ``--dense-updates``). ``source``:
-    where a flag not given takes its value from first (a config file's section), named in the help."""
+    where a flag not given takes its value from first (a config file's section), named in the help.
+
+    A bool field gets both spellings, ``--packing`` and ``--no-packing``, so the command line can turn it
+    either way whatever the stage's default or the config file says; a field with a name of its own
+    (``--dense-updates`` for ``sparse_updates``) keeps that one switch."""
     by_name = {f.name: f for f in fields(TrainConfig)}
     for name in names:
         f = by_name[name]
@@ -237,11 +243,13 @@ def add_train_flags(group: Any, names: Sequence[str], defaults: TrainConfig,
         kind = _kind(f)
         note = f"; {notes[name]}" if notes and name in notes else ""
         if kind == "bool":
-            state = "on; this flag turns it off" if default else "off"
+            own = f.metadata.get("flag")  # a switch named for the other state (--dense-updates) only turns it over
+            state = ("on; this flag turns it off" if default else "off") if own else ("on" if default else "off")
             if source:
                 state = f"{source}.{name}, else {state}"
-            group.add_argument(_flag(f, default), dest=name, action="store_const", const=not default, default=None,
-                               help=f"{help_} (default: {state}{note})")
+            action: dict[str, Any] = ({"action": "store_const", "const": not default} if own
+                                      else {"action": argparse.BooleanOptionalAction})
+            group.add_argument(_flag(f), dest=name, default=None, help=f"{help_} (default: {state}{note})", **action)
             continue
         shown = ":".join(map(str, default)) if name == "profile_steps" and default else (
             " ".join(map(str, default)) if isinstance(default, tuple) else default)
@@ -258,12 +266,10 @@ def add_train_flags(group: Any, names: Sequence[str], defaults: TrainConfig,
             kw["type"] = _arg_type(parse_steps_window)
         elif kind in ("int", "float"):
             kw["type"] = int if kind == "int" else float
-        group.add_argument(_flag(f, default), **kw)
+        group.add_argument(_flag(f), **kw)
 
 
 def _arg_type(parse: Callable[[str], Any]) -> Callable[[str], Any]:
-    import argparse
-
     def convert(text: str) -> Any:
         try:
             return parse(text)
@@ -281,7 +287,7 @@ def check_train_flags(parser: Any, args: Any, names: Sequence[str]) -> None:
         rule = f.metadata.get("rule")
         for x in (v if isinstance(v, list | tuple) else [v]):
             if rule is not None and isinstance(x, int | float) and not isinstance(x, bool) and not rule.check(x):
-                parser.error(f"{_flag(f, None)} {x}: {rule.text}")
+                parser.error(f"{_flag(f)} {x}: {rule.text}")
 
 
 def train_overrides(args: Any, names: Sequence[str]) -> dict[str, Any]:
