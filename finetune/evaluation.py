@@ -203,6 +203,33 @@ def final_scores(model: torch.nn.Module, cfg: FinetuneConfig, data: dict[str, Ta
     return results
 
 
+def trivial_name(codec: Any) -> str:
+    """What a task type's trivial predictor does, from its ``trivial`` docstring ("Copy the source")."""
+    first = (codec.trivial.__doc__ or "the trivial predictor").split(":")[0].split(".")[0].strip()
+    return first[:1].lower() + first[1:]
+
+
+def below_trivial(results: dict[str, Any]) -> list[str]:
+    """One line per task whose final score (test, else dev) of its metric is at or below the task's trivial
+    baseline on the same split (``trivial_<split>``, the score the reproduction's report compares against),
+    or was not scored: what the run's last lines say."""
+    from skillnet.finetune.task_types import codec_for
+
+    lines = []
+    for name, r in results.items():
+        split = "test" if isinstance(r.get("test"), dict) else "dev"
+        score, floor = (r.get(split) or {}).get(r["metric"]), (r.get(f"trivial_{split}") or {}).get(r["metric"])
+        if floor is None or floor != floor:
+            continue
+        if score is None or score != score:
+            lines.append(f"warning: task {name!r}: its {split} {r['metric']} was not scored (trivial baseline "
+                         f"{floor:.1f})")
+        elif score <= floor:
+            lines.append(f"warning: task {name!r} ends at or below its trivial baseline: {split} {r['metric']} "
+                         f"{score:.1f}, {trivial_name(codec_for(r['type']))} scores {floor:.1f}")
+    return lines
+
+
 def results_markdown(results: dict[str, Any], summary: dict[str, Any] | None = None) -> str:
     lines = []
     if summary is not None:

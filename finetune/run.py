@@ -27,6 +27,7 @@ from skillnet.finetune.build import META_FILE, build_model, parameter_report, sa
 from skillnet.finetune.config import FinetuneConfig
 from skillnet.finetune.evaluation import (
     DevEvaluator,
+    below_trivial,
     final_scores,
     mix_table,
     write_hparams,
@@ -35,7 +36,7 @@ from skillnet.finetune.evaluation import (
 from skillnet.finetune.methods import METHODS
 from skillnet.finetune.samplers import annealing_warning, build_sampler
 from skillnet.finetune.source import MultiTaskBatchSource
-from skillnet.finetune.tasks import TaskData
+from skillnet.finetune.tasks import TaskData, cut_what
 
 log = logging.getLogger("finetune")
 
@@ -152,9 +153,14 @@ def run(cfg: FinetuneConfig, *, ds_config: str | None = None, resume: str | None
     data is loaded, from the command line and from Python alike."""
     cfg.check_model(where=where)
     if METHODS[cfg.method].per_task:
-        return _run_per_task(cfg, ds_config=ds_config, resume=resume, tensorboard=tensorboard, progress=progress)
-    summary = _run_joint(cfg, ds_config=ds_config, resume=resume, tensorboard=tensorboard, progress=progress)
-    return summary.get("tasks", {})
+        tasks = _run_per_task(cfg, ds_config=ds_config, resume=resume, tensorboard=tensorboard, progress=progress)
+    else:
+        tasks = _run_joint(cfg, ds_config=ds_config, resume=resume, tensorboard=tensorboard,
+                           progress=progress).get("tasks", {})
+    # The run's last lines: a score at or below its trivial baseline is in results.md, but easy to miss there.
+    for line in below_trivial(tasks):
+        print(f"[finetune] {line}", file=sys.stderr, flush=True)
+    return tasks
 
 
 def _run_joint(cfg: FinetuneConfig, *, ds_config: str | None, resume: str | None, tensorboard: bool,
@@ -260,6 +266,22 @@ def _run_per_task(cfg: FinetuneConfig, *, ds_config: str | None, resume: str | N
     return tasks
 
 
+def truncation_lines(data: dict[str, TaskData]) -> list[str]:
+    """The start-up plan's cuts: one line per task and length limit, each naming its own limit (a generation
+    target cut at max_target_len is not blamed on max_seq_len)."""
+    lines = []
+    for name, d in data.items():
+        cuts = d.cuts
+        for limit in sorted({lim for c in cuts.values() for lim in c}, key=lambda lim: (lim != "max_seq_len", lim)):
+            lines.append(f"  {name}: {cut_what(limit, d.cuts_per_limit)} truncated at {limit}={d.limit(limit)}: "
+                         + ", ".join(f"{split} {c[limit]} of {len(d.records[split])}"
+                                     for split, c in cuts.items() if c.get(limit)))
+    if not lines:
+        limits = ("max_seq_len", "max_target_len") if any(d.cuts_per_limit for d in data.values()) else ("max_seq_len",)
+        lines.append(f"  no example is truncated by {' or '.join(limits)}")
+    return lines
+
+
 def _print_plan(cfg: FinetuneConfig, data: dict[str, TaskData], sampler: Any, params: dict[str, Any],
                 new_skills: list[str], steps_per_epoch: int, memory: str = "") -> None:
     p0 = sampler.probabilities(0)
@@ -282,12 +304,7 @@ def _print_plan(cfg: FinetuneConfig, data: dict[str, TaskData], sampler: Any, pa
                 lines.append(f"  --skip-bad: {name}/{split}: " + rep.summary().replace("\n", "\n    "))
         if d.skipped_windows:
             lines.append(f"  {name}/train: skipped {d.skipped_windows} examples whose answer fits no window")
-        cut = d.truncated
-        if any(cut.values()):
-            lines.append(f"  {name}: truncated at max_seq_len={d.max_len}: "
-                         + ", ".join(f"{split} {n} of {len(d.records[split])}" for split, n in cut.items()))
-    if not any(any(d.truncated.values()) for d in data.values()):
-        lines.append("  no example is truncated by max_seq_len")
+    lines += truncation_lines(data)
     if new_skills:
         lines.append(f"  new skills: {', '.join(new_skills)}; frozen old skills: {cfg.freeze_old_skills}")
     if cfg.drop_skills:

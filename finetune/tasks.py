@@ -16,6 +16,7 @@ import dataclasses
 import hashlib
 import json
 import logging
+from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
@@ -48,6 +49,12 @@ _NOT_LEXICAL = {"skills", "train", "dev", "test", "spec", "dataset", "max_train_
                 "max_dev_examples"}
 
 
+def cut_what(limit: str, per_limit: bool = True) -> str:
+    """What a length limit cuts, for messages: a generation task's max_seq_len its sources, max_target_len its
+    targets; a task that reports no per-limit cuts, whole examples."""
+    return "targets" if limit == "max_target_len" else ("sources" if per_limit else "examples")
+
+
 class TaskData:
     """Everything about one task's data: records, label list, features, batches, scoring (through
     ``self.codec``, the codec of the task's type)."""
@@ -73,6 +80,8 @@ class TaskData:
         self.reports: dict[str, LoadReport] = {}
         self.skipped_windows = 0
         self._truncated: dict[str, int] = {}
+        self._cuts: dict[str, dict[str, int]] = {}  # split -> {limit that cut (max_seq_len, ...): examples}
+        self.cuts_per_limit = False  # whether the codec says which limit cut each row (generation)
         for split in load_splits:
             if split in self.sources:
                 self._load(split, skip_bad)
@@ -175,20 +184,43 @@ class TaskData:
         recs = self.records[split]
         feats, truncated = self.codec.encode(self, recs, split)
         self._features[split] = feats
-        self._truncated[split] = int(truncated)
-        if truncated:
-            log.warning("%s/%s: %d of %d examples truncated at max_seq_len=%d", self.name,
-                        "input" if split == "__predict__" else split, truncated, len(recs), self.max_len)
+        # A codec whose rows can be cut by more than max_seq_len (generation: max_target_len) says which
+        # limit cut each row; every other cut is max_seq_len's.
+        per_limit = any("cuts" in f.extra for f in feats)
+        self.cuts_per_limit = self.cuts_per_limit or per_limit
+        if per_limit:
+            cuts = Counter(limit for f in feats for limit in f.extra.get("cuts", ()))
+        else:
+            cuts = Counter({"max_seq_len": int(truncated)})
+        self._cuts[split] = {limit: n for limit, n in cuts.items() if n}
+        self._truncated[split] = cuts["max_seq_len"]
+        for limit, n in self._cuts[split].items():
+            what = cut_what(limit, per_limit)
+            log.warning("%s/%s: %d of %d %s truncated at %s=%d", self.name, "input" if split == "__predict__" else split,
+                        n, len(recs), what, limit, self.limit(limit))
         return feats
+
+    def limit(self, name: str) -> int:
+        """The value of a length limit of this task (``max_seq_len``, ``max_target_len``)."""
+        return self.max_len if name == "max_seq_len" else int(getattr(self.cfg, name))
 
     @property
     def truncated(self) -> dict[str, int]:
         """Examples of each loaded split that ``max_seq_len`` cuts: texts or pairs that lose tokens, NER
         sentences that lose words, span questions cut to a third of the window (long contexts are read
-        through windows, which is not truncation), matching questions with a cut candidate pair."""
+        through windows, which is not truncation), matching questions with a cut candidate pair, generation
+        sources. What the model reads of its input: a generation target cut at ``max_target_len`` is not
+        counted here (``cuts`` has both)."""
         for split in self.records:
             self.features(split)
         return {split: self._truncated[split] for split in self.records}
+
+    @property
+    def cuts(self) -> dict[str, dict[str, int]]:
+        """{split: {limit: examples it cut}} of each loaded split, limits that cut nothing left out."""
+        for split in self.records:
+            self.features(split)
+        return {split: dict(self._cuts[split]) for split in self.records}
 
     def encode_records(self, recs: list[dict[str, Any]]) -> list[Encoded]:
         """Encode records that did not come from a split (prediction files)."""
@@ -201,6 +233,7 @@ class TaskData:
             self.records.pop(key, None)
             self._features.pop(key, None)
             self._truncated.pop(key, None)
+            self._cuts.pop(key, None)
 
     # ------------------------------------------------------------------------------------ batches
     def num_train_rows(self) -> int:

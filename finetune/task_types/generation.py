@@ -46,12 +46,14 @@ class GenerationCodec(TaskCodec):
                 else [None] * len(recs))
         feats = []
         for s_ids, t_ids in zip(srcs, tgts):
-            cut = len(s_ids) > max_len - 2
+            s_cut = len(s_ids) > max_len - 2
+            t_cut = t_ids is not None and len(t_ids) > max_tgt - 2
             e = Encoded([cls] + s_ids[: max_len - 2] + [sep], [0] * (min(len(s_ids), max_len - 2) + 2))
             if t_ids is not None:
-                cut = cut or len(t_ids) > max_tgt - 2
                 e.extra["labels"] = [cls] + t_ids[: max_tgt - 2] + [sep]
-            e.extra["truncated"] = cut
+            e.extra["truncated"] = s_cut or t_cut
+            # which limit cut what: the run reports source and target cuts apart (TaskData.cuts)
+            e.extra["cuts"] = tuple(limit for limit, c in (("max_seq_len", s_cut), ("max_target_len", t_cut)) if c)
             feats.append(e)
         return feats, sum(f.extra["truncated"] for f in feats)
 
