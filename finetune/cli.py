@@ -104,7 +104,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="add a skill (e.g. s8) to every skill layer, activated with the tasks' skills")
     g.add_argument("--new-skill-init", default="generic", metavar="SKILL",
                    help="initialise new skills as a copy of this skill ('generic': the model's generic skill, s7 "
-                        "for NLU; 'random' for a fresh init)")
+                        "for BERT, general for BART; the start-up plan names it; 'random' for a fresh init)")
     g.add_argument("--new-skill-tasks", default="", metavar="T1,T2",
                    help="tasks that activate the new skills (default: every task of the config)")
     g.add_argument("--freeze-old-skills", action="store_true",

@@ -108,7 +108,7 @@ def setup(cfg: FinetuneConfig, *, ds_config: str | None = None, resume: str | No
         out.mkdir(parents=True, exist_ok=True)
         (out / "finetune_config.json").write_text(cfg.to_json(), encoding="utf-8")
         atomic_write_json(out / "params.json", params)
-        _print_plan(cfg, data, sampler, params, new_skills, steps_per_epoch, ckpt.describe())
+        _print_plan(cfg, data, sampler, params, _with_origins(model, new_skills), steps_per_epoch, ckpt.describe())
     inherited = None
     if cfg.model.init and (Path(cfg.resolve(cfg.model.init)) / META_FILE).is_file():
         inherited = json.loads((Path(cfg.resolve(cfg.model.init)) / META_FILE).read_text(encoding="utf-8"))["tasks"]
@@ -123,6 +123,15 @@ def setup(cfg: FinetuneConfig, *, ds_config: str | None = None, resume: str | No
                       extra_state={"evaluator": evaluator})
     evaluator.trainer = trainer
     return Setup(cfg, out, data, source, model, trainer, evaluator, params, tok.vocab_path, rank, world)
+
+
+def _with_origins(model: torch.nn.Module, names: list[str]) -> list[str]:
+    """Each new skill with what it was copied from (`add_skill`'s record: ``s8 (copy of general)`` on BART,
+    whose generic skill is not s7)."""
+    from skillnet.model.surgery import skill_base_of
+
+    mc = skill_base_of(model).config
+    return [f"{n} ({mc.skills[mc.skill_index(n)].get('origin') or 'random init'})" for n in names]
 
 
 def label_smoothed_loss(eps: float) -> Any:
@@ -282,6 +291,35 @@ def truncation_lines(data: dict[str, TaskData]) -> list[str]:
     return lines
 
 
+def prefix_lines(data: dict[str, TaskData]) -> list[str]:
+    """Warnings about the task prefixes a generation source starts with (``"<task>: "``), encoded as training
+    encodes them: one line per task whose prefix loses characters to [UNK] under the run's vocab (a compact
+    vocab from ``data_prep vocab`` keeps only what its inputs use), and one per pair of tasks whose prefixes
+    encode identically (the model cannot tell those tasks apart by their input)."""
+    from skillnet.finetune.task_types.base import pieces
+
+    lines, seen = [], {}
+    for name, d in data.items():
+        prefix = d.codec.meta(d).get("prefix")
+        if not prefix:
+            continue
+        ids, offsets = pieces(d.tok, [prefix])[0]
+        shown = " ".join(d.tok.vocab[i] for i in ids)
+        lost = [prefix[a:b] for i, (a, b) in zip(ids, offsets) if i == d.tok.unk_id]
+        if lost:
+            lines.append(f"  warning: task {name!r}: its prefix {prefix!r} loses {', '.join(map(repr, lost))} to "
+                         f"[UNK] under {d.tok.vocab_path} (encodes to {shown}): set the task's \"prefix\" to text "
+                         f"the vocab has, or rebuild the vocab with the prefix in one of its inputs")
+        key = tuple(ids)
+        if key in seen:
+            other, other_prefix = seen[key]
+            lines.append(f"  warning: tasks {other!r} and {name!r}: their prefixes {other_prefix!r} and {prefix!r} "
+                         f"encode identically ({shown}): the model cannot tell the two tasks apart by their input")
+        else:
+            seen[key] = (name, prefix)
+    return lines
+
+
 def _print_plan(cfg: FinetuneConfig, data: dict[str, TaskData], sampler: Any, params: dict[str, Any],
                 new_skills: list[str], steps_per_epoch: int, memory: str = "") -> None:
     p0 = sampler.probabilities(0)
@@ -305,6 +343,7 @@ def _print_plan(cfg: FinetuneConfig, data: dict[str, TaskData], sampler: Any, pa
         if d.skipped_windows:
             lines.append(f"  {name}/train: skipped {d.skipped_windows} examples whose answer fits no window")
     lines += truncation_lines(data)
+    lines += prefix_lines(data)
     if new_skills:
         lines.append(f"  new skills: {', '.join(new_skills)}; frozen old skills: {cfg.freeze_old_skills}")
     if cfg.drop_skills:
