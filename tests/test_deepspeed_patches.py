@@ -22,9 +22,33 @@ from torch import nn
 
 
 def test_the_installed_deepspeed_is_the_series_every_patch_was_written_for() -> None:
-    """A DeepSpeed upgrade fails here first: re-check each patch (the tests below) before widening
+    """A DeepSpeed (or torch) upgrade fails here first: re-check each patch (the tests below) before widening
     `written_for` and pyproject's pin."""
-    assert {p.written_for for p in dsp.PATCHES} == {dsp.deepspeed_series()}
+    assert {(p.package, p.written_for) for p in dsp.PATCHES} == {
+        (p.package, dsp.installed_series(p.package)) for p in dsp.PATCHES}
+    assert {p.package for p in dsp.PATCHES} == {"deepspeed", "torch"}
+
+
+def test_torch_still_builds_ops_under_the_lock_the_op_build_patch_replaces() -> None:
+    """install_op_build_lock assumes torch 2.13's JIT build: DeepSpeed's OpBuilder.load goes through
+    cpp_extension.load -> _jit_compile (module globals, so replacing them reaches it), which takes
+    ``FileBaton(<build dir>/lock)``, builds when ``try_acquire`` succeeds and otherwise ``wait()``s and imports,
+    and whose versioner builds only when a process first sees the op (``entries`` keyed by the op's name)."""
+    from deepspeed.ops.op_builder.builder import OpBuilder
+    from torch.utils import cpp_extension
+    from torch.utils.file_baton import FileBaton
+
+    assert "load" in OpBuilder.jit_load.__code__.co_names or "load" in inspect.getsource(OpBuilder.jit_load)
+    load_src = inspect.getsource(cpp_extension.load)
+    assert "_jit_compile(" in load_src
+    jit = inspect.getsource(inspect.unwrap(cpp_extension._jit_compile))
+    assert "FileBaton(os.path.join(build_directory, 'lock'))" in jit
+    acquire = jit.index("baton.try_acquire()")
+    assert acquire < jit.index("if version != old_version:", acquire) < jit.index("baton.wait()")
+    assert "JIT_EXTENSION_VERSIONER.get_version(name)" in jit
+    assert isinstance(cpp_extension.JIT_EXTENSION_VERSIONER.entries, dict)
+    assert [*inspect.signature(FileBaton.__init__).parameters][:2] == ["self", "lock_file_path"]
+    assert {"try_acquire", "wait", "release"} <= set(vars(FileBaton))
 
 
 def test_another_series_skips_the_speed_patches_and_refuses_the_correctness_one(
@@ -52,6 +76,14 @@ def test_another_series_skips_the_speed_patches_and_refuses_the_correctness_one(
         dsp.run_runner_with_node_launcher(["script.py"], ["node"])
     with pytest.raises(dsp.UnsupportedDeepSpeed, match="launcher_waits_for_ranks.*0.19.*0.99"):
         dsp.run_node_launcher_waiting(["script.py"], 1.0)
+
+
+def test_another_torch_series_skips_the_op_build_lock_with_a_note(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setattr(torch, "__version__", "2.99.0")
+    monkeypatch.setattr(dsp, "_warned", set())
+    assert not dsp.install_op_build_lock()
+    assert "torch 2.99 is not 2.13.x, which op_build_lock was written for" in capsys.readouterr().err
 
 
 def test_clear_stale_gradients_zeroes_the_buffers_deepspeed_keeps() -> None:

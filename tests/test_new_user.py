@@ -1,5 +1,5 @@
-"""A new user's job has no silent failure: a busy port, a stale build lock and a vocabulary that does not fit
-the text each get one line that says what to do, within seconds."""
+"""A new user's job has no silent failure: a busy port and a vocabulary that does not fit the text each get one
+line that says what to do, within seconds, and a killed op build's lock does not block the next launch."""
 
 from __future__ import annotations
 
@@ -33,24 +33,20 @@ def test_a_busy_master_port_is_one_line_before_training(tmp_path: Path) -> None:
     assert "Traceback" not in r.stderr and time.time() - t0 < 60
 
 
-def test_op_builds_live_per_environment_and_a_stale_lock_is_named(tmp_path: Path, monkeypatch) -> None:
+def test_op_builds_live_per_environment_and_a_dead_builds_lock_does_not_block(tmp_path: Path, monkeypatch) -> None:
     from skillnet.training import dist as D
+    from torch.utils import cpp_extension
 
     # prepare_extensions sets TORCH_EXTENSIONS_DIR in os.environ: recorded here first so that the teardown
-    # removes it again (later tests' launches would otherwise inherit the planted lock below and wait on it)
+    # removes it again
     monkeypatch.setenv("TORCH_EXTENSIONS_DIR", "unset-by-teardown")
     monkeypatch.delenv("TORCH_EXTENSIONS_DIR")
     monkeypatch.setenv("HOME", str(tmp_path))
     d = D.prepare_extensions()
     assert os.environ["TORCH_EXTENSIONS_DIR"] == str(d) and d.is_relative_to(tmp_path)
     assert d.name.startswith(f"py{sys.version_info[0]}{sys.version_info[1]}-")  # this interpreter's own folder
-    lock = d / "deepspeed_shm_comm" / "lock"
-    lock.parent.mkdir(parents=True)
-    lock.write_text("")
-    os.utime(lock, (time.time() - 3600, time.time() - 3600))
-    r = subprocess.run([sys.executable, "-c", "from skillnet.training.dist import prepare_extensions; prepare_extensions()"],
-                       capture_output=True, text=True, timeout=60, env=_env(TORCH_EXTENSIONS_DIR=str(d)))
-    assert str(lock) in r.stderr and "60 min ago" in r.stderr and "delete it if no build is running" in r.stderr
+    # every op built from here on takes a lock that a killed build cannot leave blocking (tests/test_op_build_lock.py)
+    assert cpp_extension.FileBaton.__name__ == "OwnedBaton"
 
 
 PROSE = ("the parser reads each argument from the command line and returns a namespace whose attributes hold the "

@@ -16,15 +16,28 @@ against the new release before widening `written_for` (and pyproject's deepspeed
 * `run_runner_with_node_launcher` + `run_node_launcher_waiting` (a stop's save, refused on another series):
   DeepSpeed's launcher that waits for the ranks' save on TERM/INT instead of killing them 30 s later
   (training/ds_launch.py is its command).
+* `install_op_build_lock` (a launch that would wait forever; written for torch's cpp_extension, skipped on
+  another torch series): the lock of DeepSpeed's JIT op builds records its builder, and a lock whose builder
+  is gone is taken over and the op rebuilt instead of waited on without end.
 """
 
 from __future__ import annotations
 
+import contextlib
+import errno
+import fcntl
+import functools
+import json
 import math
+import os
 import signal
+import socket
 import subprocess
 import sys
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -37,6 +50,8 @@ __all__ = [
     "deepspeed_series",
     "device_overflow_guard",
     "foreach_grad_norm",
+    "install_op_build_lock",
+    "installed_series",
     "nonfinite_norm",
     "run_node_launcher_waiting",
     "run_runner_with_node_launcher",
@@ -51,8 +66,9 @@ class UnsupportedDeepSpeed(RuntimeError):
 @dataclass(frozen=True)
 class Patch:
     name: str
-    written_for: tuple[int, int]  # the DeepSpeed (major, minor) series whose internals it was written against
+    written_for: tuple[int, int]  # the (major, minor) series of `package` whose internals it was written against
     correctness: bool  # True: a run is wrong without it (refuse); False: it saves time (skip)
+    package: str = "deepspeed"
 
 
 STALE_GRADIENTS = Patch("clear_stale_gradients", (0, 19), correctness=True)
@@ -62,7 +78,9 @@ FOREACH_GRAD_NORM = Patch("foreach_grad_norm", (0, 19), correctness=False)
 # Refused rather than skipped: DeepSpeed's own launcher would cut a stop's save at 30 s again, and a batch job
 # requeued from its previous checkpoint says nothing of it.
 LAUNCHER_WAITS = Patch("launcher_waits_for_ranks", (0, 19), correctness=True)
-PATCHES = (STALE_GRADIENTS, OVERFLOW_GUARD, SYNC_FREE_CLIP, FOREACH_GRAD_NORM, LAUNCHER_WAITS)
+# Skipped rather than refused: without it a launch may wait on a dead build's lock, it never trains wrong.
+OP_BUILD_LOCK = Patch("op_build_lock", (2, 13), correctness=False, package="torch")
+PATCHES = (STALE_GRADIENTS, OVERFLOW_GUARD, SYNC_FREE_CLIP, FOREACH_GRAD_NORM, LAUNCHER_WAITS, OP_BUILD_LOCK)
 
 _warned: set[str] = set()
 
@@ -75,20 +93,29 @@ def deepspeed_series() -> tuple[int, int]:
     return int(major), int(minor)
 
 
+def installed_series(package: str) -> tuple[int, int]:
+    """The installed (major, minor) of `package` ("deepspeed" or "torch")."""
+    if package == "deepspeed":
+        return deepspeed_series()
+    major, minor = torch.__version__.split(".")[:2]
+    return int(major), int(minor)
+
+
 def _applies(patch: Patch) -> bool:
-    """Whether `patch` may run on the installed DeepSpeed (see the module docstring for what happens if not)."""
-    series = deepspeed_series()
+    """Whether `patch` may run on the installed package (see the module docstring for what happens if not)."""
+    series = installed_series(patch.package)
     if series == patch.written_for:
         return True
     want, have = ".".join(map(str, patch.written_for)), ".".join(map(str, series))
+    pkg = {"deepspeed": "DeepSpeed"}.get(patch.package, patch.package)
     if patch.correctness:
         raise UnsupportedDeepSpeed(
-            f"training/deepspeed_patches.py {patch.name} was written for DeepSpeed {want}.x, installed is {have}: "
-            f"re-check it against {have} (tests/test_deepspeed_patches.py) or install deepspeed {want}.x")
+            f"training/deepspeed_patches.py {patch.name} was written for {pkg} {want}.x, installed is {have}: "
+            f"re-check it against {have} (tests/test_deepspeed_patches.py) or install {patch.package} {want}.x")
     if patch.name not in _warned:
         _warned.add(patch.name)
-        print(f"note: DeepSpeed {have} is not {want}.x, which {patch.name} was written for: "
-              "DeepSpeed's own code runs there instead", file=sys.stderr)
+        print(f"note: {pkg} {have} is not {want}.x, which {patch.name} was written for: "
+              f"{pkg}'s own code runs there instead", file=sys.stderr)
     return False
 
 
@@ -284,3 +311,254 @@ def run_runner_with_node_launcher(argv: list[str], node_module: list[str]) -> No
         runner.main()
     finally:
         runner.subprocess.Popen = real_popen  # type: ignore[misc]
+
+
+# ---- the op build lock ----------------------------------------------------------------------------------------
+# torch 2.13's cpp_extension._jit_compile guards each JIT build with FileBaton(<build dir>/lock): the builder
+# creates the file and removes it when done; everyone else polls until it is gone, without end. A build killed
+# by a signal (a preemption at job start, Ctrl-C, SIGKILL) never removes it, so every later launch that builds
+# or loads an op from that folder (a shared home: every job of the user) waits forever. Here the lock records
+# its builder (host, boot, pid), and the builder holds an advisory lock (flock) on it, which the kernel (or the
+# NFS server) drops when the process dies whatever killed it. A waiter that finds the flock free takes the lock
+# over in one rename and rebuilds the op itself; while the builder lives, it says whom it waits for.
+
+OP_LOCK_UNOWNED_STALE_S = 600.0  # a lock without an owner record (torch's own, an older SkillNet): see _gone
+_CHECK_EVERY_S = 1.0  # how often a waiter looks at the lock's owner (torch polls the file every 0.1 s)
+_SAY_EVERY_S = 60.0  # how often a waiter repeats whom it is waiting for
+_TAKEN: dict[str, int] = {}  # lock path -> fd of a lock this process took over in wait(), for its rebuild
+
+
+class _Rebuild(Exception):
+    """wait() took over a dead builder's lock: the build must run again, in this process."""
+
+
+def _boot_id() -> str:
+    with contextlib.suppress(OSError), open("/proc/sys/kernel/random/boot_id", encoding="ascii") as f:
+        return f.read().strip()
+    return ""
+
+
+def _started(pid: int) -> str | None:
+    """The start time of process `pid` in clock ticks since boot (tells a reused pid apart); None if none runs."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as f:
+            return f.read().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return None
+
+
+def _owner_record() -> bytes:
+    pid = os.getpid()
+    return json.dumps({"pid": pid, "host": socket.gethostname(), "boot_id": _boot_id(), "started": _started(pid),
+                       "since": time.time()}).encode()
+
+
+def _try_flock(fd: int) -> bool | None:
+    """Take the flock of `fd` without waiting: True taken, False another process holds it, None unsupported."""
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return True
+    except BlockingIOError:
+        return False
+    except OSError as e:
+        if e.errno in (errno.EAGAIN, errno.EACCES):
+            return False
+        return None  # ENOLCK, EOPNOTSUPP, EBADF: a filesystem without locks
+
+
+def _lock_file(path: str, place: Callable[[str, str], None]) -> int | None:
+    """A new lock file of this process (owner record written, flock held) put at `path` by ``place(tmp, path)``:
+    os.link (only where nothing is: an acquire) or os.replace (a takeover). The record is complete and the flock
+    held before the name appears, so no one sees an ownerless lock of ours. Returns its fd, None if `path` is
+    taken."""
+    tmp = f"{path}.{socket.gethostname()}.{os.getpid()}.tmp"
+    fd = os.open(tmp, os.O_CREAT | os.O_TRUNC | os.O_RDWR, 0o644)
+    try:
+        _try_flock(fd)
+        os.write(fd, _owner_record())
+        try:
+            place(tmp, path)
+        except FileExistsError:
+            os.close(fd)
+            return None
+        except OSError as e:  # a filesystem without hard links: torch's own O_EXCL create, record written after
+            if e.errno not in (errno.EPERM, errno.EOPNOTSUPP, errno.ENOTSUP) or place is not os.link:
+                raise
+            os.close(fd)
+            try:
+                fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o644)
+            except FileExistsError:
+                return None
+            _try_flock(fd)
+            os.write(fd, _owner_record())
+        return fd
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.close(fd)
+        raise
+    finally:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+
+
+def _held_open_here(path: str) -> bool:
+    """Whether another process on this machine that this user can see has `path` open (torch's own FileBaton
+    keeps its lock open for the whole build)."""
+    target, me = os.path.realpath(path), str(os.getpid())
+    for fd_dir in Path("/proc").glob("[0-9]*/fd"):
+        if fd_dir.parent.name == me:  # this process has it open only to look at it
+            continue
+        with contextlib.suppress(OSError):
+            for fd in fd_dir.iterdir():
+                with contextlib.suppress(OSError):
+                    if os.readlink(fd) == target:
+                        return True
+    return False
+
+
+def _describe(owner: dict[str, Any] | None, st: os.stat_result) -> str:
+    if not owner:
+        return f"a build without an owner record, its lock {(time.time() - st.st_mtime) / 60:.0f} min old"
+    return (f"the build of pid {owner.get('pid')} on {owner.get('host')}, "
+            f"started {(time.time() - float(owner.get('since', st.st_mtime))) / 60:.1f} min ago")
+
+
+def _gone(owner: dict[str, Any] | None, st: os.stat_result, flocked: bool | None, path: str) -> str | None:
+    """Why the builder of the lock at `path` is gone, or None if it may still run. `flocked`: this process just
+    took the lock file's flock (True), found it held (False: never called then), or the filesystem has none."""
+    age = time.time() - st.st_mtime
+    if owner is None:
+        # torch's own lock (or an older SkillNet's): no owner to ask; a local builder still has it open, and a
+        # build on another machine of a shared home takes minutes, not this long
+        if _held_open_here(path) or age < OP_LOCK_UNOWNED_STALE_S:
+            return None
+        return (f"it records no owner, no process on this machine has it open, and it is {age / 60:.0f} min old "
+                "(a build takes minutes)")
+    if flocked:
+        return f"pid {owner.get('pid')} on {owner.get('host')} no longer holds it (killed during the build)"
+    if owner.get("host") == socket.gethostname():  # a filesystem without flock: ask the process table
+        if owner.get("boot_id") != _boot_id():
+            return f"{owner.get('host')} has restarted since pid {owner.get('pid')} took it"
+        if _started(int(owner.get("pid", -1))) != owner.get("started"):
+            return f"pid {owner.get('pid')} on this machine has ended"
+        return None
+    if age >= OP_LOCK_UNOWNED_STALE_S:
+        return f"its builder on {owner.get('host')} cannot be asked (no flock here) and it is {age / 60:.0f} min old"
+    return None
+
+
+def _take_over_if_gone(path: str) -> tuple[int | None, str]:
+    """(fd of this process's lock now at `path`, why the old builder is gone) if it was gone, else
+    (None, whom the lock belongs to). Two waiters never both take one dead lock: each holds the dead file's
+    flock while it checks, and replaces it only while `path` still names that very file."""
+    try:
+        fd = os.open(path, os.O_RDWR)  # flock over NFS needs a file open for writing
+    except FileNotFoundError:
+        return None, "nothing (released)"
+    except OSError as e:
+        return None, f"a lock this user cannot inspect ({e.strerror})"
+    try:
+        st = os.fstat(fd)
+        raw = os.pread(fd, 4096, 0)
+        try:
+            owner = json.loads(raw) if raw.strip() else None
+        except ValueError:
+            owner = None
+        owner = owner if isinstance(owner, dict) else None
+        flocked = _try_flock(fd)
+        if flocked is False:
+            return None, _describe(owner, st)
+        reason = _gone(owner, st, flocked, path)
+        if reason is None:
+            return None, _describe(owner, st)
+        try:
+            now = os.stat(path)
+        except FileNotFoundError:
+            return None, "nothing (released)"
+        if (now.st_dev, now.st_ino) != (st.st_dev, st.st_ino):  # released and taken again meanwhile
+            return None, "a new build"
+        return _lock_file(path, os.replace), reason
+    finally:
+        os.close(fd)
+
+
+def _op_name(path: str) -> str:
+    return Path(path).parent.name
+
+
+def _owned_baton_class() -> type:
+    from torch.utils.file_baton import FileBaton  # noqa: PLC0415
+
+    class OwnedBaton(FileBaton):  # type: ignore[misc]
+        """torch's FileBaton with an owner: see `install_op_build_lock`."""
+
+        def try_acquire(self) -> bool:
+            fd = _TAKEN.pop(self.lock_file_path, None)
+            if fd is None:
+                fd = _lock_file(self.lock_file_path, os.link)
+            if fd is None:
+                return False
+            self.fd = fd
+            return True
+
+        def wait(self) -> None:
+            path, t0, said, checked = self.lock_file_path, time.monotonic(), -math.inf, -math.inf
+            while os.path.exists(path):
+                now = time.monotonic()
+                if now - checked >= _CHECK_EVERY_S:
+                    checked = now
+                    fd, why = _take_over_if_gone(path)
+                    if fd is not None:
+                        _TAKEN[path] = fd
+                        print(f"[skillnet] {path}: the build that held it is gone ({why}): building "
+                              f"{_op_name(path)} here", file=sys.stderr, flush=True)
+                        raise _Rebuild(path)
+                    if now - said >= _SAY_EVERY_S and os.path.exists(path):
+                        said = now
+                        print(f"[skillnet] op {_op_name(path)}: waiting for {why} ({path}; waited "
+                              f"{now - t0:.0f} s; a lock whose builder dies is taken over)",
+                              file=sys.stderr, flush=True)
+                time.sleep(self.wait_seconds)
+
+        def release(self) -> None:
+            # the name goes before the flock: a waiter that takes the flock then finds another file (or none)
+            if self.fd is not None:
+                with contextlib.suppress(OSError):
+                    if os.path.samestat(os.stat(self.lock_file_path), os.fstat(self.fd)):
+                        os.remove(self.lock_file_path)
+                os.close(self.fd)
+                self.fd = None
+
+    return OwnedBaton
+
+
+def install_op_build_lock() -> bool:
+    """Make torch's JIT op builds (DeepSpeed's ``OpBuilder.load``) use a lock whose dead builder does not block:
+    call before any op is built (training/dist.py's prepare_extensions does, in every rank and in
+    ``python -m skillnet.training.warmup``). Idempotent; False where torch is not the series it was written for.
+
+    torch 2.13's ``_jit_compile`` takes ``FileBaton(<build dir>/lock)`` (a module global), builds when it got
+    it and otherwise ``wait()``\\s until the file is gone, then imports the op. Its versioner builds only the
+    first time a process sees an op, so a waiter that takes a dead lock over raises out of ``wait()`` and
+    ``_jit_compile`` runs again with the op forgotten: the build (ninja redoes only what the dead one left
+    unfinished) happens under the lock it now holds."""
+    if not _applies(OP_BUILD_LOCK):
+        return False
+    from torch.utils import cpp_extension  # noqa: PLC0415
+
+    if getattr(cpp_extension._jit_compile, "_skillnet_op_lock", False):
+        return True
+    original = cpp_extension._jit_compile
+
+    @functools.wraps(original)
+    def _jit_compile(name: str, *args: Any, **kwargs: Any) -> Any:
+        while True:
+            try:
+                return original(name, *args, **kwargs)
+            except _Rebuild:
+                cpp_extension.JIT_EXTENSION_VERSIONER.entries.pop(name, None)
+
+    _jit_compile._skillnet_op_lock = True  # type: ignore[attr-defined]
+    cpp_extension.FileBaton = _owned_baton_class()
+    cpp_extension._jit_compile = _jit_compile
+    return True

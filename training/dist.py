@@ -29,6 +29,7 @@ __all__ = [
     "LaunchError",
     "check_master_port",
     "prepare_extensions",
+    "extensions_dir",
     "one_rank_without_launcher",
 ]
 
@@ -61,21 +62,23 @@ def check_master_port() -> None:
 
 def prepare_extensions() -> Path:
     """Where DeepSpeed/torch build their C++ ops: one folder per Python environment (unless
-    TORCH_EXTENSIONS_DIR says otherwise), so a build in another venv (or its dead lock) cannot block this
-    one. A build lock left there is named before anything waits on it: torch waits for it forever."""
-    d = os.environ.get("TORCH_EXTENSIONS_DIR")
-    if not d:
-        env = hashlib.sha1(os.path.realpath(sys.prefix).encode()).hexdigest()[:10]
-        d = str(Path.home() / ".cache" / "skillnet" / "torch_extensions" / f"py{sys.version_info[0]}{sys.version_info[1]}-{env}")
-        os.environ["TORCH_EXTENSIONS_DIR"] = d
-    if os.environ.get("LOCAL_RANK", "0") == "0":
-        for lock in sorted({*Path(d).glob("*/lock"), *Path(d).glob("*/*/lock")}):
-            with contextlib.suppress(OSError):
-                age = (time.time() - lock.stat().st_mtime) / 60
-                print(f"[skillnet] {lock}: an op build lock from {age:.0f} min ago; a build that died leaves it, and "
-                      f"every later build waits for it without end: delete it if no build is running",
-                      file=sys.stderr, flush=True)
-    return Path(d)
+    TORCH_EXTENSIONS_DIR says otherwise), so a build in another venv cannot block this one; and the build lock
+    there that a killed build would leave forever (torch waits for it without end) taken over instead
+    (training/deepspeed_patches.py install_op_build_lock). Call before any op is built."""
+    from .deepspeed_patches import install_op_build_lock  # noqa: PLC0415
+
+    d = extensions_dir()
+    os.environ["TORCH_EXTENSIONS_DIR"] = str(d)
+    install_op_build_lock()
+    return d
+
+
+def extensions_dir() -> Path:
+    """TORCH_EXTENSIONS_DIR, else this Python environment's own folder under ~/.cache/skillnet/torch_extensions."""
+    if d := os.environ.get("TORCH_EXTENSIONS_DIR"):
+        return Path(d)
+    env = hashlib.sha1(os.path.realpath(sys.prefix).encode()).hexdigest()[:10]
+    return Path.home() / ".cache" / "skillnet" / "torch_extensions" / f"py{sys.version_info[0]}{sys.version_info[1]}-{env}"
 
 
 # What a launcher (deepspeed, torchrun, srun under our sbatch scripts, mpirun) leaves in a rank's environment.

@@ -5,7 +5,8 @@
 On a CPU machine DeepSpeed compiles ``deepspeed_shm_comm`` (intra-node collectives) and ``fused_adam``
 into a folder of this Python environment's own (~/.cache/skillnet/torch_extensions/py<ver>-<env>, or
 TORCH_EXTENSIONS_DIR; training/dist.py's prepare_extensions) on first use (1.5-6 min on 2 cores); on GPU machines it builds the
-accelerator's variants. A build failure only warns (exit code 0): training still works where DeepSpeed
+accelerator's variants. A build killed midway (Ctrl-C here) leaves no lock that blocks the next one
+(training/deepspeed_patches.py install_op_build_lock, installed by prepare_extensions). A build failure only warns (exit code 0): training still works where DeepSpeed
 falls back, and setup must not fail on machines without a compiler.
 """
 
