@@ -54,7 +54,9 @@ def build_parser(description: str | None = None) -> argparse.ArgumentParser:
         "instead of the full length (default 0.1, as BERT)",
     )
     d.add_argument(
-        "--whole-word-mask", action="store_true", help="MLM: mask whole words (needs word ids in shards)"
+        "--whole-word-mask", action="store_true",
+        help="MLM: mask whole words as the shards mark them (shards built with `python -m skillnet.data_prep build "
+        "--whole-word`; refused on shards without word ids)"
     )
     unpacked = [name for name, arch in ARCHS.items() if not arch.packs]
     add_train_flags(d, ["packing"], PRETRAIN_DEFAULTS,
@@ -148,7 +150,9 @@ def build_parser(description: str | None = None) -> argparse.ArgumentParser:
     t.add_argument(
         "--dry-run",
         action="store_true",
-        help="resolve and print the settings, check the data, then exit without building the model",
+        help="resolve and print the settings and check what the launch checks (the data, --init-from-dense and its "
+        "vocab against the data's, the checkpoint a resume continues, the launch's port), then exit without "
+        "building the model",
     )
     t.add_argument("--output-dir", default="runs/pretrain", help="checkpoints, log.jsonl, tensorboard/ and run_args.json")
     add_train_flags(t, FLAGS[:FLAGS.index("seed") + 1], PRETRAIN_DEFAULTS, NOTES)

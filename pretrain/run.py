@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from skillnet.common.files import atomic_write_text
 from skillnet.pretrain import options
 from skillnet.pretrain.archs import (
     ARCHS,
@@ -94,16 +95,122 @@ def resolve_args(args: argparse.Namespace, raw: dict[str, Any] | None) -> Resolv
     return settings
 
 
-def _batch_sources(args: argparse.Namespace, raw: dict[str, Any] | None) -> tuple[str, str]:
+def _batch_sources(args: argparse.Namespace, raw: dict[str, Any] | None, used: tuple[int, int],
+                   world: int, resharded: bool = False) -> tuple[str, str]:
+    """Where the micro-batch and the accumulation of the run come from. ``used``: (micro, accumulation) as
+    resolved; ``resharded``: a checkpoint resumed on another number of ranks, whose global batch prepare kept,
+    re-deriving the accumulation (and the micro-batch, where the flag's or the JSON's does not divide it)."""
     raw = raw or {}
     out = []
-    for flag, key in (
-        (args.micro_batch_size, "train_micro_batch_size_per_gpu"),
-        (args.grad_accum, "gradient_accumulation_steps"),
+    for flag, key, value in (
+        (args.micro_batch_size, "train_micro_batch_size_per_gpu", used[0]),
+        (args.grad_accum, "gradient_accumulation_steps", used[1]),
     ):
-        given = raw.get(key) not in (None, "auto")
-        out.append("flag" if flag is not None else "ds_config" if given else "default/derived")
+        given = raw.get(key) if raw.get(key) not in (None, "auto") else None
+        out.append("flag" if flag is not None else "ds_config" if given is not None else "default/derived")
+        if resharded and (key == "gradient_accumulation_steps" or value != (flag if flag is not None else given)):
+            out[-1] = (f"derived: the checkpoint's global batch {used[0] * used[1] * world} over {world} rank(s)"
+                       + (f" of micro-batch {used[0]}" if key == "gradient_accumulation_steps" else ""))
     return out[0], out[1]
+
+
+def check_init_checkpoint(args: argparse.Namespace, vocab_size: int | None = None) -> None:
+    """What loading --init-from-dense needs, checked before anything is spent (a dry run stops after it): a
+    folder with the architecture's dense config.json and weights; given ``vocab_size`` (the data's), the same
+    vocabulary. Raises FileNotFoundError / ValueError with a one-line message."""
+    if not args.init_from_dense:
+        return
+    folder = Path(args.init_from_dense)
+    dense = ARCHS[args.arch].family.dense_type
+    what = (f"a dense HF {dense} model folder (config.json and *.safetensors or pytorch_model*.bin; pre-training "
+            f"never downloads, so a hub name is not one)")
+    if not folder.is_dir():
+        raise FileNotFoundError(f"--init-from-dense {folder}: no such folder; give {what}")
+    try:
+        cfg = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise FileNotFoundError(f"--init-from-dense {folder}: no config.json; give {what}") from None
+    except ValueError as e:
+        raise ValueError(f"{folder / 'config.json'}: not valid JSON ({e})") from None
+    if cfg.get("model_type", dense) != dense:
+        raise ValueError(f"--init-from-dense {folder}: a {cfg['model_type']!r} model; --arch {args.arch} starts "
+                         f"from {what}")
+    if not (any(folder.glob("*.safetensors")) or any(folder.glob("pytorch_model*.bin"))):
+        raise FileNotFoundError(f"--init-from-dense {folder}: no weights (*.safetensors or pytorch_model*.bin)")
+    if vocab_size is not None and cfg.get("vocab_size") != vocab_size:
+        data, fix = ((f"--synthetic-vocab {vocab_size}", f"give --synthetic-vocab {cfg.get('vocab_size')}")
+                     if args.synthetic else (f"the shards' vocab_size {vocab_size}",
+                                             "build the shards with that model's vocab"))
+        raise ValueError(f"--init-from-dense {folder}: vocab_size {cfg.get('vocab_size')} differs from {data}; {fix}")
+
+
+def check_whole_word_mask(args: argparse.Namespace, dataset: Any) -> None:
+    """--whole-word-mask masks the words the shards mark (`data_prep build --whole-word`). Without them the
+    dataset would mask WordPiece '##' continuations, on Chinese single characters: refused, so that no run
+    trains per-character masking under the flag's name. Raises ValueError."""
+    if not args.whole_word_mask:
+        return
+    build = "`python -m skillnet.data_prep build --whole-word`"
+    if args.synthetic:
+        raise ValueError(f"--whole-word-mask: the synthetic corpus has no words; give --shards built with {build}")
+    shards = dataset.manifest["shards"]
+    without = [r["name"] for r in shards if "ww" not in r.get("files", {})]
+    if without:
+        raise ValueError(
+            f"--whole-word-mask: {args.shards} holds no word ids ({len(without)} of {len(shards)} shards were built "
+            f"without --whole-word), so MLM would mask WordPiece pieces (on Chinese text, single characters); "
+            f"rebuild the shards with {build}, or drop --whole-word-mask")
+
+
+def resume_point(cfg: Any, rank: int, world: int) -> int:
+    """The step the run continues from (0: it starts), checked as the trainer will load it, before anything
+    is built: a damaged or missing checkpoint, or one of the other kind (plain PyTorch against DeepSpeed),
+    ends in one line here instead of a traceback after the model is built."""
+    from skillnet.training.checkpoint import CheckpointManager, ResumeError, kind_problem
+    from skillnet.training.reshard import read_trainer_state
+
+    tdir = CheckpointManager(cfg.output_dir, rank, world, cfg.keep_last).locate(cfg.resume) if cfg.resume else None
+    if tdir is None:
+        return 0
+    state = read_trainer_state(tdir)
+    problem = kind_problem(tdir, int(state["world_size"]), world, deepspeed=bool(cfg.ds_config))
+    if problem is not None:
+        raise ResumeError(problem)
+    return int(state["step"])
+
+
+def write_run_args(path: Path, settings: dict[str, Any], first_step: int) -> None:
+    """run_args.json: this segment's settings at the top level, and under ``segments`` every segment of the run
+    with its steps ``[first, last]`` and settings, so a resume with other settings (``--no-packing``) does not
+    rewrite the steps before it as if they had run so. A segment's last step is set when the run ends, or by
+    the resume after it (to the step that resume continues from: what a killed segment did past it is trained
+    again); a resume with the same settings extends its segment."""
+    settings = json.loads(json.dumps(settings))  # as the file holds them (a tuple reads back as a list)
+    old = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
+    segments = old.pop("segments", None)
+    if segments is None:  # a file from before segments were kept: its settings ran the steps before this one
+        segments = [{"steps": [1, None], "args": old}] if old and first_step > 1 else []
+    segments = [s for s in segments if s["steps"][0] < first_step]
+    for s in segments:
+        if s["steps"][1] is None or s["steps"][1] >= first_step:
+            s["steps"][1] = first_step - 1
+    if segments and _what_ran(segments[-1]["args"]) == _what_ran(settings):
+        segments[-1]["steps"][1] = None
+    else:
+        segments.append({"steps": [first_step, None], "args": settings})
+    atomic_write_text(path, json.dumps({**settings, "segments": segments}, indent=2))
+
+
+def _what_ran(settings: dict[str, Any]) -> dict[str, Any]:
+    """A segment's settings without the launch's wiring (how the segment was started, not what it trained)."""
+    return {k: v for k, v in settings.items() if k not in ("resume", "overwrite", "dry_run", "local_rank")}
+
+
+def end_run_args(path: Path, last_step: int) -> None:
+    """The run's last segment ends at ``last_step`` (the run finished or stopped there, saved)."""
+    record = json.loads(path.read_text(encoding="utf-8"))
+    record["segments"][-1]["steps"][1] = last_step
+    atomic_write_text(path, json.dumps(record, indent=2))
 
 
 def _sample_logger(path: Path) -> Any:
@@ -165,6 +272,7 @@ def main(argv: list[str] | None = None) -> int:
         enable_activation_checkpointing,
         resolve_activation_checkpointing,
     )
+    from skillnet.training.checkpoint import CheckpointError, ResumeError
     from skillnet.training.config import DsConfigError, load_ds_config
 
     # Bad settings or data (wrong shard dir, unknown preset, JSON/launch mismatch, corpus too small) end
@@ -174,6 +282,7 @@ def main(argv: list[str] | None = None) -> int:
         settings = resolve_args(args, raw_ds)
         ckpt = resolve_activation_checkpointing(args.gradient_checkpointing, raw_ds, str(args.ds_config))
         check_args(args)
+        check_init_checkpoint(args)
         # The stage's defaults, then the flags given, then the resolved sources of DEFAULTS (recipe, JSON).
         cfg = dataclasses.replace(PRETRAIN_DEFAULTS, **{
             **train_overrides(args, options.FLAGS), **{name: settings[name] for name in TRAIN_SETTINGS},
@@ -181,12 +290,20 @@ def main(argv: list[str] | None = None) -> int:
             "resume": None if args.resume in ("none", "") else args.resume,
         })
         vars(args).update({name: getattr(cfg, name) for name in options.FLAGS})  # run_args.json: what ran
-        cfg, _ = prepare(cfg)
+        cfg, ds = prepare(cfg)
         cfg.max_steps = args.max_steps  # the JSON's total_num_steps sets the decay end, not the run length
         rank, world = D.rank(), D.world_size()
+        # prepare re-derives the batch geometry of a checkpoint resumed on another number of ranks (its global
+        # batch kept) and asks DeepSpeed for a universal load then
+        resharded = bool(((ds or {}).get("checkpoint") or {}).get("load_universal")) and not (
+            ((raw_ds or {}).get("checkpoint") or {}).get("load_universal"))
         if not args.dry_run:  # before anything is written there (the sample log, run_args.json)
             claim_output_dir(args, rank)
+        # (a dry run with --overwrite: the launch would start over, if that folder holds another run)
+        resumed_at = 0 if args.dry_run and args.overwrite else resume_point(cfg, rank, world)
         dataset = build_dataset(args)
+        check_whole_word_mask(args, dataset)
+        check_init_checkpoint(args, getattr(dataset, "vocab_size", None))
         sampler = ObjectiveSampler(
             seed=args.seed,
             objectives=tuple(args.objectives),
@@ -211,7 +328,7 @@ def main(argv: list[str] | None = None) -> int:
             micro_batch_size=cfg.micro_batch_size,
             grad_accum=cfg.grad_accum,
             world_size=world,
-            batch_sources=_batch_sources(args, raw_ds),
+            batch_sources=_batch_sources(args, raw_ds, (cfg.micro_batch_size, cfg.grad_accum), world, resharded),
             ds_config=args.ds_config,
             mode=describe_mode(args),
             memory=ckpt.describe(),
@@ -225,6 +342,7 @@ def main(argv: list[str] | None = None) -> int:
             dataset, sampler, cfg.micro_batch_size, cfg.grad_accum, rank, world, args.seed,
             workers=workers, pin_memory=cuda, packing=ARCHS[args.arch].packs and cfg.packing,
         )
+        args.packing = source.packing  # what the batches do, for run_args.json (an architecture may not pack)
         if args.log_samples:
             source.on_batch = _sample_logger(Path(args.output_dir) / f"samples_rank{rank}.jsonl")
         if rank == 0:
@@ -233,7 +351,8 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         model = build_model(args, getattr(dataset, "vocab_size", None), dataset)
         enable_activation_checkpointing(model, ckpt)
-    except (DsConfigError, ShardError, TokenizerError, FileNotFoundError, KeyError, ValueError, OSError) as e:
+    except (DsConfigError, ShardError, TokenizerError, FileNotFoundError, KeyError, ValueError, OSError,
+            ResumeError) as e:
         print(f"error: {e.args[0] if isinstance(e, KeyError) else e}", file=sys.stderr)
         return 2
     # The probe batches keep the size the run started with, also after a requeue re-derived the micro-batch.
@@ -267,14 +386,16 @@ def main(argv: list[str] | None = None) -> int:
             flush=True,
         )
         Path(cfg.output_dir).mkdir(parents=True, exist_ok=True)
-        (Path(cfg.output_dir) / "run_args.json").write_text(json.dumps(vars(args), indent=2))
-    from skillnet.training.checkpoint import CheckpointError, ResumeError
+        if resumed_at < cfg.max_steps:  # a finished run started again trains nothing: its record stays
+            write_run_args(Path(cfg.output_dir) / "run_args.json", vars(args), resumed_at + 1)
 
     try:
         result = trainer.train()
     except (CheckpointError, ResumeError) as e:  # nothing intact to resume from: one line, not a traceback
         print(f"error: {e}", file=sys.stderr)
         return 2
+    if rank == 0 and resumed_at < cfg.max_steps:
+        end_run_args(Path(cfg.output_dir) / "run_args.json", result.step)
     if args.dump_rank_weights:
         from safetensors.torch import save_file
 

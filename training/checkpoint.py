@@ -46,6 +46,7 @@ __all__ = [
     "CheckpointError",
     "ResumeError",
     "checkpoint_problem",
+    "kind_problem",
     "CheckpointManager",
     "checkpoint_root",
     "tag_for_step",
@@ -139,6 +140,22 @@ def checkpoint_problem(tdir: Path) -> str | None:
         if problem:
             return problem
     return None
+
+
+def kind_problem(tdir: Path, saved_world: int, world_size: int, deepspeed: bool) -> str | None:
+    """Why a run of ``world_size`` ranks, under DeepSpeed or plain PyTorch, cannot continue checkpoint ``tdir``
+    (written by ``saved_world`` ranks), or None: a plain run continues only a plain checkpoint, and a DeepSpeed
+    run only a DeepSpeed one (on any number of ranks: training/reshard.py)."""
+    plain = (tdir / "plain.pt").is_file()
+    if plain != deepspeed:
+        return None
+    written = "a plain PyTorch run" if plain else f"{saved_world} DeepSpeed rank(s)"
+    fix = ("resume it as it was written: one process without --ds-config" if plain else
+           "resume it under DeepSpeed with the run's --ds-config, on any number of ranks (one rank: the same "
+           "command with --ds-config and no launcher)")
+    return (f"{tdir}: written by {written} and resumed by a {world_size}-rank "
+            f"{'DeepSpeed' if deepspeed else 'plain PyTorch'} run; a checkpoint continues only in the kind of run that "
+            f"wrote it, and changes its number of ranks only under DeepSpeed on both sides: {fix}")
 
 
 def complete_tags(root: Path) -> list[str]:
@@ -296,6 +313,9 @@ class CheckpointManager:
         """
         rank0 = read_trainer_state(tdir)
         saved_world = int(rank0["world_size"])
+        problem = kind_problem(tdir, saved_world, self.world_size, deepspeed=engine is not None)
+        if problem is not None:
+            raise ResumeError(problem)
         if saved_world == self.world_size:
             state = rank0 if self.rank == 0 else read_trainer_state(tdir, self.rank)
             if engine is not None:
@@ -307,22 +327,16 @@ class CheckpointManager:
                     v.load_state_dict(saved[k])
             return state
         state = rank0
-        if engine is None or (tdir / "plain.pt").is_file():
-            written = "a plain PyTorch run" if (tdir / "plain.pt").is_file() else f"{saved_world} DeepSpeed rank(s)"
-            raise RuntimeError(
-                f"{tdir}: written by {written} and resumed by a {self.world_size}-rank "
-                f"{'plain PyTorch' if engine is None else 'DeepSpeed'} run; a checkpoint changes its number of "
-                f"ranks only under DeepSpeed on both sides (one rank: deepspeed --num_gpus 1 ... --ds_config ...)"
-            )
+        assert engine is not None  # a plain checkpoint (one process) and a plain run: the same world size
         stage = int(engine.zero_optimization_stage())
         if state.get("zero_stage") is None or int(state["zero_stage"]) != stage:
-            raise RuntimeError(
+            raise ResumeError(
                 f"{tdir}: written under ZeRO stage {state.get('zero_stage', 'unknown (an older checkpoint)')}, "
                 f"resumed under stage {stage} on another number of ranks ({saved_world} -> {self.world_size}); "
                 f"DeepSpeed's universal checkpoints cannot change the ZeRO stage: use the run's own ZeRO config"
             )
         if not engine._config.load_universal_checkpoint:
-            raise RuntimeError(
+            raise ResumeError(
                 f"{tdir}: the engine was built without checkpoint.load_universal; build the trainer's config "
                 f"with training.launch.prepare, which sets it when the number of ranks changes"
             )

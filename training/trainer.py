@@ -479,7 +479,7 @@ class Trainer(LoggingWindow):
             return False
         saved_world = saved_geometry(tdir)["world_size"]
         if saved_world != self.world_size and not getattr(self.source, "resumes_on_any_world_size", False):
-            raise RuntimeError(
+            raise ResumeError(
                 f"{tdir}: written by {saved_world} rank(s), resumed by {self.world_size}; this run's batch source "
                 f"({type(self.source).__name__}) continues its data order only on the world size it was written "
                 f"with: relaunch with {saved_world} rank(s)"
