@@ -319,6 +319,8 @@ def main(argv: list[str] | None = None) -> int:
             for name in trained:
                 dataset.check_objective(name)
         assert cfg.micro_batch_size is not None and cfg.grad_accum is not None
+        # Whether rows pack, decided once: the mode line, the batches and run_args.json say the same
+        args.packing = ARCHS[args.arch].packs and cfg.packing
         start_lines = describe(
             settings,
             schedule=cfg.schedule,
@@ -340,9 +342,8 @@ def main(argv: list[str] | None = None) -> int:
             raise ValueError(f"--data-workers must be >= 0, got {workers}")
         source = PretrainBatchSource(
             dataset, sampler, cfg.micro_batch_size, cfg.grad_accum, rank, world, args.seed,
-            workers=workers, pin_memory=cuda, packing=ARCHS[args.arch].packs and cfg.packing,
+            workers=workers, pin_memory=cuda, packing=args.packing,
         )
-        args.packing = source.packing  # what the batches do, for run_args.json (an architecture may not pack)
         if args.log_samples:
             source.on_batch = _sample_logger(Path(args.output_dir) / f"samples_rank{rank}.jsonl")
         if rank == 0:
