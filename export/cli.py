@@ -17,6 +17,8 @@ if TYPE_CHECKING:
 # Exports read local folders only: a path that does not exist must fail as such, not as a hub lookup. Set
 # before transformers is imported (export/hf_folder.py and export/plain.py import it).
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+# --plain reads the task's records (a .json or a table through datasets): a refusal is then the one line on stderr
+os.environ.setdefault("HF_DATASETS_DISABLE_PROGRESS_BARS", "1")
 
 def build_parser() -> Parser:
     from . import hf_folder
@@ -57,8 +59,10 @@ def build_parser() -> Parser:
                    "onnxruntime)")
     p.add_argument("--features", action="store_true",
                    help="with --plain: a BertModel of the task's skills (features), whatever the task's head")
-    p.add_argument("--test", help="with --plain: JSONL records of the task to measure the equality (and a CRF's "
-                   "argmax agreement) on; default: the fine-tuning run's test file of the task, else its dev file")
+    p.add_argument("--test", help="with --plain: records of the task in its own format (the fields its 'columns' "
+                   "map; JSONL, JSON, CSV, TSV or Parquet, read as fine-tuning reads them) to measure the equality, a "
+                   "CRF's argmax agreement and the ONNX scores on; default: the fine-tuning run's test split, else its "
+                   "dev split (paths relative to the run's config file), else five fixed sentences, with a warning")
     p.add_argument(
         "--dense",
         action="store_true",

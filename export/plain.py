@@ -11,11 +11,14 @@ transitions and the Viterbi lines that decode as ``predict`` does), ``BertForQue
 graphs (export/onnx_graphs.py): ``model.onnx`` / ``model_int8.onnx`` for a BERT task; ``ort/`` for a BART task
 (encoder and decoder, fp32 and int8, and ``seq2seq.py``, which decodes them with numpy and onnxruntime).
 
-The export measures what it claims: it runs the sparse and the plain model on the task's test records (the
-fine-tuning run's test file, else its dev file, else ``--test``; a few fixed sentences without task data) and
-writes the largest logit difference, whether every argmax (every beam output for BART) is the same, and for a
-CRF how often argmax decoding equals the constrained Viterbi path with both entity F1s, into the model card
-and plain_export.json.
+The export measures what it claims: it runs the sparse and the plain model on the task's records (``--test
+FILE``, else the fine-tuning run's test split, else its dev split, each read as fine-tuning read it: paths
+relative to the run's config file, the task's kind, labels and ``columns``) and writes the largest logit
+difference, whether every argmax (every beam output for BART) is the same, and for a CRF how often argmax
+decoding equals the constrained Viterbi path with both entity F1s, into the model card and plain_export.json.
+The equality check stops at a fixed number of records (`_PROBE_RECORDS`, `_BEAM_RECORDS` for BART), and
+plain_export.json's ``records`` says how many of the file's were measured, and why. Without task records (a
+pre-training export, or an export whose run is gone) it measures on five fixed sentences, and warns why.
 
 A fine-tuned export's tasks (their codecs, test files and metrics) are fine-tuning's: the caller passes a
 `TaskLoader` (the command passes ``skillnet.finetune.predict.task_source``), so this package imports nothing
@@ -26,6 +29,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -33,20 +37,23 @@ from typing import Any
 
 import torch
 
-from .card import FINETUNE_META, read_json, run_dir_of, task_generation, write_json
+from .card import FINETUNE_META, read_json, task_generation, write_json
 from .flatten import plain_bart, plain_bert
 from .hf_folder import finish_folder, source_id
 
 # Reads a fine-tuned export's tasks: (the SkillNet model, a predictor with ``tasks[name]`` as fine-tuning's
-# TaskData: codec, encode_records, predict_records, score_records, label_list, cfg), or None when `folder`
-# holds no fine-tuned tasks.
+# TaskData: codec, encode_records, predict_records, score_records, label_list, cfg; and
+# ``task_records(task, test)``: (records, what they were read from or None, where they came from or why there
+# are none), read as fine-tuning read the task's splits), or None when `folder` holds no fine-tuned tasks.
 TaskLoader = Callable[[Path], tuple[Any, Any] | None]
 
 # Fixed inputs when the source carries no task data (a pre-training export): Chinese text as the models read.
 _PROBE_TEXTS = ["今天天气很好，我们去公园散步。", "这家酒店的服务很好", "北京是中国的首都，位于华北平原。",
                 "保险合同什么时候生效？", "李四在深圳的人民日报工作"]
-# Records the equality is measured on (all of them for the CRF agreement, which is a score).
+# Records the equality is measured on (all of them for the CRF agreement and the ONNX scores, which are scores).
 _PROBE_RECORDS = 64
+# BART: inputs both models beam-search (all of them for the ONNX graphs' check): generation is the slow part.
+_BEAM_RECORDS = 16
 _BATCH = 16
 
 # Decodes as TokenCRFHead.viterbi: ties go to the lowest tag id, as torch's max.
@@ -87,27 +94,37 @@ def load_source(folder: Path, task_loader: TaskLoader | None = None) -> tuple[An
     return model_cls.from_pretrained(str(folder)).eval(), None
 
 
-def _records(folder: Path, task: str, test: str | None, kind: str, regression: bool = False
-             ) -> tuple[list[dict[str, Any]], str | None]:
-    """The records to measure on, and their file's name: `test`, else the fine-tuning run's test file of
-    `task` (given, or named by its task spec), else its dev file."""
-    from skillnet.data_prep.tasks.schema import check_record, iter_jsonl
-    path = Path(test) if test else None
-    if path is None:
-        run = run_dir_of(folder)
-        cfg = json.loads((run / "finetune_config.json").read_text(encoding="utf-8")) if run else {}
-        spec = next((t for t in cfg.get("tasks", []) if t.get("name") == task), {})
-        files = {k: Path(str(spec[k])) for k in ("test", "dev") if spec.get(k)}
-        if spec.get("spec") and Path(spec["spec"]).is_file():  # a task spec (task.json) names its split files
-            spec_file = Path(spec["spec"])
-            named = json.loads(spec_file.read_text(encoding="utf-8")).get("files") or {}
-            files = {k: spec_file.parent / named[k] for k in ("test", "dev") if named.get(k)}
-        path = next((files[k] for k in ("test", "dev") if k in files and files[k].is_file()), None)
-    if path is None:
-        return [], None
-    recs = [check_record(obj, kind, label_list=None, regression=regression, require_labels=False)
-            for _, obj in iter_jsonl(path)]
-    return recs, path.name
+def _records(pred: Any, task: str, test: str | None) -> tuple[list[dict[str, Any]], str | None, str]:
+    """(the records to measure on, what they were read from or None, where they came from or why there are
+    none): `pred.task_records` (`TaskLoader`) for a fine-tuned task."""
+    if pred is None:
+        return [], None, ("the source is not a fine-tuned export (no finetune_tasks.json): it has no task data, "
+                          + ("and no task format to read --test in" if test else "no test split"))
+    if task not in pred.tasks:
+        return [], None, f"task {task!r} has no task data in the export (finetune_tasks.json)"
+    return pred.task_records(task, test)
+
+
+def _records_note(recs: list[dict[str, Any]], name: str | None, why: str, bart: bool, crf: bool, onnx: bool
+                  ) -> dict[str, Any]:
+    """plain_export.json's ``records``: the file, how many of its records each check used, and a sentence that
+    says so (and why fewer, or why none)."""
+    if not recs:
+        return {"file": None, "in_file": 0, "equality": len(_PROBE_TEXTS), "fallback": True,
+                "note": f"the equality is measured on {len(_PROBE_TEXTS)} fixed sentences, not on task data: {why}; "
+                        "pass --test FILE (records of the task, in its own format) to measure on them"}
+    n, cap = len(recs), (_BEAM_RECORDS if bart else _PROBE_RECORDS)
+    k = min(n, cap)
+    shown = Path(name).name if name and Path(name).exists() else str(name)  # a file by its name, not the path
+    if k == n:
+        note = f"all {n} records of {shown} ({why})"
+    else:
+        rest = [x for x, on in (("the ONNX checks" if bart else "the ONNX scores", onnx),
+                                ("the CRF agreement", crf and not bart)) if on]
+        note = (f"the equality check compares the first {k} of the {n} records of {shown} ({why}): its cap is "
+                f"{cap} records" + (", each beam-searched by both models" if bart else "")
+                + (f"; {' and '.join(rest)} use all {n}" if rest else ""))
+    return {"file": shown, "from": why, "in_file": n, "equality": k, "fallback": False, "note": note}
 
 
 def _compare(ref: torch.Tensor, got: torch.Tensor, mask: torch.Tensor | None) -> dict[str, Any]:
@@ -324,6 +341,7 @@ def export_plain(source: str | Path, out: str | Path, task: str, features: bool 
     if folder.resolve() == out.resolve() or folder.resolve().is_relative_to(out.resolve()):
         raise OutputError(f"--out {out}: is (or holds) the export being read ({folder}); give another folder")
     sparse, pred = load_source(folder, task_loader)
+    recs, recs_file, why = _records(pred, task, test)  # before anything is written: a bad record writes nothing
     bart = sparse.config.model_type == "skillnet-bart"
     flat = plain_bart(sparse, task) if bart else plain_bert(sparse, task, features)
     claim_output(out, option="--out", command="export", overwrite=overwrite,
@@ -340,11 +358,14 @@ def export_plain(source: str | Path, out: str | Path, task: str, features: bool 
         tok.model_max_length = cut
         tok.save_pretrained(str(tmp))
     kind = meta.get("kind")
-    recs, recs_file = _records(folder, task, test, kind, meta.get("type") == "regression") if kind else ([], None)
+    records = _records_note(recs, recs_file, why, bart, flat.head == "token_crf", onnx)
+    # loud when the claim falls back to fixed sentences: the card of a fine-tuned task says "test set" otherwise
+    print(f"warning: {records['note']}" if records["fallback"] else f"[export] records: {records['note']}",
+          file=sys.stderr)
     facts: dict[str, Any] = {
         "source": folder.name, "task": task, "class": type(flat.model).__name__, "head": flat.head,
         "skills": [{"name": sparse.config.skill_names[i], "weight": w} for i, w in flat.mixture],
-        "ffn_widths": flat.widths, "measured_on": recs_file or "fixed sentences",
+        "ffn_widths": flat.widths, "measured_on": records["file"] or "fixed sentences", "records": records,
         "model_max_length": int(tok.model_max_length), "task_max_seq_len": meta.get("max_seq_len"),
         "kind": kind,
     }
@@ -359,7 +380,7 @@ def export_plain(source: str | Path, out: str | Path, task: str, features: bool 
                 # decoding ignores it, but transformers refuses to save a greedy config that sets it.
                 g.early_stopping = False
             g.save_pretrained(str(tmp))
-        sources = [prefix + r["source"] for r in recs[:_PROBE_RECORDS // 4]] or [prefix + t for t in _PROBE_TEXTS]
+        sources = [prefix + r["source"] for r in recs[:_BEAM_RECORDS]] or [prefix + t for t in _PROBE_TEXTS]
         facts["prefix"] = prefix
         facts["equality"] = measure_bart(sparse, flat.model, task, sources, tok)
         if onnx:
@@ -487,6 +508,13 @@ def render_plain_card(f: dict[str, Any]) -> str:
              + (" (encoder, then decoder)" if f["class"].startswith("Bart") else "") + f": {f['ffn_widths']}; "
              "narrower layers are zero-padded to the config's one width (exact: zero rows give act(0) = 0, zero "
              "columns add nothing).", "", "## Measured equality", ""]
+    rec = f.get("records") or {}
+    if rec.get("fallback"):  # the reason may name folders of the exporting machine: plain_export.json keeps it
+        lines += [f"**Not measured on task data**: on {rec['equality']} fixed sentences; the export found no records "
+                  "of the task (plain_export.json's `records` says why). Export again with `--test FILE` to measure "
+                  "on them.", ""]
+    elif rec:
+        lines += [f"Records: {rec['note']}.", ""]
     if f["class"].startswith("Bart"):
         lines.append(f"On {eq['inputs']} inputs ({f['measured_on']}), beam search gave the same tokens as the sparse "
                      f"model for {eq['beam_equal']} of {eq['inputs']}; the largest teacher-forced logit difference "

@@ -1,6 +1,7 @@
 """The fine-tuning config file: one JSON document describing the tasks, the model, the sampler and training.
 
-Example (paths are relative to the config file)::
+Example (paths are relative to the config file, or to its ``base_dir`` when it gives one: the run's
+``finetune_config.json`` records the folder its paths were resolved against)::
 
     {
       "model": {"init": "runs/pretrain/export", "preset": "tiny"},
@@ -141,7 +142,10 @@ class FinetuneConfig:
     drop_skills: list[str] = field(default_factory=list)  # ablation (Table 6)
     skip_bad: bool = False
     output_dir: str = "runs/finetune"
-    base_dir: str = ""  # where relative paths are resolved (the config file's folder); not serialised
+    # Where relative paths are resolved: the config file's folder, unless the file records one. to_json records
+    # it, so that a run's finetune_config.json finds the run's data again (export --plain reads its test split)
+    # from wherever it is read; the run's identity (to_dict) leaves it out.
+    base_dir: str = ""
 
     def __post_init__(self) -> None:
         names = [t.name for t in self.tasks]
@@ -348,7 +352,9 @@ class FinetuneConfig:
         return self._plain_dict(describe=False)  # in-memory datasets stay objects: from_dict(to_dict()) is equal
 
     def to_json(self) -> str:
-        return json.dumps(self._plain_dict(describe=True), ensure_ascii=False, indent=2) + "\n"
+        d = self._plain_dict(describe=True)
+        d["base_dir"] = str(Path(self.base_dir or ".").resolve())  # "": the working directory, as resolve()
+        return json.dumps(d, ensure_ascii=False, indent=2) + "\n"
 
     def _plain_dict(self, describe: bool) -> dict[str, Any]:
         d = _plain(self, describe=describe)
@@ -362,7 +368,10 @@ class FinetuneConfig:
         if not isinstance(d, Mapping):
             raise ConfigError(f"{where}: expected a JSON object at the top level")
         d = dict(d)
-        known = {f.name for f in fields(cls)} - {"base_dir"}
+        known = {f.name for f in fields(cls)}
+        if d.get("base_dir") is not None:  # a recorded folder (to_json), relative to the file's own if relative
+            base_dir = str(Path(base_dir) / os.path.expanduser(str(d["base_dir"])))
+        d.pop("base_dir", None)
         unknown = sorted(set(d) - known)
         if unknown:
             raise ConfigError(f"{where}: unknown top-level option(s) {unknown}; known: {sorted(known)}")

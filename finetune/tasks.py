@@ -128,13 +128,15 @@ class TaskData:
         extra = codec_for(meta["type"]).config_from_meta(meta)
         cfg = TaskConfig(name=name, type=meta["type"], skills=list(meta.get("skills") or ["s7"]),
                          train="(not needed for prediction)", kind=meta["kind"], labels=meta.get("labels"),
-                         head=dict(meta.get("head") or {}), max_seq_len=int(meta["max_seq_len"]), **extra)
+                         head=dict(meta.get("head") or {}), max_seq_len=int(meta["max_seq_len"]),
+                         columns=dict(meta.get("columns") or {}), **extra)
         return cls(cfg, None, tokenizer, load_splits=())
 
     def meta(self) -> dict[str, Any]:
         """What prediction needs to encode inputs and decode outputs of this task."""
         meta = {"type": self.cfg.type, "kind": self.kind, "labels": self.label_list, "skills": self.cfg.skills,
-                "max_seq_len": self.max_len, "head": self.cfg.head, "metric": self.cfg.metric}
+                "max_seq_len": self.max_len, "head": self.cfg.head, "metric": self.cfg.metric,
+                "columns": dict(self.cfg.columns)}  # the task's own format: predict reads it as training did
         meta.update(self.codec.meta(self))
         return meta
 
@@ -143,11 +145,8 @@ class TaskData:
         cap = self.cfg.max_train_examples if split == "train" else self.cfg.max_eval_examples
         if split == "dev" and self.cfg.max_dev_examples is not None:
             cap = self.cfg.max_dev_examples
-        labels = self.label_list
         try:
-            recs, report = load_task_file(self.sources[split], self.kind, labels, skip_bad,
-                                          regression=self.regression, as_dataset=False,
-                                          columns=self.cfg.columns or None, name=self.files[split], split=split)
+            recs, report = self.read(self.sources[split], self.files[split], split, skip_bad=skip_bad)
         except TaskDataError as e:
             if not self.kind_note:
                 raise
@@ -164,6 +163,14 @@ class TaskData:
         self.reports[split] = report
         if report.num_skipped:
             log.warning("%s", report.summary())
+
+    def read(self, source: Any, name: str, split: str, *, skip_bad: bool = False, require_labels: bool = True
+             ) -> tuple[list[dict[str, Any]], LoadReport]:
+        """The records of `source` as fine-tuning reads a split of this task: its kind, labels and `columns`
+        (also what ``export --plain`` measures on, finetune/predict.py)."""
+        return load_task_file(source, self.kind, self.label_list, skip_bad, regression=self.regression,
+                              require_labels=require_labels, as_dataset=False, columns=self.cfg.columns or None,
+                              name=name, split=split)
 
     @property
     def num_train(self) -> int:

@@ -30,7 +30,7 @@ from .validation import (
 )
 
 __all__ = [
-    "LoadReport", "TaskSpec", "infer_pair_kind", "load_task", "load_task_file", "write_jsonl",
+    "LoadReport", "TaskSpec", "infer_pair_kind", "load_task", "load_task_file", "map_columns", "write_jsonl",
 ]
 
 
@@ -129,7 +129,7 @@ def _check_columns(columns: Mapping[str, str] | None) -> None:
             raise ValueError(f"columns: {k!r} must map to a column name (a string), got {v!r}")
 
 
-def _map_columns(obj: Any, columns: Mapping[str, str] | None) -> Any:
+def map_columns(obj: Any, columns: Mapping[str, str] | None) -> Any:
     """Schema field <- the source's column. A mapped field replaces a column of the field's own name."""
     if not columns or not isinstance(obj, dict):
         return obj
@@ -176,7 +176,7 @@ def infer_pair_kind(source: Any, *, columns: Mapping[str, str] | None = None, na
     if stream.columns is not None and (columns or {}).get("text_pair", "text_pair") not in stream.columns:
         return "single", None  # a table without the column: no need to read its rows
     for n, obj in stream.items:
-        obj = _map_columns(obj, columns)
+        obj = map_columns(obj, columns)
         if isinstance(obj, dict) and obj.get("text_pair") is not None:
             return "pair", f"{stream.name}:{_loc(*stream.where(n))}"
     return "single", None
@@ -242,7 +242,7 @@ def load_task_file(
         try:
             if isinstance(obj, _Bad):
                 raise obj
-            obj = _map_columns(obj, columns)
+            obj = map_columns(obj, columns)
             if stream.text_only:
                 obj = _from_text_cells(obj, kind, regression)
             rec = validate_record(obj, kind, label_list=label_list, regression=regression,

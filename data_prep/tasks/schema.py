@@ -23,6 +23,7 @@ from .loading import (
     infer_pair_kind,
     load_task,
     load_task_file,
+    map_columns,
     write_jsonl,
 )
 from .readers import (
@@ -52,5 +53,5 @@ __all__ = [
     "FILE_FORMATS", "FLAT_KINDS", "KINDS", "SPLITS", "SPLIT_ALIASES", "SUPPORTED_SOURCES", "LoadReport",
     "TaskDataError", "TaskSource", "TaskSpec", "check_record", "dataset_splits",
     "datasets_class", "expand_label_list", "infer_label_list", "infer_pair_kind", "iter_jsonl", "kind_fields",
-    "load_task", "load_task_file", "open_records", "validate_record", "write_jsonl",
+    "load_task", "load_task_file", "map_columns", "open_records", "validate_record", "write_jsonl",
 ]
