@@ -159,3 +159,15 @@ def test_generation_predict_and_export_test_read_columns(lcsts, tmp_path, capsys
     facts = json.loads((tmp_path / "P" / "plain_export.json").read_text(encoding="utf-8"))
     assert facts["measured_on"] == "in.jsonl" and facts["equality"]["inputs"] == 3
     assert facts["records"]["in_file"] == 3 and "warning" not in capsys.readouterr().err
+
+
+def test_a_generation_export_says_why_it_beam_searches_fewer_records():
+    """The trial's case: 50 records given, beam equality on 16 of them; the note says it is the cap, and that
+    the ONNX checks use all 50."""
+    from skillnet.export.plain import _BEAM_RECORDS, _records_note
+
+    recs = [{"source": str(i)} for i in range(50)]
+    r = _records_note(recs, "lcsts_test.jsonl", "--test", bart=True, crf=False, onnx=True)
+    assert r["in_file"] == 50 and r["equality"] == _BEAM_RECORDS == 16 and not r["fallback"]
+    assert "first 16 of the 50 records of lcsts_test.jsonl" in r["note"] and "beam-searched by both models" in r["note"]
+    assert "the ONNX checks use all 50" in r["note"]
