@@ -160,7 +160,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = Parser("skillnet.finetune.predict", description=__doc__.split("\n\n")[0],
                                 epilog=__doc__.split("\n\n", 1)[1])
     p.add_argument("--model", required=True, help="an export/ or best/<task>/ folder written by finetune.run")
-    p.add_argument("--input", required=True, help="JSONL records; each names its task in 'task' unless --task")
+    p.add_argument("--input", required=True, help="JSONL records, in the task's own format (its 'columns') or the schema's; each "
+                   "names its task in 'task', else --task (or the model's only or default task) applies")
     p.add_argument("--output", required=True,
                    help="JSONL with a 'prediction' field added (written atomically); an existing file is replaced "
                         "only if it holds predictions, or with --overwrite")
