@@ -41,9 +41,11 @@ class LaunchError(ValueError):
 def check_master_port() -> None:
     """Rank 0 of a launch: fail in one line when MASTER_PORT is taken (another job on this node?) instead of
     a DistNetworkError traceback from every rank. The other ranks cannot tell their own rank 0's port from
-    a stranger's; the launcher stops them when rank 0 exits."""
+    a stranger's; the launcher stops them when rank 0 exits. Under torchrun (its elastic agent sets
+    TORCHELASTIC_RUN_ID in every rank) the port is the launcher's: its agent hosts the rendezvous store there
+    before any rank starts (and fails itself, in its own words, when the port is taken), so it is left alone."""
     port, rank = os.environ.get("MASTER_PORT"), os.environ.get("RANK")
-    if not port or rank != "0":
+    if not port or rank != "0" or "TORCHELASTIC_RUN_ID" in os.environ:
         return
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         # As torch's TCPStore binds: a port whose last run's connections linger in TIME_WAIT (a requeued job
