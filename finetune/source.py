@@ -35,8 +35,8 @@ class MultiTaskBatchSource:
         self.seed = seed
         self.step = 0  # global micro-step
         self.draws: Counter[str] = Counter()
-        # Tasks whose head reads pooled outputs only get rows of several examples (training/packing.py):
-        # the same examples and losses, fewer padded slots. The data order and the state do not change.
+        # Tasks whose codec packs get rows of several examples (training/packing.py): the same examples and
+        # losses, fewer padded slots. The data order and the state do not change.
         self.packing = packing
 
     @property
@@ -57,13 +57,19 @@ class MultiTaskBatchSource:
         mine = idx[self.rank * self.micro:(self.rank + 1) * self.micro]
         # Matching negatives are drawn per (draw, rank) so ranks see different negatives.
         tensors = data.train_batch(mine, seed=self.seed, draw=k * self.world + self.rank)
-        if self.packing and data.codec.packs:
-            tensors = pack_where_it_pays(tensors, data.tok.pad_id,
-                                         row_len=max(data.max_len, tensors["input_ids"].shape[1]))
+        codec = data.codec
+        if self.packing and codec.packs:
+            # Rows of the length the task's rows may have (a generation source may pass max_seq_len by its
+            # prefix; its targets are cut at max_target_len).
+            pairs = codec.packs == "pairs"
+            tensors = pack_where_it_pays(
+                tensors, data.tok.pad_id, row_len=max(data.max_len, tensors["input_ids"].shape[1]),
+                unpack=codec.packs == "tokens", decoder_start_id=data.tok.sep_id if pairs else None,
+                decoder_row_len=max(data.limit("max_target_len"), tensors["labels"].shape[1]) if pairs else None)
         self.draws[task] += 1
         self.step += 1
         self.sampler.step = self.step
-        return Batch(task, tensors)
+        return Batch(task, tensors, decoder=codec.decoder)
 
     def realised_mix(self) -> dict[str, float]:
         n = sum(self.draws.values())

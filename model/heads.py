@@ -151,6 +151,26 @@ def packed_layout(batch: dict[str, Any]) -> dict[str, torch.Tensor]:
     return {k: batch.pop(k) for k in PACKED_LAYOUT if isinstance(batch.get(k), torch.Tensor)}
 
 
+def sample_rows(batch: dict[str, Any], hidden_RTD: torch.Tensor | None = None
+                ) -> tuple[dict[str, Any], torch.Tensor | None]:
+    """A packed batch whose head reads every token (``unpack_index`` [B, W]: training/packing.py) back in
+    one sample per row: its [R, T] token tensors as [B, W] (-100 / 0 past a sample's end, as padding) and
+    the encoder's ``hidden_RTD`` as [B, W, D] (0 there). The head then sees exactly the padded batch.
+    Anything else is returned as it is."""
+    index = batch.get("unpack_index")
+    if not isinstance(index, torch.Tensor):
+        return batch, hidden_RTD
+    out = {k: v for k, v in batch.items() if k != "unpack_index"}
+    keep, at = index >= 0, index.clamp(min=0)
+    rows = (hidden_RTD if hidden_RTD is not None else batch["input_ids"]).shape[:2]
+    for k, v in out.items():
+        if isinstance(v, torch.Tensor) and v.shape == rows:
+            out[k] = torch.where(keep, v.flatten()[at], -100 if k == "labels" else 0)
+    if hidden_RTD is not None:
+        hidden_RTD = torch.where(keep[..., None], hidden_RTD.flatten(0, 1)[at], 0.0)
+    return out, hidden_RTD
+
+
 # ---- fine-tuning heads ---------------------------------------------------------------------------------
 class ClassificationHead(nn.Module):
     """[CLS] (pooled) -> softmax (T1-T4, single sentence or pair)."""
@@ -444,6 +464,9 @@ class SkillNetBertForMultiTask(SkillNetBertPreTrainedModel):
         elif isinstance(head, MatchingHead):
             raise ValueError(f"task {task!r} is a matching task: input_ids must be [groups, candidates, T]")
         enc = self.bert(input_ids, attention_mask, token_type_ids, task=task, **packed_layout(batch))
+        batch, hidden = sample_rows(batch, enc.last_hidden_state)
+        if hidden is not enc.last_hidden_state:
+            enc.last_hidden_state = hidden
         out = head(enc, batch)
         return _with_aux(out, enc)
 
@@ -454,4 +477,5 @@ class SkillNetBertForMultiTask(SkillNetBertPreTrainedModel):
         out = self.forward(task=task, **batch)
         if batch["input_ids"].dim() == 3:
             batch["group_shape"] = batch["input_ids"].shape[:2]
-        return self._head(task).predict(out, batch)
+        view = {k: v for k, v in batch.items() if k not in PACKED_LAYOUT}
+        return self._head(task).predict(out, sample_rows(view)[0])

@@ -176,8 +176,14 @@ def _describe_bert(args: argparse.Namespace) -> str:
     how = "" if len(args.objectives) == 1 else (
         ", every step each" if args.objective_mode == "both" else ", one drawn per step"
     )
-    rows = "one sample per row [--no-packing]" if not args.packing else "packed rows (several samples per row) [default]"
-    return f"{kind}; objectives {' + '.join(args.objectives)} [{args.objectives_source}]{how}; {rows}"
+    return f"{kind}; objectives {' + '.join(args.objectives)} [{args.objectives_source}]{how}; {_rows(args)}"
+
+
+def _rows(args: argparse.Namespace) -> str:
+    if not args.packing:
+        return "one sample per row [--no-packing]"
+    sides = " (encoder and decoder sides)" if args.arch == "bart" else ""
+    return f"packed rows (several samples per row{sides}; --no-packing: one per row)"
 
 
 def _describe_bart(args: argparse.Namespace) -> str:
@@ -186,7 +192,7 @@ def _describe_bart(args: argparse.Namespace) -> str:
     return (
         f"dense BART (no skill layers; exported as HF BartForConditionalGeneration); objective denoise: "
         f"text infilling, mask_ratio {ratio}, span lengths ~ Poisson({lam}), sentence permutation "
-        f"{'on' if args.permute_sentences else 'off'}"
+        f"{'on' if args.permute_sentences else 'off'}; {_rows(args)}"
     )
 
 
@@ -220,7 +226,8 @@ class PretrainArch:
 
 ARCHS: dict[str, PretrainArch] = {
     "bert": PretrainArch("bert", _bert_dataset, _build_bert, _check_bert, _describe_bert, packs=True),
-    "bart": PretrainArch("bart", _bart_dataset, _build_bart, _check_bart, _describe_bart, always_dense=True),
+    "bart": PretrainArch("bart", _bart_dataset, _build_bart, _check_bart, _describe_bart, always_dense=True,
+                         packs=True),
 }
 
 

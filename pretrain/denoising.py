@@ -18,7 +18,9 @@ and no random-token replacement):
     labels    = [CLS] text [SEP]            -100 after
 
 The model derives its decoder inputs from the labels (HF ``shift_tokens_right``: ``[SEP] [CLS] text``):
-decoder start [SEP] and labels "[CLS] y [SEP]", as the public SkillNet-NLG code and as fine-tuning.
+decoder start [SEP] and labels "[CLS] y [SEP]", as the public SkillNet-NLG code and as fine-tuning. With
+packing (the default of pre-training) a micro-batch's samples share rows on both sides
+(training/packing.py `pack_pairs`), each decoder input built per sample behind its own [SEP].
 
 All randomness comes from the counter-based hash of `pretrain.dataset` over (seed, epoch, "denoise",
 index, position): any rank builds any sample, and training resumes at an exact position.
@@ -161,6 +163,11 @@ class DenoisingDataset(PretrainingDataset):
         self.mask_ratio, self.poisson_lambda = mask_ratio, poisson_lambda
         self.permute_sentences = permute_sentences
         self._cdf = poisson_cdf(poisson_lambda)
+
+    @property
+    def decoder_start_id(self) -> int:
+        """The decoder's first input of every sample (the model's ``decoder_start_token_id``): [SEP]."""
+        return self.sep_id
 
     def check_objective(self, objective: str) -> None:
         if objective != DENOISE:

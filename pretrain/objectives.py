@@ -155,6 +155,9 @@ class PretrainBatchSource:
         self._perm: np.ndarray | None = None
         self.workers, self.prefetch, self.pin_memory = workers, prefetch, pin_memory
         self.packing = packing
+        # An encoder-decoder's dataset (BART denoising) names its decoder's start token: its batches have a
+        # decoder side, packed beside the encoder's behind that token.
+        self.decoder_start_id: int | None = getattr(dataset, "decoder_start_id", None)
         self._ahead: Iterator[tuple[str, dict[str, Any]]] | None = None  # the workers' batches from self.micro
 
     def __iter__(self) -> Iterator[Batch]:
@@ -166,7 +169,9 @@ class PretrainBatchSource:
         objective = self.sampler.choice(step, k)
         tensors = self.dataset.batch(indices, epoch, objective)
         if self.packing:
-            tensors = pack_where_it_pays(tensors, self.dataset.pad_id)
+            # An encoder-decoder's samples (BART denoising) pack both sides, each decoder input behind the
+            # start token the model was built with (the shards' [SEP]).
+            tensors = pack_where_it_pays(tensors, self.dataset.pad_id, decoder_start_id=self.decoder_start_id)
         labels = tensors.get("labels")
         if objective == "mlm" and isinstance(labels, torch.Tensor):
             # The predicted positions, found here on the host (in a worker): the model gathers them without
@@ -214,7 +219,7 @@ class PretrainBatchSource:
         else:
             objective, tensors = self.build(self.micro)
         self.micro += 1
-        return Batch(objective, dict(tensors))
+        return Batch(objective, dict(tensors), decoder=self.decoder_start_id is not None)
 
     def state_dict(self) -> dict[str, Any]:
         return {

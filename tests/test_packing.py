@@ -311,12 +311,16 @@ def test_a_sequence_longer_than_the_positions_is_refused_in_one_line(default_sha
     assert not (tmp_path / "run").exists()
 
 
-# ---- fine-tuning: tasks whose head reads the pooled [CLS] ------------------------------------------------
-def test_finetuning_rows_pack_pooled_tasks_only_with_equal_loss_and_gradients() -> None:
-    """TrainConfig.packing: a classification batch (padded to its longest example, as fine-tuning builds it)
-    packed into rows of the task's max_seq_len has the loss, logits and gradients of its padded form; the
-    source packs it exactly when that computes fewer slots; a task whose head reads every token (NER,
-    matching) keeps one example per row; the data order and state are those of an unpacked source."""
+# ---- fine-tuning: every task type that packs -----------------------------------------------------------
+def _token_values(t: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    return t[mask.bool()]  # the values at real tokens, sample by sample
+
+
+def test_finetuning_rows_pack_every_type_that_pays_with_equal_loss_and_gradients() -> None:
+    """TrainConfig.packing: a batch (padded to its longest example, as fine-tuning builds it) packed into rows
+    of the task's max_seq_len has the loss, logits (at every real token for NER's emissions), Viterbi paths
+    and gradients of its padded form; the source packs it exactly when that computes fewer slots; matching
+    keeps one candidate per row; the data order and state are those of an unpacked source."""
     from skillnet.data_prep.tokenizer import load_tokenizer
     from skillnet.finetune.build import build_model
     from skillnet.finetune.config import FinetuneConfig
@@ -339,7 +343,7 @@ def test_finetuning_rows_pack_pooled_tasks_only_with_equal_loss_and_gradients() 
     model, _ = build_model(cfg, data)
     model.eval()  # dropout off: the two layouts would draw different masks (gradients flow all the same)
     kinds = set()
-    for _ in range(12):
+    for _ in range(16):
         a, b = next(plain), next(packed)
         assert a.task == b.task and a.num_tokens() == b.num_tokens()
         td = data[a.task]
@@ -348,20 +352,79 @@ def test_finetuning_rows_pack_pooled_tasks_only_with_equal_loss_and_gradients() 
             kinds.add("kept")
             continue
         kinds.add(a.task)
-        forced, _ = pack_rows(a.tensors, tok.pad_id, row_len=td.max_len)
-        pays = forced["input_ids"].numel() < a.tensors["input_ids"].numel()
-        want = forced if pays else a.tensors
+        tokens = td.codec.packs == "tokens"
+        want = pack_where_it_pays(a.tensors, tok.pad_id, row_len=td.max_len, unpack=tokens)
         assert b.tensors.keys() == want.keys() and all(torch.equal(want[k], b.tensors[k]) for k in want)
+        # the rows the source chose, or where packing did not pay, rows of the task's max_seq_len
+        forced = b.tensors if "segment_ids" in b.tensors else pack_rows(a.tensors, tok.pad_id, row_len=td.max_len,
+                                                                        unpack=tokens)[0]
         assert forced["input_ids"].shape[0] < a.tensors["input_ids"].shape[0]  # rows of several examples
+        if "segment_ids" in b.tensors:
+            assert b.num_slots() < a.num_slots()
         out_a, g_a = _run(model, a.task, a.tensors)
         out_f, g_f = _run(model, a.task, forced)
         assert out_f.loss.item() == pytest.approx(out_a.loss.item(), rel=RTOL, abs=ATOL)
-        torch.testing.assert_close(out_f.logits, out_a.logits, rtol=RTOL, atol=ATOL)
+        if tokens:  # emissions per token, back in the padded layout; padding's are never read
+            mask = a.tensors["attention_mask"]
+            torch.testing.assert_close(_token_values(out_f.logits, mask), _token_values(out_a.logits, mask),
+                                       rtol=RTOL, atol=ATOL)
+            assert model.predict(a.task, **forced) == model.predict(a.task, **a.tensors)
+        else:
+            torch.testing.assert_close(out_f.logits, out_a.logits, rtol=RTOL, atol=ATOL)
         assert g_f.keys() == g_a.keys()
         for name in g_a:
             torch.testing.assert_close(g_f[name], g_a[name], rtol=RTOL, atol=ATOL, msg=name)
-    assert kinds == {"kept", "sentiment"}, kinds
+    assert {"kept", "sentiment", "ner"} <= kinds, kinds  # (the fixtures' near-equal lengths rarely pay)
     assert packed.state_dict() == plain.state_dict()
+
+
+def test_token_heads_read_each_sample_back_in_its_own_row() -> None:
+    """NER's CRF (loss and Viterbi paths) and span extraction (loss, start/end logits, best spans) on packed
+    rows equal the padded batch, per sample; without moving the encoder's output back (the packed layout
+    handed to the head) they do not."""
+    from skillnet.model.heads import sample_rows
+
+    torch.manual_seed(0)
+    heads = {"ner": {"type": "token_crf", "num_labels": 5, "labels": ["O", "B-PER", "I-PER", "B-LOC", "I-LOC"]},
+             "span": {"type": "span", "num_labels": 2}}
+    cfg = SkillNetBertConfig.preset("tiny", hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0,
+                                    task_heads=heads, tasks={"ner": ["s2", "s7"], "span": ["s1", "s7"]})
+    model = SkillNetBertForMultiTask(cfg).train()
+    rng = np.random.default_rng(1)
+    lens = rng.integers(4, 30, 12)
+    B, W = len(lens), int(lens.max())
+    real = torch.from_numpy(np.arange(W)[None, :] < lens[:, None]).long()
+    ids = torch.from_numpy(rng.integers(1000, 5000, (B, W))) * real
+    base = {"input_ids": ids, "attention_mask": real, "token_type_ids": torch.zeros_like(ids)}
+    words = real.clone()
+    words[:, 0] = 0
+    words[torch.arange(B), torch.from_numpy(lens - 1)] = 0  # [CLS] and [SEP] are not words
+    ner = {**base, "word_mask": words,
+           "labels": torch.where(words.bool(), torch.from_numpy(rng.choice([0, 1, 3], (B, W))), -100)}
+    ctx = words.clone()
+    start = torch.from_numpy(rng.integers(1, lens - 1))
+    span = {**base, "context_mask": ctx, "start_positions": start,
+            "end_positions": torch.minimum(start + 1, torch.from_numpy(lens - 2))}
+    for task, padded in (("ner", ner), ("span", span)):
+        packed, rows = pack_rows(padded, 0, row_len=64, unpack=True)
+        assert len(rows) < B
+        out_p, g_p = _run(model, task, padded)
+        out_k, g_k = _run(model, task, packed)
+        assert out_k.loss.item() == pytest.approx(out_p.loss.item(), rel=RTOL, abs=ATOL)
+        logit_mask = real if task == "ner" else ctx
+        torch.testing.assert_close(_token_values(out_k.logits, logit_mask), _token_values(out_p.logits, logit_mask),
+                                   rtol=RTOL, atol=ATOL)
+        for name in g_p:
+            torch.testing.assert_close(g_k[name], g_p[name], rtol=RTOL, atol=ATOL, msg=name)
+        with torch.no_grad():
+            assert model.predict(task, **packed) == model.predict(task, **padded)
+        # the check can fail: the CRF reading the packed rows' emissions as if each row were one sentence
+        if task == "ner":
+            layout_only = {k: v for k, v in packed.items() if k != "unpack_index"}
+            with torch.no_grad():
+                wrong = model(task=task, **layout_only)
+            assert wrong.loss.item() != pytest.approx(out_p.loss.item(), rel=RTOL)
+    assert sample_rows({"input_ids": ids}) == ({"input_ids": ids}, None)  # padded batches pass through
 
 
 def test_the_padding_command_reports_the_shares_a_run_would_see(data: PretrainingDataset, default_shards: Path,

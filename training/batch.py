@@ -18,32 +18,44 @@ class Batch:
     ``task`` selects the objective / fine-tuning task (and through the model config its skills);
     it must be the same on every rank for the same micro-step (ZeRO-2 aborts otherwise).
     ``tensors`` are passed as keyword arguments: ``model(task=batch.task, **batch.tensors)``.
+    ``decoder``: the batch has a decoder side (an encoder-decoder's), whose tokens are its ``labels`` that
+    are not -100 and whose slots are the ``labels``' size; tokens/s and the real share count both sides.
     """
 
     task: str
     tensors: dict[str, torch.Tensor] = field(default_factory=dict)
+    decoder: bool = False
 
     def to(self, device: torch.device | str) -> Batch:
-        return Batch(self.task, {k: v.to(device, non_blocking=True) for k, v in self.tensors.items()})
+        return Batch(self.task, {k: v.to(device, non_blocking=True) for k, v in self.tensors.items()},
+                     self.decoder)
 
     def num_tokens(self) -> int:
         """Non-padding tokens, for tokens/s (falls back to the size of ``input_ids``). Counted on the host
         copy a source builds, so that the count never waits for the device."""
         mask = self.tensors.get("attention_mask")
         if mask is not None:
-            if mask.device.type == "cpu":
-                return int(mask.numpy().sum())
-            return int(mask.sum().item())
-        ids = self.tensors.get("input_ids")
-        return int(ids.numel()) if ids is not None else 0
+            n = _count(mask)
+        else:
+            ids = self.tensors.get("input_ids")
+            n = int(ids.numel()) if ids is not None else 0
+        labels = self.tensors.get("labels")
+        return n + (_count(labels != -100) if self.decoder and labels is not None else 0)
 
     def num_slots(self) -> int:
         """Token slots of the rows, padding included (what the model computes over), for the real share."""
         ids = self.tensors.get("input_ids")
-        if ids is not None:
-            return int(ids.numel())
-        mask = self.tensors.get("attention_mask")
-        return int(mask.numel()) if mask is not None else 0
+        if ids is None:
+            ids = self.tensors.get("attention_mask")
+        n = int(ids.numel()) if ids is not None else 0
+        labels = self.tensors.get("labels")
+        return n + (int(labels.numel()) if self.decoder and labels is not None else 0)
+
+
+def _count(mask: torch.Tensor) -> int:
+    if mask.device.type == "cpu":
+        return int(mask.numpy().sum())
+    return int(mask.sum().item())
 
 
 @runtime_checkable

@@ -14,6 +14,24 @@ the same tokens, token types, labels and sample-level labels, in a layout the mo
 Sample-level tensors ([B], e.g. ``next_sentence_label``) keep their order, which ``cls_positions`` matches.
 Rows are filled first-fit by decreasing length (stable, so the layout is a pure function of the batch),
 and a row only takes samples of one group (``groups``: a task per sample) so that a row has one skill set.
+With ``unpack=True`` the batch also carries
+
+    unpack_index    [B, W]  flat index (into R*T) of token t of sample b, -1 past its length
+
+for heads that read every token of a sample (a CRF, span logits): the model moves the encoder's output
+back to one sample per row after the encoder, and the head then sees exactly the padded batch's layout.
+
+An encoder-decoder batch (`pack_pairs`: ``input_ids``/``attention_mask`` for the encoder, ``labels`` for
+the decoder, -100 past each target) packs both sides into the same rows: sample k of a row is segment k on
+both sides, so cross-attention pairs them. The decoder side carries
+
+    decoder_input_ids       [R, Td]  each sample's labels shifted right behind the decoder start token
+                                     (never the previous sample's last token)
+    labels, decoder_attention_mask, decoder_segment_ids, decoder_position_ids, decoder_token_order
+                                     as the encoder side's, over the targets
+
+and ``cls_positions`` is left out (no pooled output). The loss over ``labels`` is then the padded
+batch's: the same label tokens, counted once each, under the same normaliser.
 """
 
 from __future__ import annotations
@@ -24,35 +42,45 @@ from typing import Any
 import numpy as np
 import torch
 
-__all__ = ["fewest_rows", "pack_rows", "pack_where_it_pays", "plan_rows", "real_token_share"]
+__all__ = ["fewest_rows", "pack_pairs", "pack_rows", "pack_where_it_pays", "plan_rows", "real_token_share"]
 
 # Values that fill a token-level tensor's padding.
 _PAD_VALUES = {"labels": -100, "attention_mask": 0, "token_type_ids": 0}
 
 
-def plan_rows(lengths: Sequence[int] | np.ndarray, max_len: int,
+def plan_rows(lengths: Sequence[int] | np.ndarray, max_len: int | Sequence[int],
               groups: Sequence[Any] | None = None) -> list[list[int]]:
     """Rows of sample indices, first-fit decreasing: each row's lengths sum to at most ``max_len``, a row
-    holds samples of one group only, and the samples of a row keep their batch order."""
+    holds samples of one group only, and the samples of a row keep their batch order. ``lengths`` may be
+    [B, 2] with ``max_len`` a pair (an encoder-decoder's source and target lengths, each side's row length):
+    a row then fits both sides, and samples are taken by decreasing share of the fuller side."""
     lens = np.asarray(lengths, dtype=np.int64)
-    if len(lens) and (lens.max() > max_len or lens.min() < 1):
-        raise ValueError(f"sample lengths must be in [1, {max_len}], got {lens.min()}..{lens.max()}")
+    caps = np.asarray(max_len, dtype=np.int64).reshape(-1)
+    sizes = lens.reshape(len(lens), -1)
+    if sizes.shape[1] != len(caps):
+        raise ValueError(f"{sizes.shape[1]} lengths per sample for {len(caps)} row lengths")
+    if len(lens) and ((sizes > caps).any() or sizes.min() < 1):
+        raise ValueError(f"sample lengths must be in [1, {max_len}], got {sizes.min()}..{sizes.max()}")
     keys = [None] * len(lens) if groups is None else list(groups)
     if len(keys) != len(lens):
         raise ValueError(f"{len(keys)} groups for {len(lens)} samples")
+    # One side: by length (integers, so the order of equal lengths is the batch order); two: by the
+    # fuller side's share of its row.
+    order = (np.argsort(-sizes[:, 0], kind="stable") if len(caps) == 1
+             else np.argsort(-(sizes / caps).max(1), kind="stable"))
     rows: list[list[int]] = []
-    free: list[int] = []
+    free: list[np.ndarray] = []
     row_key: list[Any] = []
-    for i in np.argsort(-lens, kind="stable"):
-        n = int(lens[i])
+    for i in order:
+        n = sizes[i]
         for r, f in enumerate(free):
-            if f >= n and row_key[r] == keys[i]:
+            if (f >= n).all() and row_key[r] == keys[i]:
                 rows[r].append(int(i))
-                free[r] -= n
+                free[r] = f - n
                 break
         else:
             rows.append([int(i)])
-            free.append(max_len - n)
+            free.append(caps - n)
             row_key.append(keys[i])
     for r in rows:
         r.sort()
@@ -67,75 +95,164 @@ def fewest_rows(lengths: Sequence[int] | np.ndarray, max_len: int) -> int:
     return max(int((lens > max_len / 2).sum()), int(np.ceil(lens.sum() / max_len)))
 
 
-def _lengths(batch: dict[str, torch.Tensor]) -> np.ndarray:
-    """Each row's sample length, checking that the rows are padded prefixes."""
-    mask = batch["attention_mask"].numpy().astype(bool)
+def _lengths(batch: dict[str, torch.Tensor], key: str = "attention_mask") -> np.ndarray:
+    """Each row's sample length, checking that the rows are padded prefixes (``key``: a 0/1 mask, or
+    ``labels``, whose -100s are the padding)."""
+    value = batch[key].numpy()
+    mask = value != -100 if key == "labels" else value.astype(bool)
     lens = mask.sum(1)
     if not (mask == (np.arange(mask.shape[1])[None, :] < lens[:, None])).all():
-        raise ValueError("pack_rows needs padded rows: attention_mask must be ones then zeros in every row")
+        raise ValueError(f"packing needs padded rows: {key} must be real tokens then padding in every row")
     return lens
 
 
+class _Layout:
+    """Where each real token of a padded side ([B, W], lengths ``lens``) goes in packed rows of T slots."""
+
+    def __init__(self, lens: np.ndarray, rows: list[list[int]], T: int) -> None:
+        B = len(lens)
+        row_of = np.empty(B, np.int64)
+        offset = np.empty(B, np.int64)
+        seg_of = np.empty(B, np.int64)
+        for r, samples in enumerate(rows):
+            at = 0
+            for j, b in enumerate(samples):
+                row_of[b], offset[b], seg_of[b] = r, at, j + 1
+                at += int(lens[b])
+        self.R, self.T, self.lens = len(rows), T, lens
+        self.row_of, self.offset = row_of, offset
+        # Source (b, t) of every real token, in the samples' order, and its packed flat position.
+        self.src_b = np.repeat(np.arange(B), lens)
+        self.src_t = np.arange(int(lens.sum())) - np.repeat(np.cumsum(lens) - lens, lens)
+        self.dst = row_of[self.src_b] * T + offset[self.src_b] + self.src_t
+        self.seg = np.zeros(self.R * T, np.int64)
+        self.seg[self.dst] = seg_of[self.src_b]
+        self.pos = np.zeros(self.R * T, np.int64)
+        self.pos[self.dst] = self.src_t
+
+    def scatter(self, value: torch.Tensor, fill: int) -> torch.Tensor:
+        """A [B, W, ...] token tensor in the packed rows."""
+        flat = value.new_full((self.R * self.T, *value.shape[2:]), fill)
+        flat[torch.from_numpy(self.dst)] = value[torch.from_numpy(self.src_b), torch.from_numpy(self.src_t)]
+        return flat.view(self.R, self.T, *value.shape[2:])
+
+    def tensors(self, prefix: str = "") -> dict[str, torch.Tensor]:
+        return {f"{prefix}segment_ids": torch.from_numpy(self.seg.reshape(self.R, self.T)),
+                f"{prefix}position_ids": torch.from_numpy(self.pos.reshape(self.R, self.T)),
+                f"{prefix}token_order": torch.from_numpy(self.dst)}
+
+    def unpack_index(self, width: int) -> torch.Tensor:
+        idx = np.full(len(self.lens) * width, -1, np.int64)
+        idx[self.src_b * width + self.src_t] = self.dst
+        return torch.from_numpy(idx.reshape(len(self.lens), width))
+
+
 def pack_rows(batch: dict[str, torch.Tensor], pad_id: int, *, groups: Sequence[Any] | None = None,
-              row_len: int | None = None, rows: list[list[int]] | None = None
+              row_len: int | None = None, rows: list[list[int]] | None = None, unpack: bool = False
               ) -> tuple[dict[str, torch.Tensor], list[list[int]]]:
     """The padded micro-batch ``batch`` ([B, T] token tensors with a prefix ``attention_mask``; [B] sample
     tensors) as packed rows (module docstring) of ``row_len`` tokens (default T: a batch padded to its
     longest sample packs into rows of the length its rows may have, e.g. a task's max_seq_len). ``rows``: a
-    `plan_rows` plan already made for this batch. Returns the packed tensors and the rows (sample indices)."""
+    `plan_rows` plan already made for this batch; ``unpack``: add ``unpack_index``. Returns the packed
+    tensors and the rows (sample indices)."""
     B, width = batch["attention_mask"].shape
     T = width if row_len is None else row_len
     if width > T:
         raise ValueError(f"row_len={row_len} is shorter than the batch's rows ({width} tokens)")
     lens = _lengths(batch)
     rows = plan_rows(lens, T, groups) if rows is None else rows
-    R = len(rows)
-    # Where each sample goes: row, offset in it.
-    row_of = np.empty(B, np.int64)
-    offset = np.empty(B, np.int64)
-    seg_of = np.empty(B, np.int64)
-    for r, samples in enumerate(rows):
-        at = 0
-        for j, b in enumerate(samples):
-            row_of[b], offset[b], seg_of[b] = r, at, j + 1
-            at += int(lens[b])
-    # Source (b, t) of every real token, in the samples' order, and its packed flat position.
-    src_b = np.repeat(np.arange(B), lens)
-    src_t = np.arange(int(lens.sum())) - np.repeat(np.cumsum(lens) - lens, lens)
-    dst = row_of[src_b] * T + offset[src_b] + src_t
+    lay = _Layout(lens, rows, T)
     out: dict[str, torch.Tensor] = {}
     for key, value in batch.items():
         if value.dim() >= 2 and value.shape[:2] == (B, width):
-            fill = pad_id if key == "input_ids" else _PAD_VALUES.get(key, 0)
-            flat = value.new_full((R * T, *value.shape[2:]), fill)
-            flat[torch.from_numpy(dst)] = value[torch.from_numpy(src_b), torch.from_numpy(src_t)]
-            out[key] = flat.view(R, T, *value.shape[2:])
+            out[key] = lay.scatter(value, pad_id if key == "input_ids" else _PAD_VALUES.get(key, 0))
         elif value.dim() >= 1 and value.shape[0] == B:
             out[key] = value  # one value per sample, in sample order
         else:
             raise ValueError(f"pack_rows: {key!r} of shape {tuple(value.shape)} is neither [B, T, ...] nor [B, ...]")
-    seg = np.zeros(R * T, np.int64)
-    seg[dst] = seg_of[src_b]
-    pos = np.zeros(R * T, np.int64)
-    pos[dst] = src_t
-    out["segment_ids"] = torch.from_numpy(seg.reshape(R, T))
-    out["position_ids"] = torch.from_numpy(pos.reshape(R, T))
-    out["cls_positions"] = torch.from_numpy(row_of * T + offset)
-    out["token_order"] = torch.from_numpy(dst)
+    out.update(lay.tensors())
+    out["cls_positions"] = torch.from_numpy(lay.row_of * T + lay.offset)
+    if unpack:
+        out["unpack_index"] = lay.unpack_index(width)
     return out, rows
 
 
+def _pair_lengths(batch: dict[str, torch.Tensor]) -> np.ndarray:
+    return np.stack([_lengths(batch), _lengths(batch, "labels")], axis=1)
+
+
+def pack_pairs(batch: dict[str, torch.Tensor], pad_id: int, decoder_start_id: int, *,
+               groups: Sequence[Any] | None = None, row_len: int | None = None,
+               decoder_row_len: int | None = None, rows: list[list[int]] | None = None
+               ) -> tuple[dict[str, torch.Tensor], list[list[int]]]:
+    """An encoder-decoder micro-batch (``input_ids``, ``attention_mask`` [B, S]; ``labels`` [B, Tl], -100
+    past each target; no other key) as packed rows of ``row_len`` source and ``decoder_row_len`` target
+    slots (defaults: the batch's widths). Returns the packed tensors (module docstring) and the rows."""
+    extra = set(batch) - {"input_ids", "attention_mask", "labels"}
+    if extra:
+        raise ValueError(f"pack_pairs: unexpected keys {sorted(extra)}")
+    B, S = batch["input_ids"].shape
+    Tl = batch["labels"].shape[1]
+    S_row = S if row_len is None else row_len
+    T_row = Tl if decoder_row_len is None else decoder_row_len
+    if S_row < S or Tl > T_row:
+        raise ValueError(f"rows of {S_row}/{T_row} slots are shorter than the batch's ({S}/{Tl})")
+    lens = _pair_lengths(batch)
+    rows = plan_rows(lens, (S_row, T_row), groups) if rows is None else rows
+    enc, dec = _Layout(lens[:, 0], rows, S_row), _Layout(lens[:, 1], rows, T_row)
+    labels = batch["labels"]
+    # Each sample's decoder input, built before packing: its target shifted right behind the start token.
+    shifted = torch.cat([labels.new_full((B, 1), decoder_start_id), labels[:, :-1]], 1).masked_fill(
+        torch.cat([labels.new_zeros((B, 1), dtype=torch.bool), labels[:, :-1] == -100], 1), pad_id)
+    out = {"input_ids": enc.scatter(batch["input_ids"], pad_id),
+           "attention_mask": enc.scatter(batch["attention_mask"], 0), **enc.tensors(),
+           "labels": dec.scatter(labels, -100), "decoder_input_ids": dec.scatter(shifted, pad_id),
+           "decoder_attention_mask": dec.scatter(torch.ones_like(labels), 0), **dec.tensors("decoder_")}
+    return out, rows
+
+
+def _widths(width: int, longest: int, steps: int | None = None) -> list[int]:
+    """Row lengths worth trying for rows at most ``longest`` long whose longest sample has ``width`` tokens:
+    width, 2 width, 4 width, ... capped at ``longest`` (``steps`` of them, else until the cap)."""
+    out = [min(width, longest)]
+    while (out[-1] < longest) if steps is None else len(out) < steps:
+        out.append(min(out[-1] * 2, longest))
+    return out
+
+
 def pack_where_it_pays(batch: dict[str, torch.Tensor], pad_id: int, *, groups: Sequence[Any] | None = None,
-                       row_len: int | None = None) -> dict[str, torch.Tensor]:
-    """`pack_rows` when it computes fewer token slots than the padded batch; else the padded batch as it is
-    (rows that hold one sample each gain nothing from a packed layout, whose block mask costs more than a
-    key mask). The plan decides, before any tensor is built."""
+                       row_len: int | None = None, unpack: bool = False,
+                       decoder_start_id: int | None = None, decoder_row_len: int | None = None
+                       ) -> dict[str, torch.Tensor]:
+    """`pack_rows` (or, with ``decoder_start_id``, `pack_pairs`) into the rows that compute the fewest token
+    slots, where that is fewer than the padded batch's; else the padded batch as it is (rows that hold one
+    sample each gain nothing from a packed layout, whose block mask costs more than a key mask).
+
+    ``row_len`` (``decoder_row_len``) is the longest a row may be (default: the batch's width); a batch
+    padded to its longest sample, as fine-tuning builds them, tries rows of 1, 2, 4, ... times that width
+    up to it (the fewest slots; the shorter rows on a tie, as attention grows with a row's square). The plan
+    decides, before any tensor is built."""
     B, width = batch["attention_mask"].shape
-    T = width if row_len is None else row_len
-    rows = plan_rows(_lengths(batch), T, groups)
-    if len(rows) * T >= B * width:
+    longest = width if row_len is None else max(row_len, width)
+    if decoder_start_id is None:
+        lens = _lengths(batch)
+        best = min(((len(rows) * T, T, rows) for T in _widths(width, longest)
+                    for rows in [plan_rows(lens, T, groups)]), key=lambda x: x[:2])
+        if best[0] >= B * width:
+            return batch
+        return pack_rows(batch, pad_id, groups=groups, row_len=best[1], rows=best[2], unpack=unpack)[0]
+    Tl = batch["labels"].shape[1]
+    longest_l = Tl if decoder_row_len is None else max(decoder_row_len, Tl)
+    lens = _pair_lengths(batch)
+    # Both sides grow together: their m-th candidates are m times each side's width, each capped.
+    steps = max(len(_widths(width, longest)), len(_widths(Tl, longest_l)))
+    sizes = zip(_widths(width, longest, steps), _widths(Tl, longest_l, steps))
+    best = min(((len(rows) * (S + T), S + T, S, T, rows) for S, T in sizes
+                for rows in [plan_rows(lens, (S, T), groups)]), key=lambda x: x[:2])
+    if best[0] >= B * (width + Tl):
         return batch
-    return pack_rows(batch, pad_id, groups=groups, row_len=row_len, rows=rows)[0]
+    _, _, S, T, rows = best
+    return pack_pairs(batch, pad_id, decoder_start_id, groups=groups, row_len=S, decoder_row_len=T, rows=rows)[0]
 
 
 def real_token_share(batch: dict[str, torch.Tensor]) -> float:

@@ -220,9 +220,12 @@ class TaskCodec:
     labelled: ClassVar[bool] = False  # a closed label list: the head has one output per label
     regression: ClassVar[bool] = False  # labels are numbers (the loader checks them as such)
     shows_samples: ClassVar[bool] = False  # final scoring keeps the first outputs in samples.json
-    # Its head reads each example's [CLS] alone (the pooled output), so training rows may hold several
-    # examples each (TrainConfig.packing; training/packing.py).
-    packs: ClassVar[bool] = False
+    # How its training rows hold several examples each (TrainConfig.packing; training/packing.py), or None:
+    # "pooled", its head reads each example's [CLS] alone; "tokens", its head reads every token of an
+    # example, moved back to one example per row after the encoder; "pairs", an encoder-decoder's source
+    # and target sides pack together.
+    packs: ClassVar[str | None] = None
+    decoder: ClassVar[bool] = False  # its batches have a decoder side (labels = targets; training/batch.py)
 
     # ----------------------------------------------------------------------------- config and loading
     def check_config(self, cfg: TaskSettings) -> None:

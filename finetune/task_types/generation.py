@@ -20,6 +20,8 @@ class GenerationCodec(TaskCodec):
     metric = "rouge_l"
     arch = "bart"
     shows_samples = True
+    packs = "pairs"  # training rows; beam search at evaluation decodes one example per row
+    decoder = True
 
     def meta(self, td: TaskView) -> dict[str, Any]:
         c = td.cfg

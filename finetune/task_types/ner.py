@@ -22,6 +22,7 @@ class NerCodec(TaskCodec):
     metric = "f1"
     head_options = {"dropout": DROPOUT}
     labelled = True
+    packs = "tokens"  # the CRF reads each example's emissions, moved back to its own row after the encoder
 
     def encode(self, td: TaskView, recs: list[dict[str, Any]], split: str) -> tuple[list[Encoded], int]:
         feats = [self._encode(td, r) for r in recs]

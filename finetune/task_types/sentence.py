@@ -11,7 +11,7 @@ from .base import Encoded, TaskCodec, TaskView, pair, piece_ids
 
 
 class SentenceCodec(TaskCodec):
-    packs = True  # classification and regression: one pooled output per example
+    packs = "pooled"  # classification and regression: one pooled output per example
 
     kinds = ("single", "pair")
 

@@ -36,6 +36,7 @@ class SpanCodec(TaskCodec):
     metrics = ("f1", "em", "char_bag_f1", "char_bag_em")
     metric = "f1"
     head_options = {"max_answer_len": MAX_ANSWER_LEN}
+    packs = "tokens"  # start/end logits over each window's own tokens, moved back to its row after the encoder
 
     def encode(self, td: TaskView, recs: list[dict[str, Any]], split: str) -> tuple[list[Encoded], int]:
         """Window rows, and the number of examples whose question was cut."""
