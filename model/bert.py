@@ -199,8 +199,12 @@ class SkillNetBertPreTrainedModel(PreTrainedModel):
     config: SkillNetBertConfig
     base_model_prefix = "bert"
     supports_gradient_checkpointing = True
-    # Old HF checkpoints carry this buffer; we compute positions on the fly.
-    _keys_to_ignore_on_load_unexpected = [r"position_ids"]
+    # Weights a load leaves out on purpose, which transformers would list as UNEXPECTED: the buffer old HF
+    # checkpoints carry (positions are computed on the fly), the pre-training heads (cls.*: MLM, NSP) of a
+    # pre-training export that fine-tuning starts from or a backbone (feature-extraction) serves, and the task
+    # heads (heads.*) of a fine-tuning export served as a backbone. A head the class needs and does not find is
+    # still reported (MISSING).
+    _keys_to_ignore_on_load_unexpected = [r"position_ids", r"^cls\.", r"^heads\."]
 
     @torch.no_grad()
     def _init_weights(self, module: nn.Module) -> None:
