@@ -110,10 +110,11 @@ def _hold(path: Path, then: str = "time.sleep(120)") -> subprocess.Popen[str]:
 
 
 def test_a_live_builder_is_named_and_waited_for_a_killed_one_is_taken_over(
-        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
     from skillnet.training import deepspeed_patches as dsp
 
     assert dsp.install_op_build_lock()
+    monkeypatch.setattr(dsp, "_SAY_AFTER_S", 0.0)  # named at once, not after the seconds an up-to-date op takes
     from torch.utils import cpp_extension
 
     lock = tmp_path / "op" / "lock"

@@ -324,7 +324,8 @@ def run_runner_with_node_launcher(argv: list[str], node_module: list[str]) -> No
 
 OP_LOCK_UNOWNED_STALE_S = 600.0  # a lock without an owner record (torch's own, an older SkillNet): see _gone
 _CHECK_EVERY_S = 1.0  # how often a waiter looks at the lock's owner (torch polls the file every 0.1 s)
-_SAY_EVERY_S = 60.0  # how often a waiter repeats whom it is waiting for
+_SAY_AFTER_S = 5.0  # a waiter says whom it waits for once it has waited this long (the usual wait: an up-to-date op)
+_SAY_EVERY_S = 60.0  # and then again this often
 _TAKEN: dict[str, int] = {}  # lock path -> fd of a lock this process took over in wait(), for its rebuild
 
 
@@ -513,7 +514,7 @@ def _owned_baton_class() -> type:
                         print(f"[skillnet] {path}: the build that held it is gone ({why}): building "
                               f"{_op_name(path)} here", file=sys.stderr, flush=True)
                         raise _Rebuild(path)
-                    if now - said >= _SAY_EVERY_S and os.path.exists(path):
+                    if now - t0 >= _SAY_AFTER_S and now - said >= _SAY_EVERY_S and os.path.exists(path):
                         said = now
                         print(f"[skillnet] op {_op_name(path)}: waiting for {why} ({path}; waited "
                               f"{now - t0:.0f} s; a lock whose builder dies is taken over)",
