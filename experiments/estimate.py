@@ -22,7 +22,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-from skillnet.experiments.nlg import NLG_FORMATS, NLG_LENGTHS, gen_tasks, nlg_train_tasks
+from skillnet.experiments.nlg import NLG_FORMATS, NLG_LENGTHS, gen_tasks
 from skillnet.experiments.nlu import NLU_TASKS, NLU_TYPICAL_LEN
 from skillnet.experiments.profiles import Profile
 
@@ -154,22 +154,15 @@ def estimate(p: Profile) -> list[dict[str, Any]]:
     src_tgt = [NLG_LENGTHS[n] for n in NLG_FORMATS]
     src, tgt = (sum(a for a, _ in src_tgt) / len(src_tgt), sum(b for _, b in src_tgt) / len(src_tgt))
 
-    def row_steps(row: str, steps: int, n_tasks: int, task_steps: int | None = None) -> int:
-        """Steps of one run of `row`: a task-specific row trains one model per task, `task_steps` each when
-        set, else the joint run's steps each ("full") or its sampling share of them ("share")."""
-        if _method(row) != "task_specific" or n_tasks == 1:
-            return steps
-        if task_steps is not None:
-            return n_tasks * task_steps
-        return n_tasks * steps if p.task_specific_budget == "full" else steps
-
-    def nlu_runs(rows: list[str], seeds: list[int], steps: int, n_tasks: int = 1) -> float:
-        return sum(row_steps(r, steps, n_tasks, p.nlu_task_steps) * p.nlu_batch * seq_nlu
+    # Every row of a table trains the joint run's steps in all (the budget rule, profiles.BUDGET_RULE: a
+    # task-specific model trains its task's sampling share of them).
+    def nlu_runs(rows: list[str], seeds: list[int], steps: int) -> float:
+        return sum(steps * p.nlu_batch * seq_nlu
                    * bert_flops_per_token(bert, int(seq_nlu), activated_ffns("bert", _method(r), tuple(seeds)))
                    for r in rows for _ in seeds)
 
-    def nlg_runs(rows: list[str], seeds: list[int], steps: int, n_tasks: int = 1) -> float:
-        return sum(row_steps(r, steps, n_tasks, p.nlg_task_steps) * p.nlg_batch
+    def nlg_runs(rows: list[str], seeds: list[int], steps: int) -> float:
+        return sum(steps * p.nlg_batch
                    * bart_flops_per_pair(bart, int(src), int(tgt), activated_ffns("bart", _method(r), tuple(seeds)))
                    for r in rows for _ in seeds)
 
@@ -177,13 +170,13 @@ def estimate(p: Profile) -> list[dict[str, Any]]:
     flops = {
         "dense_pt": p.dense_pt_steps * pt_tokens * bert_flops_per_token(bert, p.pt_seq, 1, mlm=True),
         "sparse_pt": p.sparse_pt_steps * pt_tokens * bert_flops_per_token(bert, p.pt_seq, pretrain_ffns(), mlm=True),
-        "nlu_main": nlu_runs(p.nlu_methods, p.seeds, p.nlu_steps, len(NLU_TASKS)),
+        "nlu_main": nlu_runs(p.nlu_methods, p.seeds, p.nlu_steps),
         "nlu_ablate": nlu_runs(["skillnet"] * (1 + len(p.ablate)), p.side_seeds, p.nlu_side_steps or p.nlu_steps),
         "nlu_alpha": nlu_runs(["skillnet"] * len(p.alphas), p.side_seeds, p.nlu_side_steps or p.nlu_steps),
         "nlu_adapt": nlu_runs(["skillnet"] * 3 + ["task_specific"], p.seeds, p.adapt_steps),
         "bart_pt": p.bart_pt_steps * (p.bart_pt_batch or p.pt_batch) * p.ranks
         * bart_flops_per_pair(bart, p.pt_seq, p.pt_seq, 1),
-        "nlg_main": nlg_runs(p.nlg_methods, p.seeds, p.nlg_steps, len(nlg_train_tasks())),
+        "nlg_main": nlg_runs(p.nlg_methods, p.seeds, p.nlg_steps),
         "nlg_temp": nlg_runs(["skillnet"] * len(p.temperatures), p.side_seeds, p.nlg_steps),
         "nlg_adapt": nlg_runs(["skillnet", "skillnet", "task_specific"], p.seeds, p.nlg_adapt_steps or p.adapt_steps),
     }

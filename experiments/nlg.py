@@ -15,7 +15,6 @@ from skillnet.experiments.runner import (
     paths,
     pt_args,
     task_counts,
-    task_steps_args,
     write_config,
 )
 
@@ -49,10 +48,20 @@ NLG_PAPER_SIZES = {"csc": 1_200_000, "insuranceqa_answer": 740_000, "insuranceqa
                    "poetry_title": 114_000}
 
 
+def eval_cap(r: Runner, name: str) -> int | None:
+    """Dev and test examples of an NLG task: the profile's nlg_eval, or its per-task cap (None: the whole split)."""
+    return r.p.nlg_eval_per_task.get(name, r.p.nlg_eval)
+
+
+def eval_cap_args(r: Runner, name: str) -> list[str]:
+    cap = eval_cap(r, name)
+    return [] if cap is None else ["--max-eval-examples", str(cap)]
+
+
 def stage_nlg_tasks(r: Runner) -> dict[str, Any]:
     P = paths(r.out)
     r.run_many([([PY, "-m", "skillnet.data_prep.tasks", "convert", fmt, "--out", str(P["tasks"] / name),
-                  "--max-examples", str(r.p.nlg_train), "--max-eval-examples", str(r.p.nlg_eval)],
+                  "--max-examples", str(r.p.nlg_train), *eval_cap_args(r, name)],
                  P["tasks"] / name / "task.json") for name, fmt in NLG_FORMATS.items()], r.p.jobs)
     return {"counts": task_counts(P["tasks"], list(NLG_FORMATS))}
 
@@ -68,7 +77,9 @@ def nlg_config(r: Runner, names: list[str], steps: int, name: str, caps: dict[st
         tasks.append({"name": n, "type": "generation", "spec": str(P["tasks"] / n / "task.json"),
                       "skills": list(info[n].skills), "metric": info[n].metric, "max_seq_len": src,
                       "max_target_len": tgt, "num_beams": p.nlg_beams,
-                      **({"max_train_examples": caps[n]} if caps else {})})
+                      **({"max_train_examples": caps[n]} if caps else {}),
+                      # a task tested on more than nlg_eval examples is still selected on nlg_eval dev examples
+                      **({"max_dev_examples": p.nlg_eval} if eval_cap(r, n) != p.nlg_eval else {})})
     d = {
         "model": {"preset": "tiny" if p.bart else "base", "overrides": dict(p.bart)},
         "tasks": tasks,
@@ -76,7 +87,7 @@ def nlg_config(r: Runner, names: list[str], steps: int, name: str, caps: dict[st
         "sampler": {"kind": "temperature", "temperature": 4.0, "size_cap": 2**21, **sampler},
         "train": {"max_steps": steps, "batch_size": p.nlg_batch, "eval_batch_size": 32, "lr": p.nlg_lr,
                   "warmup_ratio": 0.1, "eval_every": p.nlg_eval_every, "log_every": max(1, p.nlg_eval_every // 2),
-                  "label_smoothing": 0.1, "task_specific_budget": p.task_specific_budget, "seed": 0},
+                  "label_smoothing": 0.1, "task_specific_budget": "share", "seed": 0},  # the budget rule
         "output_dir": str(r.out / "unused"),
     }
     return write_config(r, name, d)
@@ -89,8 +100,7 @@ def nlg_train_tasks() -> list[str]:
 def stage_nlg_main(r: Runner) -> dict[str, Any]:
     P = paths(r.out)
     cfg = nlg_config(r, nlg_train_tasks(), r.p.nlg_steps, "nlg_main")
-    extra = task_steps_args(r.p.nlg_methods, r.p.nlg_task_steps)
-    compare(r, cfg, P["cmp"] / "nlg_main", r.p.nlg_methods, r.p.seeds, P["bart_hf"], extra)
+    compare(r, cfg, P["cmp"] / "nlg_main", r.p.nlg_methods, r.p.seeds, P["bart_hf"])
     return {}
 
 
@@ -100,6 +110,7 @@ def stage_nlg_temp(r: Runner) -> dict[str, Any]:
                       caps=paper_ratio_caps(NLG_PAPER_SIZES, r.p.nlg_train))
     rows = [f"T_{t:g}=skillnet" for t in r.p.temperatures]
     extra = [x for t in r.p.temperatures for x in ("--args-for", f"T_{t:g}=--sampler temperature --temperature {t}")]
+    extra.append("--allow-unequal-budgets")  # the task mix, and so each task's updates, is what this study varies
     compare(r, cfg, P["cmp"] / "nlg_temp", rows, r.p.side_seeds, P["bart_hf"], extra)
     return {}
 

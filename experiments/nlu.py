@@ -17,7 +17,6 @@ from skillnet.experiments.runner import (
     paths,
     pt_args,
     task_counts,
-    task_steps_args,
     write_config,
 )
 
@@ -129,7 +128,8 @@ def nlu_config(r: Runner, tasks: dict[str, dict[str, Any]], steps: int, name: st
         "sampler": {"kind": "proportional", "alpha": 1.0},  # §3.3: alpha = 1.0 in the paper's experiments
         "train": {"max_steps": steps, "batch_size": p.nlu_batch, "eval_batch_size": 64, "lr": p.nlu_lr,
                   "warmup_ratio": 0.1, "eval_every": p.nlu_eval_every, "log_every": max(1, p.nlu_eval_every // 2),
-                  "task_specific_budget": p.task_specific_budget, "lexical_baselines": True, "seed": 0,
+                  # the budget rule (profiles.Profile): a task-specific model trains its task's share of the joint run
+                  "task_specific_budget": "share", "lexical_baselines": True, "seed": 0,
                   **train},
         "output_dir": str(r.out / "unused"),
     }
@@ -144,7 +144,6 @@ def stage_nlu_main(r: Runner) -> dict[str, Any]:
     rows = r.p.nlu_methods
     sparse_rows = [x for x in rows if x.split("=")[0] in r.p.nlu_sparse_rows]
     extra = [arg for x in sparse_rows for arg in ("--init-for", f"{x.split('=')[0]}={P['sparse_hf']}")]
-    extra += task_steps_args(rows, r.p.nlu_task_steps)
     compare(r, cfg, P["cmp"] / "nlu_main", rows, r.p.seeds, P["dense_hf"], extra)
     return {}
 
@@ -175,6 +174,7 @@ def stage_nlu_alpha(r: Runner) -> dict[str, Any]:
     cfg = nlu_config(r, tasks, r.p.nlu_side_steps or r.p.nlu_steps, "nlu_alpha")
     rows = [f"alpha_{a:g}=skillnet" for a in r.p.alphas]
     extra = [x for a in r.p.alphas for x in ("--args-for", f"alpha_{a:g}=--sampler proportional --alpha {a}")]
+    extra.append("--allow-unequal-budgets")  # the task mix, and so each task's updates, is what this study varies
     compare(r, cfg, P["cmp"] / "nlu_alpha", rows, r.p.side_seeds, P["dense_hf"], extra)
     return {}
 

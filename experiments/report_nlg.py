@@ -10,6 +10,7 @@ from typing import Any
 from skillnet.experiments.tables import (
     NLG_ROWS,
     baseline_scores,
+    budget_caption,
     differences,
     line_plot,
     load,
@@ -34,6 +35,7 @@ def nlg_part(doc: Document, cmps: dict[str, Any], cmp_dir: Path, out: Path, find
         doc.table(["task", "stands in for", "skills", "metric"],
                   [[t, i.analogue + (" (the new task)" if i.held_out else ""), " ".join(i.skills), i.metric]
                    for t, i in GEN_TASKS.items()])
+        budget_caption(doc, nlg)
         score_table(doc, nlg, NLG_ROWS)
         triv = trivial(cmp_dir / "nlg_main", nlg)
         if triv:
@@ -66,6 +68,7 @@ def nlg_part(doc: Document, cmps: dict[str, Any], cmp_dir: Path, out: Path, find
         c = cmps["nlg_adapt"]
         order = [("a_existing", "SkillNet-NLG, existing skills"), ("c_new_skill", "SkillNet-NLG + new skill"),
                  ("task_specific", "task-specific")]
+        budget_caption(doc, c)
         score_table(doc, c, order)
         doc.p("Differences from the existing-skills row, paired over seeds (positive = existing skills are better):")
         d = differences(doc, c, "a_existing", order)
@@ -79,6 +82,7 @@ def nlg_part(doc: Document, cmps: dict[str, Any], cmp_dir: Path, out: Path, find
     if cmps["nlg_temp"]:
         c = cmps["nlg_temp"]
         study_sizes(doc, out / "configs" / "nlg_temp.json", "T", "SkillNet-NLG Table 5")
+        budget_caption(doc, c, "by design: T sets each task's sampling share")
         score_table(doc, c, [(k, f"T = {k[2:]}") for k in c["methods"]], params=False)
         best = max(c["methods"], key=lambda k: c["methods"][k]["average"]["mean"])
         findings.append(f"Temperature: the best average here is at T = {best[2:]} (the paper: T = 4).")

@@ -13,6 +13,7 @@ from skillnet.experiments.tables import (
     at_or_below,
     at_positions,
     baseline_scores,
+    budget_caption,
     cut_shares,
     differences,
     exported_positions,
@@ -43,6 +44,7 @@ def nlu_part(doc: Document, cmps: dict[str, Any], cmp_dir: Path, out: Path, find
             doc.table(["task", "stands in for", "skills"],
                       [[t, NLU_STAND_INS.get(t, "-"), " ".join(ss)] for t, ss in smap.items()])
             doc.p("OCNLI (natural language inference) has no packaged stand-in here.")
+        budget_caption(doc, nlu)
         score_table(doc, nlu, NLU_ROWS)
         baselines(doc, nlu, cmp_dir / "nlu_main", findings)
         doc.p("Differences from SkillNet-NLU, paired over seeds (positive = SkillNet is better):")
@@ -90,6 +92,7 @@ def nlu_part(doc: Document, cmps: dict[str, Any], cmp_dir: Path, out: Path, find
               "(the generic skill s7 as its FFN) from the same weights.")
         order = [("a_existing", "(a) existing skills"), ("b_s8_frozen", "(b) + s8, old skills frozen"),
                  ("c_s8_all", "(c) + s8, all skills updated"), ("task_specific", "task-specific")]
+        budget_caption(doc, c)
         score_table(doc, c, order)
         doc.p("Differences from (a), paired over seeds (positive = (a) is better):")
         d = differences(doc, c, "a_existing", order)
@@ -107,6 +110,7 @@ def nlu_part(doc: Document, cmps: dict[str, Any], cmp_dir: Path, out: Path, find
         doc.p("As in §5.1 of SkillNet-NLU, the ablation starts from the dense BERT with every skill a copy of its FFN "
               "(SkillNet-NLU w/o sparse pre-training); removing a skill removes it from every task that uses it. "
               f"{n_seeds(c)}.")
+        budget_caption(doc, c)
         score_table(doc, c, order, params=False)
         twins = same_task_sets(out / "configs" / "nlu_main.json", [k[3:] for k in c["methods"] if k.startswith("no_")])
         if twins:
@@ -128,6 +132,7 @@ def nlu_part(doc: Document, cmps: dict[str, Any], cmp_dir: Path, out: Path, find
     if cmps["nlu_alpha"]:
         c = cmps["nlu_alpha"]
         study_sizes(doc, out / "configs" / "nlu_alpha.json", "alpha", "SkillNet-NLU's dataset table")
+        budget_caption(doc, c, "by design: alpha sets each task's sampling share")
         score_table(doc, c, [(k, f"alpha = {k[6:]}") for k in c["methods"]], params=False)
         best = max(c["methods"], key=lambda k: c["methods"][k]["average"]["mean"])
         findings.append(f"Sampling: the best average here is at alpha = {best[6:]} (the paper: alpha = 1.0).")

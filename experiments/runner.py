@@ -306,14 +306,6 @@ def compare(r: Runner, config: Path, out: Path, rows: list[str], seeds: list[int
     r.run(cmd, check_file=out / "comparison.json")
 
 
-def task_steps_args(rows: list[str], steps: int | None) -> list[str]:
-    """compare options that give every task-specific row `steps` steps per task (none when `steps` is None)."""
-    if steps is None:
-        return []
-    labels = [row.split("=")[0] for row in rows if row.split("=")[-1] == "task_specific"]
-    return [x for lab in labels for x in ("--args-for", f"{lab}=--max-steps {steps}")]
-
-
 def paper_ratio_caps(sizes: dict[str, int], cap: int) -> dict[str, int]:
     top = max(sizes.values())
     return {n: max(1, round(cap * v / top)) for n, v in sizes.items()}

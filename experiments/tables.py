@@ -9,6 +9,8 @@ import statistics
 from pathlib import Path
 from typing import Any
 
+from skillnet.experiments.profiles import BUDGET_RULE
+from skillnet.finetune.compare import updates_cell
 from skillnet.finetune.document import Document, paired_test, pyplot, save_figure, verdict
 
 # The packaged task each of the papers' datasets is replaced by (same task type and skills).
@@ -91,11 +93,11 @@ def score_table(doc: Document, cmp: dict[str, Any], order: list[tuple[str, str]]
     tasks = cmp["tasks"]
     rows_data = cmp["methods"]
     metric = {t: next(iter(rows_data.values()))["tasks"][t]["metric"] for t in tasks}
-    head = ["model", *[f"{t} ({metric[t]})" for t in tasks], "Avg"]
+    head = ["model", *[f"{t} ({metric[t]})" for t in tasks], "Avg", "updates / task"]
     labels = [(k, name) for k, name in order if k in rows_data] + [(k, k) for k in rows_data
                                                                     if k not in dict(order)]
-    doc.table(head, [[name, *[ms(rows_data[key]["tasks"][t]) for t in tasks], ms(rows_data[key]["average"])]
-                     for key, name in labels])
+    doc.table(head, [[name, *[ms(rows_data[key]["tasks"][t]) for t in tasks], ms(rows_data[key]["average"]),
+                      updates_cell(rows_data[key].get("updates"))] for key, name in labels])
     if params:
         prow = []
         for key, name in labels:
@@ -103,6 +105,19 @@ def score_table(doc: Document, cmp: dict[str, Any], order: list[tuple[str, str]]
             prow.append([name, f"{p['total'] / 1e6:.2f} M", f"{p['trainable'] / 1e6:.2f} M",
                          *[f"{p['activated'][t] / 1e6:.2f} M" for t in tasks]])
         doc.table(["model", "total params", "trainable", *[f"activated: {t}" for t in tasks]], prow)
+
+
+def budget_caption(doc: Document, cmp: dict[str, Any], by_design: str | None = None) -> None:
+    """The budget rule under which a table's rows ran, and, loudly, where its rows broke it (`by_design`: why
+    a study's rows differ on purpose)."""
+    gaps = cmp.get("budget_gaps") or {}
+    text = (f"Budget: {BUDGET_RULE}. *updates / task* gives each row's count (the least and the most over the "
+            "tasks, as the sampler expects them).")
+    if gaps:
+        text += (f" Here the rows' updates differ, {by_design}: " if by_design else
+                 " **Here the rows did not get equal updates, so their differences mix methods and budgets**: ")
+        text += "; ".join(f"{t}: " + ", ".join(f"{m} {n:,.0f}" for m, n in c.items()) for t, c in gaps.items()) + "."
+    doc.p(text)
 
 
 def differences(doc: Document, cmp: dict[str, Any], ref: str, order: list[tuple[str, str]]) -> dict[str, Any]:

@@ -14,6 +14,15 @@ std over seeds, the average, parameters total / trainable / activated per task, 
 pictures ``curves.png`` (dev metric against step, per task and method) and ``skill_map.png`` (the
 learned task-skill map of the first row that learned one).
 
+Budgets: rows are compared at equal updates per task. A row's updates on a task are the optimizer steps
+that train it: a joint row's steps times the task's expected sampling share, a task-specific model's own
+steps (``train.task_specific_budget: "share"`` gives it exactly its share of the joint run). Rows whose
+configs give them different updates per task (a ``--max-steps`` or sampler of one row, task-specific models
+under ``"full"``) are refused before anything runs, and a finished comparison whose measured updates differ
+(early stopping) is flagged in its table and exits 1; ``--allow-unequal-budgets`` runs them anyway (for a
+study whose variable *is* the mix, such as the sampling alpha or temperature), the table still flags them.
+The table's ``updates / task`` column gives each row's counts (the least and the most over tasks).
+
 Differences: every method sees the same seeds, and a seed fixes the initial weights, the task sequence
 and the data order, so methods are compared seed by seed (paired). A difference is called beyond the
 spread when a paired t-test over the seeds gives p < 0.05; with 3 seeds that needs a large, consistent
@@ -64,6 +73,11 @@ def build_parser() -> argparse.ArgumentParser:
                         "config (continued); anything else is refused")
     p.add_argument("--max-steps", dest="max_steps", type=int,
                    help="override train.max_steps of the config")
+    p.add_argument("--allow-unequal-budgets", dest="allow_unequal_budgets", action="store_true",
+                   help="compare rows that get different updates per task (a row's own --max-steps or sampler, "
+                        "task-specific models under task_specific_budget full, early stopping); without it such "
+                        "a comparison is refused before it runs. For studies whose variable is the task mix "
+                        "(sampling alpha or temperature); the table flags the rows either way")
     p.add_argument("--reference", default=None,
                    help="method the others are compared with (default: skillnet if run, else the first)")
     p.add_argument("--nproc", type=int, default=1,
@@ -147,6 +161,97 @@ def _check_row(base: FinetuneConfig, row: Row, seed: int) -> None:
     cfg.check_model(f"row {row.label}")
 
 
+def row_config(config: Path, row: Row, max_steps: int | None = None) -> FinetuneConfig:
+    """The config a row's runs train with: the shared config under the row's method and options (as
+    ``finetune.run`` applies them)."""
+    import contextlib
+    import io
+
+    from skillnet.finetune.cli import apply_overrides
+    from skillnet.finetune.cli import build_parser as run_parser
+
+    argv = ["--config", str(config), "--method", row.method, *row.args]
+    if max_steps is not None:
+        argv += ["--max-steps", str(max_steps)]
+    err = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(err):
+            a = run_parser().parse_args(argv)
+    except SystemExit:
+        last = (err.getvalue().strip().splitlines() or ["bad options"])[-1]
+        raise ConfigError(f"--args-for {row.label}: {last.split('error: ', 1)[-1]}") from None
+    return apply_overrides(FinetuneConfig.load(config), a)
+
+
+def _sampler_text(cfg: FinetuneConfig) -> str:
+    s = cfg.sampler
+    knobs = {"proportional": f"alpha {s.alpha:g}", "temperature": f"T {s.temperature:g}, K {s.size_cap}",
+             "annealed": f"{s.num_epochs or 'derived'} epochs", "round_robin": ""}[s.kind]
+    return s.kind + (f" ({knobs})" if knobs else "")
+
+
+def budget_plan(cfg: FinetuneConfig) -> str:
+    """What fixes a row's expected updates per task, from its config alone (no data): two rows with the same
+    plan give every task the same expected updates. A joint row's updates on a task are its steps times the
+    task's sampling share, so steps and sampler fix them; a task-specific model under "share" gets exactly
+    that share, under "full" every task gets all the steps."""
+    steps = cfg.train.max_steps
+    if len(cfg.tasks) == 1:
+        return f"{steps} steps on its one task"
+    if cfg.method == "task_specific" and cfg.train.task_specific_budget == "full":
+        return f"{steps} steps on each task (task_specific_budget full)"
+    return f"{steps} steps shared by {_sampler_text(cfg)} sampling"
+
+
+def check_budgets(plans: dict[str, str]) -> str | None:
+    """None when every row has the same budget plan, else the one-line reason to refuse the comparison."""
+    groups: dict[str, list[str]] = {}
+    for label, plan in plans.items():
+        groups.setdefault(plan, []).append(label)
+    if len(groups) < 2:
+        return None
+    return ("rows get different updates per task: " + "; ".join(f"{', '.join(labs)}: {plan}"
+                                                               for plan, labs in groups.items())
+            + ". Give every row the same budget (task-specific models: task_specific_budget share), or pass "
+              "--allow-unequal-budgets to compare them anyway (the table flags them)")
+
+
+def run_updates(r: dict[str, Any]) -> tuple[dict[str, float], dict[str, float]] | None:
+    """(expected, realised) optimizer steps on each task of one run's results.json: a joint run's steps times
+    the task's target (realised) share of them; a task-specific model's own steps. None for a run that
+    recorded neither (older results)."""
+    tasks = r.get("tasks", {})
+    if r.get("method") == "task_specific":
+        if not all("steps" in t for t in tasks.values()):
+            return None
+        own = {t: float(v["steps"]) for t, v in tasks.items()}
+        return own, own
+    mix = r.get("task_mix")
+    if not mix:
+        return None
+    steps = float(r["steps"])
+    return ({t: steps * mix[t]["target"] for t in tasks}, {t: steps * mix[t]["realised"] for t in tasks})
+
+
+def budget_gaps(agg: dict[str, Any], rel: float = 0.01) -> dict[str, dict[str, float]]:
+    """Tasks whose expected updates differ between rows by more than one update or `rel` of the larger
+    (rounding of a share), each with every row's count; empty when the budgets are equal."""
+    gaps: dict[str, dict[str, float]] = {}
+    for t in agg["tasks"]:
+        counts = {m: row["updates"][t] for m, row in agg["methods"].items() if row.get("updates")}
+        if len(counts) > 1 and max(counts.values()) - min(counts.values()) > max(1.0, rel * max(counts.values())):
+            gaps[t] = counts
+    return gaps
+
+
+def updates_cell(updates: dict[str, float] | None) -> str:
+    """A row's updates per task in one cell: the count, or the least and the most over its tasks."""
+    if not updates:
+        return "-"
+    lo, hi = round(min(updates.values())), round(max(updates.values()))
+    return f"{lo:,}" if lo == hi else f"{lo:,}-{hi:,}"
+
+
 def run_dir(out: Path, label: str, seed: int) -> Path:
     return out / label / f"seed{seed}"
 
@@ -197,15 +302,24 @@ def aggregate(out: Path, methods: list[str], seeds: list[int], split: str = "tes
         avg_per_seed = [statistics.fmean(per_task[t]["values"][i] for t in tasks) for i in range(len(seeds))]
         a_mean, a_std = _mean_std(avg_per_seed)
         p = runs[0]["params"]
+        ups = [run_updates(r) for r in runs]
+        updates = (None if any(u is None for u in ups) else
+                   {t: statistics.fmean(u[0][t] for u in ups) for t in tasks})  # type: ignore[index]
+        realised = (None if updates is None else
+                    {t: statistics.fmean(u[1][t] for u in ups) for t in tasks})  # type: ignore[index]
         rows[m] = {
             "tasks": per_task, "average": {"mean": a_mean, "std": a_std, "values": avg_per_seed},
             "params": {"total": p["total"], "trainable": p["trainable"],
                        "activated": {t: p["tasks"][t]["activated"] for t in tasks}},
             "seconds": {"mean": statistics.fmean(r["seconds"] for r in runs), "values": [r["seconds"] for r in runs]},
             "steps": runs[0]["steps"],
+            # expected optimizer steps on each task (run_updates), mean over seeds; realised: as drawn
+            "updates": updates, "updates_realised": realised,
             "curves": {t: [r["tasks"][t].get("dev_curve", []) for r in runs] for t in tasks},
         }
-    return {"split": split, "seeds": seeds, "tasks": tasks, "methods": rows}
+    agg = {"split": split, "seeds": seeds, "tasks": tasks, "methods": rows}
+    agg["budget_gaps"] = budget_gaps(agg)
+    return agg
 
 
 def differences(agg: dict[str, Any], reference: str) -> dict[str, Any]:
@@ -242,10 +356,23 @@ def document(agg: dict[str, Any], diffs: dict[str, Any], reference: str, title: 
     doc.h(1, title)
     doc.p(f"Written by `{command}`. Scores are on the **{agg['split']}** split, one checkpoint per run "
           f"(selected by the mean dev score over tasks), as mean ± standard deviation over {n} seeds "
-          f"({', '.join(map(str, agg['seeds']))}).")
-    doc.table(["method", *(f"{t} ({metric[t]})" for t in tasks), "average", "steps", "wall time / run"],
+          f"({', '.join(map(str, agg['seeds']))}). *updates / task*: the optimizer steps that train each task "
+          "(a joint row's steps times the task's expected sampling share; a task-specific model's own steps), "
+          "the least and the most over the tasks; rows are compared at equal updates per task.")
+    gaps = agg.get("budget_gaps") or {}
+    if gaps:
+        doc.p("**Unequal budgets: these rows did not get the same updates per task**, so their differences "
+              "mix the methods with the budgets: " + "; ".join(
+                  f"{t}: " + ", ".join(f"{m} {n:,.0f}" for m, n in c.items()) for t, c in gaps.items()) + ".")
+    doc.table(["method", *(f"{t} ({metric[t]})" for t in tasks), "average", "steps", "updates / task",
+               "wall time / run"],
               [[m, *(_fmt(row["tasks"][t]) for t in tasks), _fmt(row["average"]), str(row["steps"]),
+                updates_cell(row.get("updates")) + (" (unequal)" if gaps and row.get("updates") else ""),
                 f"{row['seconds']['mean']:.0f} s"] for m, row in rows.items()])
+    if any(row.get("updates") for row in rows.values()):
+        doc.p("Updates per task (expected; the realised counts of a joint row vary with the sampled tasks):")
+        doc.table(["method", *tasks], [[m, *(f"{row['updates'][t]:,.0f}" if row.get("updates") else "-"
+                                             for t in tasks)] for m, row in rows.items()])
     doc.p("Parameters (Tables 4 and 6: *activated* = what one task's forward pass uses):")
     doc.table(["method", "total", "trainable", *(f"activated: {t}" for t in tasks)],
               [[m, f"{row['params']['total']:,}", f"{row['params']['trainable']:,}",
@@ -373,6 +500,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         for row in rows:  # every row against its model, before the first run starts
             for seed in a.seeds:
                 _check_row(base, row, seed)
+        plans = {row.label: budget_plan(row_config(config, row, a.max_steps)) for row in rows}
+        refused = check_budgets(plans)
+        if refused and not a.allow_unequal_budgets:
+            raise ConfigError(refused)
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -430,6 +561,7 @@ def main(argv: Sequence[str] | None = None) -> int:
               "(finished runs are kept)", file=sys.stderr)
         return 1
     agg = aggregate(out, methods, a.seeds)
+    agg["budgets"] = {"plans": plans, "equal": not agg["budget_gaps"], "allowed": a.allow_unequal_budgets}
     agg["learned_maps"] = learned_maps(out, rows, a.seeds)
     agg["rows"] = {r.label: {"method": r.method, "init": r.init, "args": list(r.args)} for r in rows}
     reference = a.reference or ("skillnet" if "skillnet" in methods else methods[0])
@@ -454,6 +586,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         rep.write_text(doc.markdown(copied_to(rep.parent / "img", lambda p: f"{stem}_{p.name}")), encoding="utf-8")
     print(md, file=sys.stderr)
     print(f"[compare] {len(plan)} runs, {time.time() - t_all:.0f} s; table: {out / 'comparison.md'}", file=sys.stderr)
+    if agg["budget_gaps"] and not a.allow_unequal_budgets:
+        print(f"error: the rows got different updates per task ({', '.join(agg['budget_gaps'])}; early stopping?): "
+              "the table flags it; pass --allow-unequal-budgets to accept it", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -67,4 +67,4 @@ def test_comparison_document_links_its_pictures(tmp_path):
     agg = {"split": "test", "seeds": [0, 1], "tasks": ["ner"], "methods": {"skillnet": row(50.0), "moe": row(math.nan)}}
     pic = _png(tmp_path / "skill_map.png")
     md = compare.document(agg, {}, "skillnet", "T", {"map": pic}, "cmd").markdown()
-    assert "| moe | - | - | 4 | 3 s |" in md and md.endswith("![map](skill_map.png)\n\n*map*\n")
+    assert "| moe | - | - | 4 | - | 3 s |" in md and md.endswith("![map](skill_map.png)\n\n*map*\n")
