@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+from skillnet.model.heads import CRF_LOSS_REDUCTIONS
 
 from .. import metrics as M
 from .base import DROPOUT, Encoded, TaskCodec, TaskView, bert_inputs, pad, piece_ids
@@ -20,7 +21,10 @@ class NerCodec(TaskCodec):
     kinds = ("tagging",)
     metrics = ("f1", "precision", "recall", "f1_strict", "precision_strict", "recall_strict")
     metric = "f1"
-    head_options = {"dropout": DROPOUT}
+    # loss_reduction: the CRF loss per word (token_mean, the default) or per sentence (sentence_mean, as the other
+    # heads' per-example losses; its gradient is larger by the mean words per sentence): model/heads.py
+    head_options = {"dropout": DROPOUT, "loss_reduction": (
+        f"one of {', '.join(CRF_LOSS_REDUCTIONS)}", lambda v: v in CRF_LOSS_REDUCTIONS)}
     labelled = True
     packs = "tokens"  # the CRF reads each example's emissions, moved back to its own row after the encoder
 

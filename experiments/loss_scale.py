@@ -1,0 +1,205 @@
+"""The CRF loss's scale in joint training, measured (issue 49, item 2): NER test F1 of dense joint and SkillNet
+under each `loss_reduction` of the NER head (token_mean: per word; sentence_mean: per sentence, like the other
+heads' per-example losses), over several seeds, paired.
+
+    # on a finished (or at least pre-trained) reproduction: its NLU tasks, BERTs and Table 3 config
+    python -m skillnet.experiments.loss_scale --from runs/reproduce-full
+    # any fine-tuning config with an NER task
+    python -m skillnet.experiments.loss_scale --config tasks.json --init dense/hf --init-for skillnet=sparse/hf
+
+Each reduction is one `finetune.compare` of the methods in ``<out>/<reduction>/`` (resumable: rerun to continue),
+on the config with every NER task's ``head.loss_reduction`` set. With ``--from``, the rows of the reduction the
+reproduction's Table 3 ran (its config's, token_mean unless it names one) are read from its ``nlu_main``
+comparison when that has them at the same seeds and steps, not run again. Writes ``<out>/loss_scale.md`` and
+``loss_scale.json``: per method and reduction, each NER task's test F1 and the average over all tasks (mean ±
+std over seeds), and the paired difference of each reduction from the first one.
+
+Per-task gradient normalisation, the third option of issue 49, is not here: every step is one task's batch, so
+it would be a rescaling of each step's gradient inside the shared trainer's clip, which no config reaches yet.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from skillnet.common.cli import Parser
+from skillnet.finetune.document import Document, paired_test, verdict
+from skillnet.model.heads import CRF_LOSS_REDUCTIONS
+
+DEFAULT_METHODS = ["dense_joint", "skillnet"]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = Parser("skillnet.experiments.loss_scale",
+               description="Measure the NER CRF loss's scale in joint training: NER test F1 of each method under "
+                           "each head.loss_reduction, over seeds, paired; writes a Markdown table. Why: token_mean "
+                           "(the default) is a loss per word, so beside per-example losses of other tasks, with one "
+                           "AdamW and one gradient clip for all, NER's encoder gradient is several times smaller; "
+                           "sentence_mean averages per sentence like the other heads (docs/finetune.md).")
+    p.add_argument("--from", dest="source", metavar="REPRODUCTION",
+                   help="a reproduction folder (scripts/reproduce.py --out): its configs/nlu_main.json, pt_dense/hf "
+                        "(every row's init) and pt_sparse/hf (SkillNet's), and its Table 3 runs where they match")
+    p.add_argument("--config", help="fine-tuning config with at least one ner task (default with --from: its "
+                                    "configs/nlu_main.json)")
+    p.add_argument("--init", help="initial weights of every row (default with --from: its pt_dense/hf)")
+    p.add_argument("--init-for", dest="init_for", action="append", default=[], metavar="LABEL=DIR",
+                   help="initial weights of one row (default with --from: skillnet=its pt_sparse/hf, as Table 3)")
+    p.add_argument("--methods", nargs="+", default=DEFAULT_METHODS, help="rows (finetune methods)")
+    p.add_argument("--reductions", nargs="+", default=list(CRF_LOSS_REDUCTIONS), choices=list(CRF_LOSS_REDUCTIONS),
+                   help="NER loss reductions; the first is the one the others are compared with")
+    p.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2], help="seeds; every row runs each")
+    p.add_argument("--max-steps", dest="max_steps", type=int, help="override the config's train.max_steps")
+    p.add_argument("--out", default=None, help="where the comparisons and the table go (default: <from>/loss_scale, "
+                                               "else runs/loss_scale)")
+    p.add_argument("--jobs", type=int, default=1, help="runs at once (finetune.compare --jobs)")
+    p.add_argument("--threads", type=int, default=None, help="torch CPU threads per run")
+    p.add_argument("--no-reuse", action="store_true",
+                   help="with --from: run every reduction, even the one its Table 3 already ran")
+    return p
+
+
+def ner_tasks(cfg: dict[str, Any]) -> list[str]:
+    return [t["name"] for t in cfg["tasks"] if t["type"] == "ner"]
+
+
+def with_reduction(cfg: dict[str, Any], reduction: str) -> dict[str, Any]:
+    """`cfg` with every NER task's CRF loss reduced by `reduction`."""
+    out = json.loads(json.dumps(cfg))
+    for t in out["tasks"]:
+        if t["type"] == "ner":
+            t["head"] = {**t.get("head", {}), "loss_reduction": reduction}
+    return out
+
+
+def config_reduction(cfg: dict[str, Any]) -> str:
+    """The reduction a config's NER tasks train with (the head's default where none names one)."""
+    names = {t.get("head", {}).get("loss_reduction", "token_mean") for t in cfg["tasks"] if t["type"] == "ner"}
+    return names.pop() if len(names) == 1 else "mixed"
+
+
+def reusable(main: Path, methods: list[str], seeds: list[int], steps: int) -> dict[str, Any] | None:
+    """The reproduction's Table 3 comparison when it ran every method at `seeds` and `steps`, else None."""
+    f = main / "comparison.json"
+    if not f.is_file():
+        return None
+    agg = json.loads(f.read_text(encoding="utf-8"))
+    rows = agg.get("methods", {})
+    if agg.get("seeds") != seeds or any(m not in rows or rows[m].get("steps") != steps for m in methods):
+        return None
+    return agg
+
+
+def summarise(aggs: dict[str, dict[str, Any]], methods: list[str], ner: list[str]) -> dict[str, Any]:
+    """Per method and reduction: each NER task's and the average's per-seed values, mean and std; and per
+    method the paired difference of every reduction from the first."""
+    def ms(values: list[float]) -> dict[str, Any]:
+        return {"values": values, "mean": statistics.fmean(values),
+                "std": statistics.stdev(values) if len(values) > 1 else 0.0}
+
+    scores: dict[str, dict[str, Any]] = {}
+    for m in methods:
+        scores[m] = {}
+        for red, agg in aggs.items():
+            row = agg["methods"][m]
+            scores[m][red] = {**{t: ms(row["tasks"][t]["values"]) for t in ner}, "average": ms(row["average"]["values"])}
+    first = next(iter(aggs))
+    diffs = {m: {red: {k: {"diff": s[k]["mean"] - scores[m][first][k]["mean"],
+                           "p": paired_test(s[k]["values"], scores[m][first][k]["values"])} for k in s}
+                 for red, s in scores[m].items() if red != first} for m in methods}
+    return {"reference": first, "scores": scores, "differences": diffs}
+
+
+def document(summary: dict[str, Any], ner: list[str], seeds: list[int], sources: dict[str, str], command: str) -> Document:
+    doc = Document()
+    doc.h(1, "The CRF loss's scale in joint training")
+    doc.p(f"Written by `{command}`. Test scores, mean ± std over seeds {seeds}, one checkpoint per run (selected by "
+          "the mean dev score over tasks). `token_mean`: the NER loss per word; `sentence_mean`: per sentence, as "
+          "the other heads average theirs (its gradient is `token_mean`'s times the mean words per sentence).")
+    n = len(seeds)
+    head = ["method", "NER loss", *(f"{t} (f1)" for t in ner), "average (all tasks)", "runs"]
+    rows = []
+    for m, per in summary["scores"].items():
+        for red, s in per.items():
+            rows.append([m, f"`{red}`", *(f"{s[t]['mean']:.1f} ± {s[t]['std']:.1f}" for t in ner),
+                         f"{s['average']['mean']:.1f} ± {s['average']['std']:.1f}", sources[red]])
+    doc.table(head, rows)
+    ref = summary["reference"]
+    doc.p(f"Differences from `{ref}`, paired over seeds:")
+    doc.table(["method", "NER loss", *ner, "average"],
+              [[m, f"`{red}` minus `{ref}`", *(verdict(d[k]["diff"], d[k]["p"], n) for k in [*ner, "average"])]
+               for m, per in summary["differences"].items() for red, d in per.items()])
+    return doc
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    from skillnet.common.outputs import at_least, check_options, non_negative
+    from skillnet.finetune import compare
+
+    parser = build_parser()
+    a = parser.parse_args(argv)
+    check_options(parser, a, {"max_steps": at_least(1), "jobs": at_least(1), "threads": at_least(1),
+                              "seeds": non_negative()})
+    src = Path(a.source) if a.source else None
+    if src is not None and not (src / "configs" / "nlu_main.json").is_file():
+        parser.error(f"--from {src}: no configs/nlu_main.json there (run the reproduction's nlu_main stage first, "
+                     "or give --config)")
+    config = Path(a.config) if a.config else (src / "configs" / "nlu_main.json" if src else None)
+    if config is None:
+        parser.error("give --config (or --from a reproduction folder)")
+    if not config.is_file():
+        parser.error(f"--config {config}: no such file")
+    init = a.init or (str(src / "pt_dense" / "hf") if src else None)
+    init_for = a.init_for or ([f"skillnet={src / 'pt_sparse' / 'hf'}"] if src and "skillnet" in a.methods else [])
+    if len(set(a.reductions)) != len(a.reductions):
+        parser.error(f"--reductions has duplicates: {a.reductions}")
+    base = json.loads(config.read_text(encoding="utf-8"))
+    ner = ner_tasks(base)
+    if not ner:
+        parser.error(f"--config {config}: no task of type ner (the study varies the NER loss)")
+    out = Path(a.out) if a.out else (src / "loss_scale" if src else Path("runs/loss_scale"))
+    (out / "configs").mkdir(parents=True, exist_ok=True)
+    steps = a.max_steps or int(base.get("train", {}).get("max_steps", 0))
+    main_cmp = reusable(src / "compare" / "nlu_main", a.methods, a.seeds, steps) if src and not a.no_reuse else None
+    aggs: dict[str, dict[str, Any]] = {}
+    sources: dict[str, str] = {}
+    for red in a.reductions:
+        if main_cmp is not None and red == config_reduction(base):
+            aggs[red], sources[red] = main_cmp, "Table 3's (nlu_main)"
+            continue
+        cfg_path = out / "configs" / f"{red}.json"
+        # paths of the config stay relative to its own folder (or the base_dir it names)
+        where = str((config.parent / str(base.get("base_dir", ""))).resolve())
+        cfg_path.write_text(json.dumps({**with_reduction(base, red), "base_dir": where, "output_dir": str(out / "unused")},
+                                       indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+        args = ["--config", str(cfg_path), "--methods", *a.methods, "--seeds", *map(str, a.seeds),
+                "--output-dir", str(out / red), "--no-plots", "--jobs", str(a.jobs), "--in-process",
+                "--title", f"NER loss {red}"]
+        args += ["--init", init] if init else []
+        args += [x for it in init_for for x in ("--init-for", it)]
+        args += ["--max-steps", str(a.max_steps)] if a.max_steps else []
+        args += ["--threads", str(a.threads)] if a.threads else []
+        rc = compare.main(args)
+        if rc != 0:
+            print(f"error: the {red} comparison failed (exit {rc}); rerun to continue it", file=sys.stderr)
+            return rc
+        aggs[red] = json.loads((out / red / "comparison.json").read_text(encoding="utf-8"))
+        sources[red] = f"`{red}/`"
+    summary = summarise(aggs, a.methods, ner)
+    command = "python -m skillnet.experiments.loss_scale " + " ".join(argv if argv is not None else sys.argv[1:])
+    (out / "loss_scale.json").write_text(json.dumps({"seeds": a.seeds, "ner_tasks": ner, **summary}, indent=2) + "\n",
+                                         encoding="utf-8")
+    md = document(summary, ner, a.seeds, sources, command).markdown()
+    (out / "loss_scale.md").write_text(md, encoding="utf-8")
+    print(md)
+    print(f"[loss_scale] table: {out / 'loss_scale.md'}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
