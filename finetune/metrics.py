@@ -310,6 +310,20 @@ def span_char_bag_em_f1(gold_answers: Sequence[Sequence[str] | str], pred: Seque
     return {"em": 100.0 * em_sum / len(pred), "f1": 100.0 * f1_sum / len(pred)}
 
 
+def roc_auc(gold: Sequence[bool | int], scores: Sequence[float]) -> float:
+    """ROC-AUC in percent: the chance that a positive example scores above a negative one (ties count half),
+    from the ranks (Mann-Whitney U). 50 for any constant or random scorer, whatever the class balance, which
+    positive-class F1 is not (always-yes scores 2p/(1+p)). NaN when gold holds one class only."""
+    _same_length(gold, scores)
+    y = np.asarray([bool(g) for g in gold])
+    n_pos, n_neg = int(y.sum()), int((~y).sum())
+    if not n_pos or not n_neg:
+        return math.nan
+    ranks = rankdata([float(s) for s in scores])
+    u = float(ranks[y].sum()) - n_pos * (n_pos + 1) / 2
+    return 100.0 * u / (n_pos * n_neg)
+
+
 # --------------------------------------------------------------------------- matching
 
 

@@ -12,9 +12,10 @@ from skillnet.finetune import compare
 from tests.test_finetune_e2e import tiny_config
 
 
-def _config(tmp_path, **train) -> str:
+def _config(tmp_path, sentiment: dict | None = None, **train) -> str:
     d = tiny_config(tmp_path / "unused")
     d["train"].update(max_steps=3, eval_every=3, log_every=3, **train)
+    d["tasks"][0].update(sentiment or {})
     path = tmp_path / "cfg.json"
     path.write_text(json.dumps(d, ensure_ascii=False), encoding="utf-8")
     return str(path)
@@ -84,7 +85,7 @@ def test_the_table_gives_each_rows_updates_and_flags_unequal_budgets():
 
 
 def test_a_compare_of_a_joint_and_a_task_specific_row_reports_equal_updates(tmp_path):
-    cfg = _config(tmp_path)
+    cfg = _config(tmp_path, sentiment={"positive_label": "pos", "metric": "auc"})
     out = tmp_path / "cmp"
     assert compare.main(["--config", cfg, "--methods", "skillnet", "task_specific", "--seeds", "0", "--no-plots",
                          "--output-dir", str(out), "--in-process", "--threads", "1"]) == 0
@@ -94,3 +95,7 @@ def test_a_compare_of_a_joint_and_a_task_specific_row_reports_equal_updates(tmp_
                                                                   for m in ("skillnet", "task_specific")}
     assert agg["budget_gaps"] == {} and agg["budgets"]["equal"]
     assert "| updates / task |" in (out / "comparison.md").read_text()
+    # a binary task is scored (and its checkpoint selected) by ROC-AUC, from the positive-class probability
+    for row in ("skillnet", "task_specific"):
+        res = json.loads((out / row / "seed0" / "results.json").read_text())["tasks"]["sentiment"]
+        assert res["metric"] == "auc" and 0.0 <= res["test"]["auc"] <= 100.0 and "accuracy" in res["test"]

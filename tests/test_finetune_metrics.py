@@ -112,6 +112,7 @@ def test_group_top1_accuracy_by_hand():
 # Metrics the paper compares with, cross-checked against the official script's logic (CMRC 2018) and
 # well-kept libraries (seqeval, scikit-learn, scipy). Accessed through the module so that a missing
 # function fails its own test only.
+import json  # noqa: E402
 import random  # noqa: E402
 import re  # noqa: E402
 
@@ -276,3 +277,38 @@ def test_correlations_propagate_nan():
     ok = [0.2, 0.4, 0.8, 0.1]
     assert M.spearman(gold, ok) == pytest.approx(100 * spearmanr(gold, ok).statistic)
     assert M.pearson(gold, ok) == pytest.approx(100 * pearsonr(gold, ok).statistic)
+
+
+def test_roc_auc_agrees_with_scikit_learn_and_gives_trivial_scorers_50():
+    """answer_select's metric (issue 49): ROC-AUC x100, ties counted half; always-yes (a constant score) and a
+    random scorer sit at 50 whatever the balance, where positive-class F1 gives always-yes 2p/(1+p)."""
+    from sklearn.metrics import roc_auc_score
+
+    rng = random.Random(3)
+    for n, share in ((40, 0.5), (57, 0.2), (200, 0.7)):
+        gold = [rng.random() < share for _ in range(n)]
+        gold[0], gold[1] = True, False  # both classes
+        scores = [round(rng.random(), 1) for _ in range(n)]  # rounded: many ties
+        assert M.roc_auc(gold, scores) == pytest.approx(100 * roc_auc_score(gold, scores))
+    gold = [True, False] * 50
+    assert M.roc_auc(gold, [0.9] * 100) == 50.0  # always yes
+    assert M.binary_f1(["1" if g else "0" for g in gold], ["1"] * 100, "1") == pytest.approx(200 / 3)
+    assert M.roc_auc([1, 1, 0, 0], [0.8, 0.7, 0.3, 0.7]) == pytest.approx(87.5)
+    assert math.isnan(M.roc_auc([1, 1], [0.2, 0.4]))  # one class: undefined
+    with pytest.raises(ValueError, match="differ in length"):
+        M.roc_auc([1, 0], [0.1])
+
+
+def test_a_binary_classification_task_scores_auc_from_the_positive_probability():
+    from types import SimpleNamespace
+
+    from skillnet.finetune.task_types.classification import ClassificationCodec, ScoredLabel
+
+    td = SimpleNamespace(positive_label="1")
+    recs = [{"label": g} for g in ("1", "0", "1", "0")]
+    preds = [ScoredLabel("1", 0.9), ScoredLabel("1", 0.6), ScoredLabel("0", 0.4), ScoredLabel("0", 0.1)]
+    out = ClassificationCodec().score(td, recs, preds)
+    assert out["auc"] == pytest.approx(75.0) and out["accuracy"] == 50.0
+    assert preds[0] == "1" and json.dumps(preds) == '["1", "1", "0", "0"]'  # a label to everything else
+    # a predictor without scores (the trivial baseline's labels) is a constant scorer: 50
+    assert ClassificationCodec().score(td, recs, ["1"] * 4)["auc"] == 50.0

@@ -471,3 +471,16 @@ def test_a_killed_sitting_still_counts_in_the_stage_wall_time(tmp_path: Path) ->
     rec = json.loads(record.read_text())
     assert rec["seconds"] >= first + 0.5 and rec["this_sitting"] < first + 0.5
     assert not partial.exists()
+
+
+@pytest.mark.parametrize("name", ["quick", "full", "scale"])
+def test_the_new_task_is_scored_by_auc_and_evaluated_on_dev_several_times(tmp_path, name):
+    """answer_select (Tables 4-5) is scored where always-yes and chance are 50 (ROC-AUC; positive-class F1 gave
+    always-yes 66.7), and its dev curve has at least two points (the full profile had one in 600 steps)."""
+    from skillnet.experiments.nlu import stage_nlu_adapt
+
+    r = Runner(tmp_path, PROFILES[name], dry_run=True)
+    stage_nlu_adapt(r)
+    d = json.loads((tmp_path / "configs" / "nlu_adapt.json").read_text())
+    assert d["tasks"][0]["metric"] == "auc"
+    assert d["train"]["max_steps"] // d["train"]["eval_every"] >= 2

@@ -13,10 +13,28 @@ from .base import DROPOUT, Encoded, TaskSettings, TaskView, bert_inputs, cut_tex
 from .sentence import SentenceCodec
 
 
+class ScoredLabel(str):
+    """A predicted label that carries the model's probability of the positive class (`score`), for ROC-AUC; a
+    plain string to everything else (equality, JSON, the prediction files)."""
+
+    score: float
+
+    def __new__(cls, label: str, score: float) -> ScoredLabel:
+        out = super().__new__(cls, label)
+        out.score = score
+        return out
+
+
+# Metrics of a binary task only: they need a positive class.
+BINARY_METRICS = ("f1", "auc")
+
+
 class ClassificationCodec(SentenceCodec):
     name = "classification"
     head = "classification"
-    metrics = ("accuracy", "macro_f1", "f1")
+    # auc: ROC-AUC of the positive class's probability (binary tasks; 50 for always-yes or chance, on any split,
+    # where positive-class f1 rewards always-yes with 2p/(1+p): 66.7 on a balanced split)
+    metrics = ("accuracy", "macro_f1", "f1", "auc")
     metric = "accuracy"
     head_options = {"dropout": DROPOUT}
     labelled = True
@@ -27,13 +45,13 @@ class ClassificationCodec(SentenceCodec):
         labels = [str(x) for x in cfg.labels] if cfg.labels is not None else None
         if labels is not None and cfg.positive_label is not None and cfg.positive_label not in labels:
             raise ValueError(f"positive_label {cfg.positive_label!r} is not one of the labels {labels}")
-        if labels is not None and cfg.metric == "f1":
+        if labels is not None and cfg.metric in BINARY_METRICS:
             if len(labels) != 2:
-                raise ValueError(f"metric 'f1' is the positive-class F1 of a binary task; 'labels' has "
+                raise ValueError(f"metric {cfg.metric!r} is of the positive class of a binary task; 'labels' has "
                                  f"{len(labels)}: {labels} (use macro_f1)")
             if cfg.positive_label is None and "1" not in labels:
-                raise ValueError(f"metric 'f1' needs 'positive_label' (one of {labels}); the default '1' is "
-                                 "not a label")
+                raise ValueError(f"metric {cfg.metric!r} needs 'positive_label' (one of {labels}); the default '1' "
+                                 "is not a label")
 
     def positive_label(self, td: TaskView) -> str | None:
         """The class whose F1 is the ``f1`` metric of a binary task (None otherwise)."""
@@ -45,8 +63,8 @@ class ClassificationCodec(SentenceCodec):
                                 f"{labels}")
         if len(labels) == 2 and pos is None and "1" in labels:
             pos = "1"
-        if td.cfg.metric == "f1" and (len(labels) != 2 or pos is None):
-            raise TaskDataError(where, 0, f"task {td.name!r}: metric 'f1' is the positive-class F1 of a binary "
+        if td.cfg.metric in BINARY_METRICS and (len(labels) != 2 or pos is None):
+            raise TaskDataError(where, 0, f"task {td.name!r}: metric {td.cfg.metric!r} is of the positive class of a binary "
                                 f"task; it has {len(labels)} labels {labels}" + (
                                     "" if len(labels) != 2 else " and no 'positive_label' (the default '1' is "
                                     "not a label)"))
@@ -63,7 +81,14 @@ class ClassificationCodec(SentenceCodec):
 
     def decode(self, td: TaskView, model: Any, feats: list[Encoded], batch: dict[str, torch.Tensor]) -> list[Any]:
         labels = td.label_list or []
-        return [labels[int(i)] for i in model.predict(td.name, **batch)]
+        if td.positive_label is None:
+            return [labels[int(i)] for i in model.predict(td.name, **batch)]
+        # a binary task: the label of the larger logit (as the head's predict), with the positive class's
+        # probability for ROC-AUC
+        with torch.no_grad():
+            logits = model(task=td.name, **batch).logits.float()
+        prob = logits.softmax(-1)[:, labels.index(td.positive_label)].tolist()
+        return [ScoredLabel(labels[int(i)], p) for i, p in zip(logits.argmax(-1).tolist(), prob)]
 
     def score(self, td: TaskView, recs: list[dict[str, Any]], preds: list[Any]) -> dict[str, float]:
         gold = [r["label"] for r in recs]
@@ -72,6 +97,9 @@ class ClassificationCodec(SentenceCodec):
         out = {"accuracy": M.accuracy(gold, preds), "macro_f1": M.macro_f1(gold, preds)}
         if td.positive_label is not None:
             out["f1"] = M.binary_f1(gold, preds, td.positive_label)
+            # a predictor without scores (the trivial and TF-IDF baselines) ranks every example alike: 50
+            scores = [getattr(p, "score", 0.5) for p in preds]
+            out["auc"] = M.roc_auc([g == td.positive_label for g in gold], scores)
         return out
 
     lexical_name = "TF-IDF + logistic regression"
