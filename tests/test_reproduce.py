@@ -484,3 +484,21 @@ def test_the_new_task_is_scored_by_auc_and_evaluated_on_dev_several_times(tmp_pa
     d = json.loads((tmp_path / "configs" / "nlu_adapt.json").read_text())
     assert d["tasks"][0]["metric"] == "auc"
     assert d["train"]["max_steps"] // d["train"]["eval_every"] >= 2
+
+
+def test_the_new_tasks_section_gives_accuracy_and_auc_beside_always_yes_and_chance(tmp_path):
+    from skillnet.experiments.report_nlu import learning_metrics
+
+    tasks = tmp_path / "tasks" / "answer_select"
+    tasks.mkdir(parents=True)
+    (tasks / "test.jsonl").write_text("".join(json.dumps({"label": g}) + "\n" for g in "1100"))
+    for seed, (acc, auc) in enumerate(((60.0, 65.0), (62.0, 67.0))):
+        f = tmp_path / "cmp" / "a_existing" / f"seed{seed}" / "results.json"
+        f.parent.mkdir(parents=True)
+        f.write_text(json.dumps({"tasks": {"answer_select": {"test": {"accuracy": acc, "auc": auc, "f1": 61.8}}}}))
+    doc = Document()
+    learning_metrics(doc, {"tasks": ["answer_select"], "methods": {"a_existing": {}}}, tmp_path / "cmp",
+                     tmp_path / "tasks", [("a_existing", "(a) existing skills")])
+    md = doc.markdown()
+    assert "| (a) existing skills | 61.0 ± 1.4 | 66.0 ± 1.4 |" in md
+    assert "| always yes | 50.0 | 50.0 |" in md and "| chance (random answer) | 50.0 | 50.0 |" in md
