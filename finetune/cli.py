@@ -71,6 +71,16 @@ FLAGS = ("max_steps", "batch_size", "lr", "warmup_ratio", "weight_decay", "max_g
          "label_smoothing", "packing", "gradient_checkpointing", "compile", "zero_comm", "profile_steps")
 
 
+def _packing_note() -> str:
+    """Which task types pack, from their codecs (finetune/task_types)."""
+    from .task_types import codec_for, task_types
+
+    packs = [t for t in task_types() if codec_for(t).packs]
+    rest = [t for t in task_types() if not codec_for(t).packs]
+    return (f"{', '.join(packs)} tasks, where it computes fewer slots, with each example's loss and outputs "
+            f"unchanged; {', '.join(rest)} keep one example per row")
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = Parser(
         "skillnet.finetune.run",
@@ -90,7 +100,7 @@ def build_parser() -> argparse.ArgumentParser:
                        f"{n}: {m.summary}" for n, m in METHODS.items()) + " (default: the config's, else skillnet)")
     add_train_flags(p.add_argument_group("training (the config's \"train\" section; a flag given here wins)"),
                     FLAGS, FINETUNE_DEFAULTS, source="the config's train",
-                    notes={"packing": "classification and regression tasks; the others keep one example per row"})
+                    notes={"packing": _packing_note()})
     g = p.add_argument_group("task sampling")
     g.add_argument("--sampler", choices=SAMPLER_KINDS, help="proportional (Eq. 3) | temperature (NLG Eq. 4) | "
                    "annealed (PALs Eq. 6) | round_robin")

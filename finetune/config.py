@@ -86,7 +86,8 @@ class NewSkill:
 
 # Fine-tuning's training settings: the one TrainConfig (training/config.py) with this stage's defaults (§4.1:
 # lr 2e-5, a warmup over the first tenth: 5k of 50k steps), read from the config file's "train" section.
-FINETUNE_DEFAULTS = TrainConfig(max_steps=1000, batch_size=8, lr=2e-5, warmup_ratio=0.1, eval_every=200, log_every=20)
+FINETUNE_DEFAULTS = TrainConfig(max_steps=1000, batch_size=8, lr=2e-5, warmup_ratio=0.1, eval_every=200, log_every=20,
+                                packing=True)
 # Older names the "train" section still takes.
 TRAIN_ALIASES = {"grad_clip": "max_grad_norm"}
 

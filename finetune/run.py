@@ -108,7 +108,8 @@ def setup(cfg: FinetuneConfig, *, ds_config: str | None = None, resume: str | No
         out.mkdir(parents=True, exist_ok=True)
         (out / "finetune_config.json").write_text(cfg.to_json(), encoding="utf-8")
         atomic_write_json(out / "params.json", params)
-        _print_plan(cfg, data, sampler, params, _with_origins(model, new_skills), steps_per_epoch, ckpt.describe())
+        _print_plan(cfg, data, sampler, params, _with_origins(model, new_skills), steps_per_epoch, ckpt.describe(),
+                    packing_lines(source))
     inherited = None
     if cfg.model.init and (Path(cfg.resolve(cfg.model.init)) / META_FILE).is_file():
         inherited = json.loads((Path(cfg.resolve(cfg.model.init)) / META_FILE).read_text(encoding="utf-8"))["tasks"]
@@ -320,8 +321,25 @@ def prefix_lines(data: dict[str, TaskData]) -> list[str]:
     return lines
 
 
+def packing_lines(source: MultiTaskBatchSource) -> list[str]:
+    """One start-log line per task: whether its training rows pack (TrainConfig.packing, on by default) and
+    the real-token share of its first micro-batches padded and as fed."""
+    how = {"pooled": "pooled output per example", "tokens": "every token, back in its example's row after the "
+           "encoder", "pairs": "source and target sides together"}
+    lines = []
+    for name, r in source.packing_report().items():
+        if r["packs"]:
+            what = f"rows pack ({how[r['kind']]}): real tokens {r['padded']:.0%} padded -> {r['fed']:.0%} packed"
+        elif r["kind"]:
+            what = f"one example per row [--no-packing]: real tokens {r['padded']:.0%}"
+        else:
+            what = f"one example per row (its type does not pack): real tokens {r['padded']:.0%}"
+        lines.append(f"  {name:<14} {what}")
+    return lines
+
+
 def _print_plan(cfg: FinetuneConfig, data: dict[str, TaskData], sampler: Any, params: dict[str, Any],
-                new_skills: list[str], steps_per_epoch: int, memory: str = "") -> None:
+                new_skills: list[str], steps_per_epoch: int, memory: str = "", packing: list[str] = ()) -> None:
     p0 = sampler.probabilities(0)
     lines = [f"[finetune] method {cfg.method}: {METHODS[cfg.method].summary}",
              f"[finetune] {len(data)} tasks, sampler {cfg.sampler.kind}, {cfg.train.max_steps} steps "
@@ -342,6 +360,7 @@ def _print_plan(cfg: FinetuneConfig, data: dict[str, TaskData], sampler: Any, pa
                 lines.append(f"  --skip-bad: {name}/{split}: " + rep.summary().replace("\n", "\n    "))
         if d.skipped_windows:
             lines.append(f"  {name}/train: skipped {d.skipped_windows} examples whose answer fits no window")
+    lines += packing
     lines += truncation_lines(data)
     lines += prefix_lines(data)
     if new_skills:

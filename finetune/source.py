@@ -13,7 +13,6 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 from skillnet.training.batch import Batch
-from skillnet.training.packing import pack_where_it_pays
 
 from .samplers import TaskSampler
 from .tasks import TaskData
@@ -57,19 +56,31 @@ class MultiTaskBatchSource:
         mine = idx[self.rank * self.micro:(self.rank + 1) * self.micro]
         # Matching negatives are drawn per (draw, rank) so ranks see different negatives.
         tensors = data.train_batch(mine, seed=self.seed, draw=k * self.world + self.rank)
-        codec = data.codec
-        if self.packing and codec.packs:
-            # Rows of the length the task's rows may have (a generation source may pass max_seq_len by its
-            # prefix; its targets are cut at max_target_len).
-            pairs = codec.packs == "pairs"
-            tensors = pack_where_it_pays(
-                tensors, data.tok.pad_id, row_len=max(data.max_len, tensors["input_ids"].shape[1]),
-                unpack=codec.packs == "tokens", decoder_start_id=data.tok.sep_id if pairs else None,
-                decoder_row_len=max(data.limit("max_target_len"), tensors["labels"].shape[1]) if pairs else None)
+        if self.packing:
+            tensors = data.pack(tensors)
         self.draws[task] += 1
         self.step += 1
         self.sampler.step = self.step
-        return Batch(task, tensors, decoder=codec.decoder)
+        return Batch(task, tensors, decoder=data.codec.decoder)
+
+    def packing_report(self, batches: int = 16) -> dict[str, dict[str, Any]]:
+        """Per task: whether its rows pack, and the real-token share of its first ``batches`` micro-batches of
+        training rows (in file order) padded and as this source would feed them. For the start log: what
+        packing does to each task, measured before the first step."""
+        out: dict[str, dict[str, Any]] = {}
+        for name, data in self.tasks.items():
+            n = data.num_train_rows()
+            real = padded = packed = 0
+            for at in range(0, min(n, batches * self.micro), self.micro):
+                b = data.train_batch(list(range(at, min(n, at + self.micro))), seed=self.seed, draw=0)
+                fed = data.pack(b) if self.packing else b
+                one, two = Batch(name, b, data.codec.decoder), Batch(name, fed, data.codec.decoder)
+                real += one.num_tokens()
+                padded += one.num_slots()
+                packed += two.num_slots()
+            out[name] = {"packs": bool(self.packing and data.codec.packs), "kind": data.codec.packs,
+                         "padded": real / max(padded, 1), "fed": real / max(packed, 1)}
+        return out
 
     def realised_mix(self) -> dict[str, float]:
         n = sum(self.draws.values())

@@ -71,6 +71,9 @@ class TaskData:
         self.label_list: list[str] | None = cfg.labels
         self.codec: TaskCodec = codec_for(cfg.type)
         self.regression = self.codec.regression
+        # Whether the run packs rows (TrainConfig.packing): training batches in the source, evaluation
+        # batches of the types whose outputs are read per example (not beam search) in the codec.
+        self.packing = bool(ft.train.packing) if ft is not None else False
         if ft is not None:
             self._collect_sources(ft)
         self.kind_note = ""  # how the kind was inferred, for error messages
@@ -206,6 +209,21 @@ class TaskData:
             log.warning("%s/%s: %d of %d %s truncated at %s=%d", self.name, "input" if split == "__predict__" else split,
                         n, len(recs), what, limit, self.limit(limit))
         return feats
+
+    def pack(self, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """A padded batch of this task in packed rows where its codec packs and that computes fewer slots
+        (training/packing.py), rows at most the length this task's rows may have (a generation source may
+        pass max_seq_len by its prefix; its targets are cut at max_target_len); else as it is."""
+        from skillnet.training.packing import pack_where_it_pays
+
+        kind = self.codec.packs
+        if not kind:
+            return tensors
+        pairs = kind == "pairs"
+        return pack_where_it_pays(
+            tensors, self.tok.pad_id, row_len=max(self.max_len, tensors["input_ids"].shape[1]),
+            unpack=kind == "tokens", decoder_start_id=self.tok.sep_id if pairs else None,
+            decoder_row_len=max(self.limit("max_target_len"), tensors["labels"].shape[1]) if pairs else None)
 
     def limit(self, name: str) -> int:
         """The value of a length limit of this task (``max_seq_len``, ``max_target_len``)."""

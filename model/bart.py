@@ -425,6 +425,9 @@ class SkillNetSeq2SeqLMOutput(Seq2SeqLMOutput):
 
 
 class SkillNetBartModel(SkillNetBartPreTrainedModel, BartModel):
+    # The LM head's bias, in every export: the backbone (feature extraction) leaves it out on purpose.
+    _keys_to_ignore_on_load_unexpected = [r"final_logits_bias"]
+
     def __init__(self, config: SkillNetBartConfig) -> None:
         # As BartModel.__init__ with the skill encoder and decoder (BartModel's would build dense ones).
         BartPreTrainedModel.__init__(self, config)

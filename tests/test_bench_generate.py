@@ -70,7 +70,8 @@ def test_bench_prints_the_issue_keys_as_last_line() -> None:
                        env={**os.environ, "HF_HUB_OFFLINE": "1"})
     assert r.returncode == 0, r.stderr[-2000:]
     res = json.loads(r.stdout.strip().splitlines()[-1])
-    for key in ("generate_over_dense", "train_over_dense", "generate_over_dense_min", "train_over_dense_min"):
+    for key in ("generate_over_dense", "train_over_dense", "generate_over_dense_min", "train_over_dense_min",
+                "train_packed_over_dense"):
         assert isinstance(res[key], float) and res[key] > 0, key
     assert [row["k"] for row in res["rows"]] == [1, 2]
     for row in res["rows"]:

@@ -39,3 +39,24 @@ def test_loading_exports_reports_no_keys_left_out_on_purpose(pt_export: Path, tm
     assert "UNEXPECTED" not in quiet and "LOAD REPORT" not in quiet, quiet[-4000:]
     # a head the class needs is still named: the report is silenced only for the keys left out on purpose
     assert "cls.predictions" in missing and "MISSING" in missing and "UNEXPECTED" not in missing
+
+
+BART_LOAD = r'''
+import sys
+import torch
+from skillnet.model import SkillNetBartConfig, SkillNetBartForConditionalGeneration, SkillNetBartModel
+
+folder = sys.argv[1]
+SkillNetBartForConditionalGeneration(SkillNetBartConfig.preset("tiny")).save_pretrained(folder)
+print("== backbone", file=sys.stderr, flush=True)
+SkillNetBartModel.from_pretrained(folder)  # the AutoModel / feature-extraction class: no LM head
+'''
+
+
+def test_a_bart_backbone_loads_an_export_without_reporting_the_lm_bias(tmp_path: Path) -> None:
+    """SkillNet-BART served as a backbone leaves the LM head's ``final_logits_bias`` out on purpose."""
+    r = subprocess.run([sys.executable, "-c", BART_LOAD, str(tmp_path / "bart")], cwd=REPO, capture_output=True,
+                       text=True, timeout=300, env=subprocess_env())
+    assert r.returncode == 0, r.stderr[-4000:]
+    quiet = r.stderr.split("== backbone")[1]
+    assert "UNEXPECTED" not in quiet and "LOAD REPORT" not in quiet, quiet[-4000:]

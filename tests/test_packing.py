@@ -23,7 +23,14 @@ from skillnet.model.attention import AttentionMask
 from skillnet.model.routers import router_class
 from skillnet.pretrain.dataset import PretrainingDataset
 from skillnet.pretrain.objectives import ObjectiveSampler, PretrainBatchSource
-from skillnet.training.packing import fewest_rows, pack_rows, pack_where_it_pays, plan_rows, real_token_share
+from skillnet.training.packing import (
+    fewest_rows,
+    pack_pairs,
+    pack_rows,
+    pack_where_it_pays,
+    plan_rows,
+    real_token_share,
+)
 
 from tests.fixtures.pretrain.helpers import REPO, subprocess_env
 from tests.fixtures.warm import launch_fixture
@@ -122,8 +129,12 @@ def test_rows_are_packed_only_where_it_saves_slots() -> None:
 
 def test_pack_rows_refuses_rows_that_are_not_padded_prefixes() -> None:
     batch = {"input_ids": torch.ones(2, 4, dtype=torch.long), "attention_mask": torch.tensor([[1, 0, 1, 0], [1, 1, 0, 0]])}
-    with pytest.raises(ValueError, match="ones then zeros"):
+    with pytest.raises(ValueError, match="attention_mask must be real tokens then padding"):
         pack_rows(batch, 0)
+    labels = torch.tensor([[5, -100, 5, -100], [5, 5, -100, -100]])  # a decoder side's padding is -100
+    with pytest.raises(ValueError, match="labels must be real tokens then padding"):
+        pack_pairs({"input_ids": batch["input_ids"], "attention_mask": torch.ones(2, 4, dtype=torch.long),
+                    "labels": labels}, 0, 1)
 
 
 def test_block_diagonal_mask_and_varlen_layout() -> None:
@@ -376,6 +387,44 @@ def test_finetuning_rows_pack_every_type_that_pays_with_equal_loss_and_gradients
             torch.testing.assert_close(g_f[name], g_a[name], rtol=RTOL, atol=ATOL, msg=name)
     assert {"kept", "sentiment", "ner"} <= kinds, kinds  # (the fixtures' near-equal lengths rarely pay)
     assert packed.state_dict() == plain.state_dict()
+
+
+def test_evaluation_batches_pack_with_the_same_predictions() -> None:
+    """Evaluation packs the batches of the types whose outputs are read per example (classification, NER;
+    span windows too), where the run packs: every prediction equals the unpacked run's."""
+    from skillnet.data_prep.tokenizer import load_tokenizer
+    from skillnet.finetune.build import build_model
+    from skillnet.finetune.config import FinetuneConfig
+    from skillnet.finetune.tasks import TaskData
+
+    from tests.test_finetune_e2e import tiny_config
+
+    tok = load_tokenizer(None)
+    runs = {}
+    for packing in (False, True):
+        d = tiny_config(Path("unused"))
+        d["train"]["packing"] = packing
+        cfg = FinetuneConfig.from_dict(d)
+        runs[packing] = (cfg, {t.name: TaskData(t, cfg, tok) for t in cfg.tasks})
+    torch.manual_seed(0)
+    model, _ = build_model(*runs[False])
+    model.eval()
+    packed_batches = 0
+    for name, td in runs[True][1].items():
+        plain_td = runs[False][1][name]
+        if td.codec.packs:
+            feats = td.features("dev")
+            assert "segment_ids" not in plain_td.codec.eval_batch(plain_td, feats[:16])
+
+            def forced(batch: dict, td: TaskData = td) -> dict:  # the fixtures' near-equal lengths rarely pay
+                nonlocal packed_batches
+                packed_batches += 1
+                return pack_rows(batch, tok.pad_id, row_len=td.max_len, unpack=td.codec.packs == "tokens")[0]
+
+            td.pack = forced
+        want = plain_td.codec.predict(plain_td, model, plain_td.records["dev"], "dev", 16, False)
+        assert td.codec.predict(td, model, td.records["dev"], "dev", 16, False) == want, name
+    assert packed_batches >= 2
 
 
 def test_token_heads_read_each_sample_back_in_its_own_row() -> None:

@@ -42,7 +42,7 @@ from typing import Any
 import numpy as np
 import torch
 
-__all__ = ["fewest_rows", "pack_pairs", "pack_rows", "pack_where_it_pays", "plan_rows", "real_token_share"]
+__all__ = ["best_rows", "fewest_rows", "pack_pairs", "pack_rows", "pack_where_it_pays", "plan_rows", "real_token_share"]
 
 # Values that fill a token-level tensor's padding.
 _PAD_VALUES = {"labels": -100, "attention_mask": 0, "token_type_ids": 0}
@@ -220,6 +220,16 @@ def _widths(width: int, longest: int, steps: int | None = None) -> list[int]:
     return out
 
 
+def best_rows(lengths: Sequence[int] | np.ndarray, width: int, longest: int, groups: Sequence[Any] | None = None
+              ) -> tuple[int, list[list[int]]]:
+    """(row length, `plan_rows` plan) computing the fewest token slots for samples of these ``lengths`` padded
+    to ``width``: rows 1, 2, 4, ... times that width, at most ``longest`` (the shorter rows on a tie, as
+    attention grows with a row's square). A batch padded to a fixed length (pre-training's max_seq_len)
+    keeps that length."""
+    return min(((len(rows) * T, T, rows) for T in _widths(width, longest)
+                for rows in [plan_rows(lengths, T, groups)]), key=lambda x: x[:2])[1:]
+
+
 def pack_where_it_pays(batch: dict[str, torch.Tensor], pad_id: int, *, groups: Sequence[Any] | None = None,
                        row_len: int | None = None, unpack: bool = False,
                        decoder_start_id: int | None = None, decoder_row_len: int | None = None
@@ -235,12 +245,10 @@ def pack_where_it_pays(batch: dict[str, torch.Tensor], pad_id: int, *, groups: S
     B, width = batch["attention_mask"].shape
     longest = width if row_len is None else max(row_len, width)
     if decoder_start_id is None:
-        lens = _lengths(batch)
-        best = min(((len(rows) * T, T, rows) for T in _widths(width, longest)
-                    for rows in [plan_rows(lens, T, groups)]), key=lambda x: x[:2])
-        if best[0] >= B * width:
+        T, rows = best_rows(_lengths(batch), width, longest, groups)
+        if len(rows) * T >= B * width:
             return batch
-        return pack_rows(batch, pad_id, groups=groups, row_len=best[1], rows=best[2], unpack=unpack)[0]
+        return pack_rows(batch, pad_id, groups=groups, row_len=T, rows=rows, unpack=unpack)[0]
     Tl = batch["labels"].shape[1]
     longest_l = Tl if decoder_row_len is None else max(decoder_row_len, Tl)
     lens = _pair_lengths(batch)

@@ -63,6 +63,10 @@ class TaskView(Protocol):
 
     def features(self, split: str) -> list[Encoded]: ...
 
+    packing: bool  # the run packs rows (evaluation batches too, where outputs are read per example)
+
+    def pack(self, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]: ...
+
     def encode_records(self, recs: list[dict[str, Any]]) -> list[Encoded]: ...
 
     def decode_text(self, ids: Sequence[int]) -> str: ...
@@ -282,8 +286,14 @@ class TaskCodec:
         preds: list[Any] = []
         for chunk in iter_chunks(len(feats), bs, progress, td.name):
             fs = [feats[i] for i in chunk]
-            preds += self.decode(td, model, fs, to_device(self.collate(td, fs, with_labels=False), device))
+            preds += self.decode(td, model, fs, to_device(self.eval_batch(td, fs), device))
         return preds
+
+    def eval_batch(self, td: TaskView, feats: list[Encoded]) -> dict[str, torch.Tensor]:
+        """An evaluation batch of `feats`, packed where the run packs and the type's outputs are read per
+        example (a beam search decodes each example in its own row)."""
+        batch = self.collate(td, feats, with_labels=False)
+        return td.pack(batch) if getattr(td, "packing", False) and self.packs in ("pooled", "tokens") else batch
 
     def decode(self, td: TaskView, model: Any, feats: list[Encoded], batch: dict[str, torch.Tensor]) -> list[Any]:
         """The model's predictions for one collated batch of `feats`, in the task's label space."""

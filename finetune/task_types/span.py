@@ -97,7 +97,7 @@ class SpanCodec(TaskCodec):
         best: dict[int, tuple[float, str]] = {}
         for chunk in iter_chunks(len(feats), bs, progress, td.name):
             fs = [feats[i] for i in chunk]
-            batch = to_device(self.collate(td, fs, with_labels=False), device)
+            batch = to_device(self.eval_batch(td, fs), device)
             for f, (score, chars) in zip(fs, self.decode(td, model, fs, batch)):
                 if chars is None:
                     continue
