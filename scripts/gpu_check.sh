@@ -9,7 +9,9 @@
 #                              # bench_pretrain pipeline pipeline_compile pipeline_dense (default: all),
 #                              # pipeline_json (the JSON's ZeRO communication options kept on one GPU), profile,
 #                              # corpus_packed corpus_unpacked (the packaged corpus, packed rows and --no-packing),
-#                              # v100_fp16 (ds_configs/v100_fp16.json on the packaged corpus: the V100 arm)
+#                              # v100_fp16 (ds_configs/v100_fp16.json on the packaged corpus: the V100 arm),
+#                              # bart_packed bart_unpacked (BART denoising, --arch bart at BART_PRESET, on the
+#                              # packaged corpus: both sides packed, and --no-packing)
 #   STEPS=60 PRESET=base SEQ=512 bash scripts/gpu_check.sh        # the pipeline arm's size (defaults shown)
 #   DTYPES=bf16 bash scripts/gpu_check.sh           # the benches' dtypes (default: fp16, and bf16 where supported)
 #   PART_TIMEOUT=900                                # seconds each part may run before it is stopped (default)
@@ -17,11 +19,14 @@
 # Targets (issue "GPU speed"): pipeline padded tokens/s >= 0.85 of the dense model step alone at equal
 # activated FLOPs; SkillNet step with its optimizer / dense step with fused AdamW >= 0.95; MFU >= 0.40 of the
 # datasheet bf16 peak (H100, base, seq 512); fused skill FFN / dense FFN <= 1.10 at every k; SkillNet-BART
-# generate and train >= 0.95 of HF at equal activated width.
+# generate and train >= 0.95 of HF at equal activated width. Packing (issue "No padding anywhere"): SkillNet-BART
+# training real tokens/s >= 2x HF on the same padded batches (bench_generate's train_packed_over_dense, and the
+# bart_packed / bart_unpacked arms' real tokens/s); generate >= 0.95 of HF.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${GPU_CHECK_OUT:-runs/gpu_check}
-PARTS=${PARTS:-tests skill_ffn generate bench_pretrain pipeline pipeline_compile pipeline_dense corpus_packed corpus_unpacked v100_fp16}
+PARTS=${PARTS:-tests skill_ffn generate bench_pretrain pipeline pipeline_compile pipeline_dense corpus_packed corpus_unpacked v100_fp16 bart_packed bart_unpacked}
+BART_PRESET=${BART_PRESET:-base}
 STEPS=${STEPS:-60}
 PRESET=${PRESET:-base}
 SEQ=${SEQ:-512}
@@ -107,7 +112,7 @@ want pipeline_json && run_pipeline pipeline_json --zero_comm json
 want pipeline_dense && run_pipeline pipeline_dense --dense --model_config "$OUT/dense_width.json"
 # The packaged corpus (not --synthetic): real documents, most far shorter than a row. Packed rows (the default)
 # against one sample per row; the summary reports MFU on real tokens for both.
-if want corpus_packed || want corpus_unpacked || want v100_fp16; then
+if want corpus_packed || want corpus_unpacked || want v100_fp16 || want bart_packed || want bart_unpacked; then
   "$PY" -m skillnet.data_prep sample-corpus --out "$OUT/corpus.txt" --overwrite > "$OUT/corpus_build.txt" 2>&1 &&
     "$PY" -m skillnet.data_prep build "$OUT/corpus.txt" --out "$OUT/shards" --overwrite --no-progress >> "$OUT/corpus_build.txt" 2>&1 ||
     echo "packaged corpus: build failed (see $OUT/corpus_build.txt)"
@@ -118,6 +123,9 @@ if want corpus_packed || want corpus_unpacked || want v100_fp16; then
   want corpus_unpacked && run_pipeline corpus_unpacked --no_packing
   # V100's config (fp16, loss scaling, no bf16) on any card: it must run; its speed is a V100's business.
   want v100_fp16 && run_pipeline v100_fp16 --ds_config ds_configs/v100_fp16.json --max_steps 20
+  # BART denoising on the same shards (later flags win): packed on both sides, and one sample per row.
+  want bart_packed && run_pipeline bart_packed --arch bart --preset "$BART_PRESET"
+  want bart_unpacked && run_pipeline bart_unpacked --arch bart --preset "$BART_PRESET" --no_packing
 fi
 if want profile; then
   # The same run's host side under cProfile (one process, no launcher): where the host spends a step.
