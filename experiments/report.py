@@ -47,6 +47,34 @@ def seconds(s: float | None) -> str:
 
 # How a report begins: what tells a report the reproduction wrote (and may replace) from anyone else's file.
 MARK = "Written by `scripts/reproduce.py`"
+WALL_TIMES = "Wall time of every stage"
+
+
+def _parse_seconds(text: str) -> float | None:
+    value, _, unit = text.strip().partition(" ")
+    try:
+        return float(value) * (60.0 if unit == "min" else 1.0)
+    except ValueError:
+        return None
+
+
+def previous_wall_times(report: Path) -> dict[str, float]:
+    """The stage wall times of the report at `report` that this one replaces (a reproduction's own: its table
+    under WALL_TIMES), to show the change; {} when there is none."""
+    if not report.is_file():
+        return {}
+    text = report.read_text(encoding="utf-8")
+    if MARK not in text[:3000]:  # someone else's file: nothing to compare with
+        return {}
+    section = text.split(f"## {WALL_TIMES}", 1)[-1] if f"## {WALL_TIMES}" in text else ""
+    out = {}
+    for line in section.split("\n## ", 1)[0].splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) >= 3 and cells[0] not in ("stage", "") and not set(cells[0]) <= {"-"}:
+            sec = _parse_seconds(cells[2])
+            if sec is not None:
+                out[cells[0]] = sec
+    return out
 
 
 def build(out: Path, profile: Any, stages: list[Any], report: Path, title: str,
@@ -54,6 +82,7 @@ def build(out: Path, profile: Any, stages: list[Any], report: Path, title: str,
     """Write `report` (.md) and its .html twin; return its path and what is missing from it (see
     `Document.problems`). `parts`: which halves to include ("nlu", "nlg"); `stages`: the stages whose wall time
     and commands are listed."""
+    before = previous_wall_times(report)  # read before this report replaces it
     cmp_dir = out / "compare"
     cmps = {n: load(cmp_dir / n / "comparison.json") for n in
             ("nlu_main", "nlu_ablate", "nlu_alpha", "nlu_adapt", "nlg_main", "nlg_temp", "nlg_adapt")}
@@ -87,7 +116,7 @@ def build(out: Path, profile: Any, stages: list[Any], report: Path, title: str,
         nlg_part(doc, cmps, cmp_dir, out, findings)
     if profile.name == "full":  # the targets are the full CPU profile's; the quick one shows the mechanics
         targets_section(doc, cmps, cmp_dir, parts, findings)
-    tail(doc, out, stages, records, findings, parts)
+    tail(doc, out, stages, records, findings, parts, before)
     report.parent.mkdir(parents=True, exist_ok=True)
     # Not named after the report: report.md, comparison.md and nlg.md of one reproduction sit side by side (docs/)
     # and show the same pictures of the same run, which the report's name copied once per report.
@@ -98,7 +127,7 @@ def build(out: Path, profile: Any, stages: list[Any], report: Path, title: str,
 
 
 def tail(doc: Document, out: Path, stages: list[Any], records: dict[str, Any], findings: list[str],
-          parts: tuple[str, ...]) -> None:
+          parts: tuple[str, ...], before: dict[str, float] | None = None) -> None:
     doc.h(2, "Where the papers' claims hold at this scale")
     doc.bullets(findings or ["No comparison has finished yet."])
     doc.p("A small model trained for minutes on a CPU is not the papers' BERT-base trained on 800 GB: the "
@@ -130,9 +159,20 @@ def tail(doc: Document, out: Path, stages: list[Any], records: dict[str, Any], f
               "where they must beat copying the input and guessing the most frequent character at [MASK] (the "
               "baseline column) by a margin; BART over its last logged training steps:")
         doc.table(["stage", "measured", "value", "context-free baseline", "floor", "verdict"], floors)
-    doc.h(2, "Wall time of every stage")
-    doc.table(["stage", "what", "wall time"], [[s.name, s.title, seconds((records[s.name] or {}).get("seconds"))]
-                                              for s in stages])
+    doc.h(2, WALL_TIMES)
+    if before:
+        doc.p("Beside each stage, its wall time in the report this one replaced (same profile, same file), and "
+              "the change: what the code and settings changed since then cost or saved, on this machine.")
+
+        def change(now: float | None, then: float | None) -> str:
+            return "-" if not now or not then else f"{now / then:.2f}x"
+
+        doc.table(["stage", "what", "wall time", "before", "now / before"],
+                  [[s.name, s.title, seconds(sec := (records[s.name] or {}).get("seconds")),
+                    seconds(before.get(s.name)), change(sec, before.get(s.name))] for s in stages])
+    else:
+        doc.table(["stage", "what", "wall time"], [[s.name, s.title, seconds((records[s.name] or {}).get("seconds"))]
+                                                  for s in stages])
     doc.h(2, "The exact commands")
     doc.p("Run from the repository root (paths are relative to it); each stage's commands in order.")
     cmds = [f"# {s.name}\n" + "\n".join(portable(c) for c in (records[s.name] or {}).get("commands", []))
@@ -196,7 +236,22 @@ def cuts(profile: Any, parts: tuple[str, ...], records: dict[str, Any]) -> list[
         ]
     out.append(f"Seeds: {len(profile.seeds)} for the main tables, {len(profile.side_seeds)} for the ablation and "
                "sampling studies.")
+    out.append(rows_line())
     return out
+
+
+def rows_line() -> str:
+    """How the stages' rows hold samples: the two stages' defaults, which the reproduction keeps."""
+    from skillnet.finetune.config import FINETUNE_DEFAULTS
+    from skillnet.pretrain.recipes import PRETRAIN_DEFAULTS
+
+    def how(on: bool) -> str:
+        return "packed (several samples per row, each attending only to itself)" if on else "one sample per row"
+
+    return (f"Rows (not a cut: the same losses and gradients either way, without the padding): pre-training "
+            f"{how(PRETRAIN_DEFAULTS.packing)}, fine-tuning {how(FINETUNE_DEFAULTS.packing)} where it computes fewer "
+            "slots (every task type but matching; beam search decodes one source per row); docs/finetune.md, "
+            "'Packed rows'.")
 
 
 def pretrain_picture(run: Path) -> Path | None:

@@ -66,6 +66,30 @@ def test_report_of_an_unfinished_run_is_incomplete(tmp_path, part):
     assert "section not run: Where the papers' claims hold at this scale" in problems
 
 
+def test_a_rerun_shows_each_stage_time_beside_the_report_it_replaces(tmp_path: Path) -> None:
+    """The wall-time table of a report that replaces an earlier reproduction's shows the earlier stage times and
+    the change; a first report (or one over somebody else's file) shows its own times only."""
+    import json
+
+    from skillnet.experiments.report import WALL_TIMES, previous_wall_times
+
+    stages = [s for s in STAGES if s.name in ("corpus", "dense_pt")]
+    (tmp_path / "stages").mkdir()
+    for name, sec in (("corpus", 4.0), ("dense_pt", 600.0)):
+        (tmp_path / "stages" / f"{name}.json").write_text(json.dumps({"seconds": sec, "commands": []}))
+    report = tmp_path / "r.md"
+    report.write_text("# mine\n\nnot a reproduction's\n")
+    build(tmp_path, PROFILES["quick"], stages, report, "t", ("nlu",))
+    first = report.read_text()
+    assert "now / before" not in first and "| dense_pt | dense MLM pre-training (BERT) | 10.0 min |" in first
+    assert previous_wall_times(report) == {"corpus": 4.0, "dense_pt": 600.0}
+    (tmp_path / "stages" / "dense_pt.json").write_text(json.dumps({"seconds": 300.0, "commands": []}))
+    build(tmp_path, PROFILES["quick"], stages, report, "t", ("nlu",))
+    table = report.read_text().split(f"## {WALL_TIMES}")[1]
+    assert "| dense_pt | dense MLM pre-training (BERT) | 5.0 min | 10.0 min | 0.50x |" in table
+    assert "| corpus | raw text from the installed packages | 4 s | 4 s | 1.00x |" in table
+
+
 @pytest.mark.slow  # keeps make test-fast under 3 min (measured 9-30 s on 2 loaded cores)
 def test_the_reports_of_one_reproduction_write_each_picture_once(tmp_path: Path,
                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
