@@ -124,8 +124,9 @@ PROFILES: dict[str, Profile] = {
         # An independent sweep (skillnet_dense row, one seed, mean test score): 1,000 dense pre-training steps
         # and 1,200 fine-tuning steps 50.7 (3 seeds 52.0 +- 1.3); 1k / 2,400 57.4; 4k / 1,200 55.9 (3 seeds 56.0
         # +- 0.2); 4k / 2,400 60.5; 6k pre-training steps added nothing. Fine-tuning steps pay ~10x more per
-        # minute than pre-training steps, and the gains add up: 4k / 2,400, paid for by the task-specific
-        # models (1,200 steps each, 2.5x the steps each task gets in a joint run) and the single-seed side studies.
+        # minute than pre-training steps, and the gains add up: 4k / 2,400 (then paid for by task-specific models
+        # of 1,200 steps each, 2.5x a joint row's updates per task: the equal-budget rule has since cut them to
+        # their share) and the single-seed side studies.
         # The fitted lengths make qa_match the costliest task (3 sequences of 128 tokens per example, 5 skills:
         # 0.42 s per step on one thread, against 0.19 s at 64), and they pay: qa_match alone from the 4k dense
         # BERT, 600 steps, dev top-1 after 300 / 600 steps: 55.0 / 57.3 at 128 tokens, 43.0 / 45.0 at 64
