@@ -202,7 +202,7 @@ def measure_bart(args: argparse.Namespace, shards: Path, seq: int) -> dict[str, 
     from skillnet.training.batch import Batch
     from skillnet.training.packing import pack_where_it_pays
 
-    samples = dict(zip(args.seqs, args.samples))[seq]
+    samples = dict(zip(args.seqs, args.bart_samples))[seq]
     ds = DenoisingDataset(shards, max_seq_len=seq, verify="size")
     padded = ds.batch(np.random.default_rng(0).permutation(len(ds))[:samples].tolist(), 0, DENOISE)
     packed = pack_where_it_pays(padded, ds.pad_id, decoder_start_id=ds.decoder_start_id)
@@ -312,6 +312,11 @@ def other_rows(shards: Path, work: Path, seqs: list[int], batch: int = 32, seq: 
     return res
 
 
+def _progress(result: dict[str, Any], key: str) -> None:
+    r = result[f"real_tokens_per_s_packed_over_unpacked_{key}"]
+    print(f"[bench] {key}: packed / unpacked real tokens/s {r:.2f}", file=sys.stderr, flush=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--shards", help="shards to read (default: build the packaged corpus in a temporary folder)")
@@ -321,6 +326,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="samples per micro-batch, one per --seqs length (default: 256 128: 32,768 and 65,536 unpacked "
                    "row slots; packed, a seq-512 micro-batch of 128 samples fills ~35 rows)")
     p.add_argument("--bart-preset", default="small", help="BART size of the denoising and generation arms (default: small)")
+    p.add_argument("--bart-samples", type=int, nargs="+", default=[64, 16],
+                   help="denoising samples per micro-batch, one per --seqs length (default: 64 16; BART's LM head "
+                   "runs at every target position: 128 unpacked samples of 512 tokens need ~20 GB of logits)")
     p.add_argument("--nlu-batch", type=int, default=8,
                    help="NER fine-tuning micro-batch (default: 8, the full reproduction's nlu_batch)")
     p.add_argument("--nlg-batch", type=int, default=16,
@@ -333,8 +341,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", action="store_true", help="print one JSON object as the last line")
     p.add_argument("--write", action="store_true", help=f"rewrite the packing section of {DOC}")
     args = p.parse_args(argv)
-    if len(args.samples) != len(args.seqs):
-        p.error(f"--samples gives {len(args.samples)} sizes for {len(args.seqs)} --seqs")
+    for name in ("samples", "bart_samples"):
+        if len(getattr(args, name)) != len(args.seqs):
+            p.error(f"--{name.replace('_', '-')} gives {len(getattr(args, name))} sizes for {len(args.seqs)} --seqs")
     if args.threads:
         torch.set_num_threads(args.threads)
     with tempfile.TemporaryDirectory() as tmp:
@@ -342,10 +351,13 @@ def main(argv: list[str] | None = None) -> int:
         result: dict[str, Any] = {"preset": args.preset}
         for seq in args.seqs:
             result.update(measure(args, shards, seq))
+            _progress(result, f"seq{seq}")
         for seq in args.seqs:
             result.update(measure_bart(args, shards, seq))
+            _progress(result, f"bart_seq{seq}")
         for arm in FINETUNE_ARMS:
             result.update(measure_finetune(args, Path(tmp), arm))
+            _progress(result, f"finetune_{arm}")
         result.update(other_rows(shards, Path(tmp), args.seqs))
     rows = []
     for seq in args.seqs:
@@ -378,7 +390,7 @@ def main(argv: list[str] | None = None) -> int:
         "packed rows (the CPU kernel computes the masked T x T attention of each row); MFU is measured on a GPU "
         "(`scripts/gpu_check.sh`)."
     )
-    arms = [(f"BART denoising, seq {s} (`--arch bart`, {dict(zip(args.seqs, args.samples))[s]} samples)",
+    arms = [(f"BART denoising, seq {s} (`--arch bart`, {dict(zip(args.seqs, args.bart_samples))[s]} samples)",
              f"bart_seq{s}", f"{result[f'rows_unpacked_bart_seq{s}']} -> {result[f'rows_packed_bart_seq{s}']} rows")
             for s in args.seqs]
     arms += [(f"generation fine-tuning (csc + poetry_title, SkillNet-BART `{args.bart_preset}`, "

@@ -389,6 +389,33 @@ def test_finetuning_rows_pack_every_type_that_pays_with_equal_loss_and_gradients
     assert packed.state_dict() == plain.state_dict()
 
 
+def test_the_start_log_says_per_task_whether_rows_pack_and_the_real_share() -> None:
+    """Fine-tuning's start-up plan: one line per task saying whether its rows pack (and how), with the real-token
+    share of its first batches padded and as fed; --no-packing and a type that never packs say so."""
+    from skillnet.data_prep.tokenizer import load_tokenizer
+    from skillnet.finetune.config import FinetuneConfig
+    from skillnet.finetune.run import packing_lines
+    from skillnet.finetune.samplers import SamplerConfig, build_sampler
+    from skillnet.finetune.source import MultiTaskBatchSource
+    from skillnet.finetune.tasks import TaskData
+
+    from tests.test_finetune_e2e import tiny_config
+
+    cfg = FinetuneConfig.from_dict(tiny_config(Path("unused")))
+    tok = load_tokenizer(None)
+    data = {t.name: TaskData(t, cfg, tok) for t in cfg.tasks}
+    sampler = build_sampler(SamplerConfig(kind="proportional"), {n: d.num_train_rows() for n, d in data.items()},
+                            seed=0)
+    on = {line.split()[0]: line for line in packing_lines(MultiTaskBatchSource(data, sampler, 16, packing=True))}
+    off = {line.split()[0]: line for line in packing_lines(MultiTaskBatchSource(data, sampler, 16, packing=False))}
+    assert "rows pack (pooled output per example): real tokens" in on["sentiment"]
+    assert "rows pack (every token, back in its example's row after the encoder)" in on["ner"]
+    assert "one example per row (its type does not pack)" in on["qa_match"] and on["qa_match"] == off["qa_match"]
+    assert "one example per row [--no-packing]" in off["sentiment"]
+    report = MultiTaskBatchSource(data, sampler, 16, packing=True).packing_report()
+    assert report["sentiment"]["fed"] >= report["sentiment"]["padded"] > 0.3  # measured, not a constant
+
+
 def test_evaluation_batches_pack_with_the_same_predictions() -> None:
     """Evaluation packs the batches of the types whose outputs are read per example (classification, NER;
     span windows too), where the run packs: every prediction equals the unpacked run's."""
