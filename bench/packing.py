@@ -64,7 +64,7 @@ from skillnet.model import SkillNetBertConfig, SkillNetBertForPreTraining  # noq
 from skillnet.pretrain.dataset import PretrainingDataset  # noqa: E402
 from skillnet.pretrain.objectives import ObjectiveSampler, PretrainBatchSource  # noqa: E402
 from skillnet.training.optim import MaskedAdamW, build_param_groups  # noqa: E402
-from skillnet.training.packing import best_rows, fewest_rows, plan_rows, real_token_share  # noqa: E402
+from skillnet.training.packing import best_pair_rows, best_rows, fewest_rows, plan_rows, real_token_share  # noqa: E402
 
 DOC = "docs/speed.md"
 OBJECTIVES = ("mlm", "nsp")
@@ -218,6 +218,12 @@ def measure_bart(args: argparse.Namespace, shards: Path, seq: int) -> dict[str, 
     for name, b in (("unpacked", padded), ("packed", packed)):
         res[f"real_token_share_{name}_{key}"] = round(real / Batch(DENOISE, b, decoder=True).num_slots(), 4)
         res[f"rows_{name}_{key}"] = int(b["input_ids"].shape[0])
+    res[f"row_lengths_packed_{key}"] = [int(packed["input_ids"].shape[1]), int(packed["labels"].shape[1])]
+    # The share at 2,048 samples per micro-batch (the packer alone, no model), as for BERT.
+    big = ds.batch(np.random.default_rng(0).permutation(len(ds))[:2048].tolist(), 0, DENOISE)
+    lens = np.stack([big["attention_mask"].sum(1).numpy(), (big["labels"] != -100).sum(1).numpy()], 1)
+    S, T, rows = best_pair_rows(lens, (seq, seq), (seq, seq))
+    res[f"real_token_share_packed_large_{key}"] = round(int(lens.sum()) / (len(rows) * (S + T)), 4)
     return res
 
 
@@ -326,9 +332,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="samples per micro-batch, one per --seqs length (default: 256 128: 32,768 and 65,536 unpacked "
                    "row slots; packed, a seq-512 micro-batch of 128 samples fills ~35 rows)")
     p.add_argument("--bart-preset", default="small", help="BART size of the denoising and generation arms (default: small)")
-    p.add_argument("--bart-samples", type=int, nargs="+", default=[64, 16],
-                   help="denoising samples per micro-batch, one per --seqs length (default: 64 16; BART's LM head "
-                   "runs at every target position: 128 unpacked samples of 512 tokens need ~20 GB of logits)")
+    p.add_argument("--bart-samples", type=int, nargs="+", default=[64, 32],
+                   help="denoising samples per micro-batch, one per --seqs length (default: 64 32; BART's LM head "
+                   "runs at every target position: 128 unpacked samples of 512 tokens need over 24 GB)")
     p.add_argument("--nlu-batch", type=int, default=8,
                    help="NER fine-tuning micro-batch (default: 8, the full reproduction's nlu_batch)")
     p.add_argument("--nlg-batch", type=int, default=16,
@@ -409,6 +415,11 @@ def main(argv: list[str] | None = None) -> int:
             [[name, what, f"{result[f'real_token_share_unpacked_{k}']:.1%}", f"{result[f'real_token_share_packed_{k}']:.1%}",
               f"{result[f'real_tokens_per_s_unpacked_{k}']:,.0f}", f"{result[f'real_tokens_per_s_packed_{k}']:,.0f}",
               f"**{result[f'real_tokens_per_s_packed_over_unpacked_{k}']:.2f}**"] for name, k, what in arms]))
+    body += "\n\nBART's packed rows are trimmed on each side to the fullest row (a noised source is shorter than its " + \
+        "target): " + "; ".join(
+        f"seq {s}: rows of {result[f'row_lengths_packed_bart_seq{s}'][0]} source and "
+        f"{result[f'row_lengths_packed_bart_seq{s}'][1]} target tokens, and at 2,048 samples per micro-batch "
+        f"(the packer alone) {result[f'real_token_share_packed_large_bart_seq{s}']:.1%} real" for s in args.seqs) + "."
     body += "\n\nWithout a model run: BART denoising rows one sample per row (the samples of 2,048 windows) hold " + ", ".join(
         f"{result[f'denoise_share_seq{s}']:.1%} real tokens at seq {s}" for s in args.seqs) + ". Fine-tuning batches of 32 "
     body += "training examples (packaged tasks, 2,000 each, cut at 128), padded to the batch's longest row as "

@@ -121,9 +121,11 @@ def test_rows_are_packed_only_where_it_saves_slots() -> None:
     assert pack_where_it_pays(full, 0) is full
     short = batch([10, 12, 9], 32)
     assert pack_where_it_pays(short, 0)["input_ids"].shape == (1, 32)
-    # padded to the longest (12): 3 x 12 = 36 slots beat one row of 64
-    narrow = batch([10, 12, 9], 12)
+    # padded to the longest (12): 3 x 12 = 36 slots beat one row of 36 tokens trimmed to 40 (a multiple of 8)
+    narrow = batch([12, 12, 12], 12)
     assert pack_where_it_pays(narrow, 0, row_len=64) is narrow
+    # a plan's rows are trimmed to its fullest row: 31 tokens in one row of 32, not of the 64 allowed
+    assert pack_where_it_pays(batch([10, 12, 9], 12), 0, row_len=64)["input_ids"].shape == (1, 32)
     assert pack_where_it_pays(batch([10, 12, 9, 8, 11, 12], 12), 0, row_len=64)["input_ids"].shape == (1, 64)
 
 

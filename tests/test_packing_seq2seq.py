@@ -23,7 +23,7 @@ from skillnet.pretrain.denoising import DenoisingDataset
 from skillnet.training.packing import pack_pairs, pack_where_it_pays, plan_rows
 
 RTOL, ATOL = 1e-5, 5e-6
-ROUTERS = {"task": {}, "dense": {}, "topk": {"moe_capacity_factor": 0.5}}
+ROUTERS = {"task": {}, "dense": {}, "topk": {"moe_capacity_factor": 0.5}}  # every router BART has
 NO_DROPOUT = dict(dropout=0.0, attention_dropout=0.0, activation_dropout=0.0)
 
 
@@ -108,8 +108,14 @@ def test_pairs_pack_only_where_it_saves_slots(data: DenoisingDataset) -> None:
     padded = _padded(data)
     packed = pack_where_it_pays(padded, data.pad_id, decoder_start_id=data.sep_id, row_len=64, decoder_row_len=64)
     assert "decoder_segment_ids" in packed
-    one = {k: v[:1] for k, v in padded.items()}
+    n_src, n_tgt = int(padded["attention_mask"][0].sum()), int((padded["labels"][0] != -100).sum())
+    one = {"input_ids": padded["input_ids"][:1, :n_src], "attention_mask": padded["attention_mask"][:1, :n_src],
+           "labels": padded["labels"][:1, :n_tgt]}  # a sample alone, no padding: nothing to win
     assert pack_where_it_pays(one, data.pad_id, decoder_start_id=data.sep_id) is one
+    # the same sample padded to the batch's widths packs into one row trimmed to it (rounded up to 8)
+    padded_one = {k: v[:1] for k, v in padded.items()}
+    trimmed = pack_where_it_pays(padded_one, data.pad_id, decoder_start_id=data.sep_id)
+    assert trimmed["input_ids"].shape[1] == -(-n_src // 8) * 8 and trimmed["labels"].shape[1] == -(-n_tgt // 8) * 8
 
 
 # ---- exactness -----------------------------------------------------------------------------------------

@@ -42,7 +42,7 @@ from typing import Any
 import numpy as np
 import torch
 
-__all__ = ["best_rows", "fewest_rows", "pack_pairs", "pack_rows", "pack_where_it_pays", "plan_rows", "real_token_share"]
+__all__ = ["best_pair_rows", "best_rows", "fewest_rows", "pack_pairs", "pack_rows", "pack_where_it_pays", "plan_rows", "real_token_share"]
 
 # Values that fill a token-level tensor's padding.
 _PAD_VALUES = {"labels": -100, "attention_mask": 0, "token_type_ids": 0}
@@ -156,9 +156,7 @@ def pack_rows(batch: dict[str, torch.Tensor], pad_id: int, *, groups: Sequence[A
     `plan_rows` plan already made for this batch; ``unpack``: add ``unpack_index``. Returns the packed
     tensors and the rows (sample indices)."""
     B, width = batch["attention_mask"].shape
-    T = width if row_len is None else row_len
-    if width > T:
-        raise ValueError(f"row_len={row_len} is shorter than the batch's rows ({width} tokens)")
+    T = width if row_len is None else row_len  # may be shorter than the padded width: plan_rows checks the samples
     lens = _lengths(batch)
     rows = plan_rows(lens, T, groups) if rows is None else rows
     lay = _Layout(lens, rows, T)
@@ -195,8 +193,6 @@ def pack_pairs(batch: dict[str, torch.Tensor], pad_id: int, decoder_start_id: in
     Tl = batch["labels"].shape[1]
     S_row = S if row_len is None else row_len
     T_row = Tl if decoder_row_len is None else decoder_row_len
-    if S_row < S or Tl > T_row:
-        raise ValueError(f"rows of {S_row}/{T_row} slots are shorter than the batch's ({S}/{Tl})")
     lens = _pair_lengths(batch)
     rows = plan_rows(lens, (S_row, T_row), groups) if rows is None else rows
     enc, dec = _Layout(lens[:, 0], rows, S_row), _Layout(lens[:, 1], rows, T_row)
@@ -220,14 +216,46 @@ def _widths(width: int, longest: int, steps: int | None = None) -> list[int]:
     return out
 
 
+# Row lengths are trimmed to the fullest row of a plan, rounded up to this multiple (tensor-core tiles).
+ROW_MULTIPLE = 8
+
+
+def _trimmed(used: int, cap: int) -> int:
+    """The row length a plan needs: its fullest row, rounded up to ROW_MULTIPLE, at most ``cap``."""
+    return min(cap, -(-used // ROW_MULTIPLE) * ROW_MULTIPLE)
+
+
 def best_rows(lengths: Sequence[int] | np.ndarray, width: int, longest: int, groups: Sequence[Any] | None = None
               ) -> tuple[int, list[list[int]]]:
     """(row length, `plan_rows` plan) computing the fewest token slots for samples of these ``lengths`` padded
-    to ``width``: rows 1, 2, 4, ... times that width, at most ``longest`` (the shorter rows on a tie, as
-    attention grows with a row's square). A batch padded to a fixed length (pre-training's max_seq_len)
-    keeps that length."""
-    return min(((len(rows) * T, T, rows) for T in _widths(width, longest)
-                for rows in [plan_rows(lengths, T, groups)]), key=lambda x: x[:2])[1:]
+    to ``width``: rows planned 1, 2, 4, ... times that width long, at most ``longest``, each plan's rows then
+    trimmed to its fullest row (rounded up to ROW_MULTIPLE); the shorter rows on a tie, as attention grows
+    with a row's square."""
+    lens = np.asarray(lengths)
+
+    def option(cap: int) -> tuple[int, int, list[list[int]]]:
+        rows = plan_rows(lens, cap, groups)
+        T = _trimmed(max(int(lens[r].sum()) for r in rows), cap)
+        return len(rows) * T, T, rows
+
+    return min((option(cap) for cap in _widths(width, longest)), key=lambda x: x[:2])[1:]
+
+
+def best_pair_rows(lengths: np.ndarray, widths: tuple[int, int], longest: tuple[int, int],
+                   groups: Sequence[Any] | None = None) -> tuple[int, int, list[list[int]]]:
+    """`best_rows` for an encoder-decoder's [B, 2] (source, target) lengths: both sides' rows planned together
+    (m times each side's width, capped at its ``longest``), then each side trimmed to its fullest row.
+    Returns (source row length, target row length, plan)."""
+    steps = max(len(_widths(widths[0], longest[0])), len(_widths(widths[1], longest[1])))
+
+    def option(S: int, T: int) -> tuple[int, int, int, int, list[list[int]]]:
+        rows = plan_rows(lengths, (S, T), groups)
+        used = [lengths[r].sum(0) for r in rows]
+        s, t = _trimmed(max(int(u[0]) for u in used), S), _trimmed(max(int(u[1]) for u in used), T)
+        return len(rows) * (s + t), s + t, s, t, rows
+
+    sizes = zip(_widths(widths[0], longest[0], steps), _widths(widths[1], longest[1], steps))
+    return min((option(S, T) for S, T in sizes), key=lambda x: x[:2])[2:]
 
 
 def pack_where_it_pays(batch: dict[str, torch.Tensor], pad_id: int, *, groups: Sequence[Any] | None = None,
@@ -240,8 +268,8 @@ def pack_where_it_pays(batch: dict[str, torch.Tensor], pad_id: int, *, groups: S
 
     ``row_len`` (``decoder_row_len``) is the longest a row may be (default: the batch's width); a batch
     padded to its longest sample, as fine-tuning builds them, tries rows of 1, 2, 4, ... times that width
-    up to it (the fewest slots; the shorter rows on a tie, as attention grows with a row's square). The plan
-    decides, before any tensor is built."""
+    up to it, each plan trimmed to its fullest row (`best_rows`). The plan decides, before any tensor is
+    built."""
     B, width = batch["attention_mask"].shape
     longest = width if row_len is None else max(row_len, width)
     if decoder_start_id is None:
@@ -251,15 +279,9 @@ def pack_where_it_pays(batch: dict[str, torch.Tensor], pad_id: int, *, groups: S
         return pack_rows(batch, pad_id, groups=groups, row_len=T, rows=rows, unpack=unpack)[0]
     Tl = batch["labels"].shape[1]
     longest_l = Tl if decoder_row_len is None else max(decoder_row_len, Tl)
-    lens = _pair_lengths(batch)
-    # Both sides grow together: their m-th candidates are m times each side's width, each capped.
-    steps = max(len(_widths(width, longest)), len(_widths(Tl, longest_l)))
-    sizes = zip(_widths(width, longest, steps), _widths(Tl, longest_l, steps))
-    best = min(((len(rows) * (S + T), S + T, S, T, rows) for S, T in sizes
-                for rows in [plan_rows(lens, (S, T), groups)]), key=lambda x: x[:2])
-    if best[0] >= B * (width + Tl):
+    S, T, rows = best_pair_rows(_pair_lengths(batch), (width, Tl), (longest, longest_l), groups)
+    if len(rows) * (S + T) >= B * (width + Tl):
         return batch
-    _, _, S, T, rows = best
     return pack_pairs(batch, pad_id, decoder_start_id, groups=groups, row_len=S, decoder_row_len=T, rows=rows)[0]
 
 
