@@ -210,20 +210,27 @@ class TaskData:
                         n, len(recs), what, limit, self.limit(limit))
         return feats
 
+    # A packed row may hold this many times the task's longest example: positions restart at each example,
+    # so a row is not bound by the model's positions, only by attention's cost, which grows with a row's
+    # square on the masked (CPU, sm70) path.
+    PACK_ROW_FACTOR = 4
+
     def pack(self, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """A padded batch of this task in packed rows where its codec packs and that computes fewer slots
-        (training/packing.py), rows at most the length this task's rows may have (a generation source may
-        pass max_seq_len by its prefix; its targets are cut at max_target_len); else as it is."""
+        (training/packing.py), rows at most PACK_ROW_FACTOR times the longest example this task's rows may
+        have (a generation source may pass max_seq_len by its prefix; its targets are cut at
+        max_target_len); else as it is."""
         from skillnet.training.packing import pack_where_it_pays
 
         kind = self.codec.packs
         if not kind:
             return tensors
         pairs = kind == "pairs"
+        k = self.PACK_ROW_FACTOR
         return pack_where_it_pays(
-            tensors, self.tok.pad_id, row_len=max(self.max_len, tensors["input_ids"].shape[1]),
+            tensors, self.tok.pad_id, row_len=k * max(self.max_len, tensors["input_ids"].shape[1]),
             unpack=kind == "tokens", decoder_start_id=self.tok.sep_id if pairs else None,
-            decoder_row_len=max(self.limit("max_target_len"), tensors["labels"].shape[1]) if pairs else None)
+            decoder_row_len=k * max(self.limit("max_target_len"), tensors["labels"].shape[1]) if pairs else None)
 
     def limit(self, name: str) -> int:
         """The value of a length limit of this task (``max_seq_len``, ``max_target_len``)."""
