@@ -48,7 +48,9 @@ class Embeddings(nn.Module):
         """``position_ids_BT``: each token's position in its own sample (packed rows restart at 0 per sample);
         None: 0..T-1 in every row."""
         T = input_ids_BT.shape[1]
-        if self.position_embeddings.num_embeddings < T:
+        # A packed row may be longer than the positions: each sample's own restart at 0, and a sample is at most
+        # its task's (or the shards') max_seq_len, which the configs check against the positions.
+        if position_ids_BT is None and self.position_embeddings.num_embeddings < T:
             raise ValueError(
                 f"sequence length {T} exceeds max_position_embeddings={self.position_embeddings.num_embeddings}"
             )

@@ -418,6 +418,28 @@ def test_the_start_log_says_per_task_whether_rows_pack_and_the_real_share() -> N
     assert report["sentiment"]["fed"] >= report["sentiment"]["padded"] > 0.3  # measured, not a constant
 
 
+def test_a_packed_row_may_be_longer_than_the_positions() -> None:
+    """Positions restart at each sample, so rows of several samples may pass max_position_embeddings (fine-tuning
+    packs rows up to 4 times a task's limit): the same outputs as the padded batch; a padded row that long is
+    still refused."""
+    torch.manual_seed(0)
+    cfg = SkillNetBertConfig.preset("tiny", hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0,
+                                    max_position_embeddings=64, task_heads=HEADS,
+                                    tasks={"a": ["s1", "s4", "s7"], "b": ["s2", "s3", "s7"]})
+    model = SkillNetBertForMultiTask(cfg).eval()
+    lens = torch.tensor([60, 50, 64, 40, 55])
+    real = (torch.arange(64)[None, :] < lens[:, None]).long()
+    padded = {"input_ids": (torch.randint(1000, 5000, (5, 64)) * real), "attention_mask": real,
+              "token_type_ids": torch.zeros(5, 64, dtype=torch.long), "labels": torch.tensor([0, 1, 1, 0, 1])}
+    packed, rows = pack_rows(padded, 0, row_len=192)
+    assert packed["input_ids"].shape[1] == 192 and len(rows) < 5
+    with torch.no_grad():
+        torch.testing.assert_close(model(task="a", **packed).logits, model(task="a", **padded).logits,
+                                   rtol=RTOL, atol=ATOL)
+        with pytest.raises(ValueError, match="exceeds max_position_embeddings=64"):
+            model(task="a", input_ids=torch.ones(1, 65, dtype=torch.long))
+
+
 def test_evaluation_batches_pack_with_the_same_predictions() -> None:
     """Evaluation packs the batches of the types whose outputs are read per example (classification, NER;
     span windows too), where the run packs: every prediction equals the unpacked run's."""
