@@ -1,4 +1,4 @@
-"""Sizes and budgets of a reproduction: `quick` (~8 min, CPU), `full` (~5.5 h, CPU), `scale` (BERT-base /
+"""Sizes and budgets of a reproduction: `quick` (~4 min, CPU), `full` (~5.5 h, CPU), `scale` (BERT-base /
 BART-base on GPUs)."""
 
 from __future__ import annotations

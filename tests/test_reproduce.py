@@ -1,6 +1,6 @@
 """skillnet.experiments (scripts/reproduce.py): the stage plan, the report's completeness check (what CI's quick
 run relies on) and the GPU estimate. The quick run itself is CI's last step (`make reproduce-quick`), not a
-test: it takes ~8 minutes."""
+test: it takes ~4 minutes."""
 
 import json
 import subprocess
