@@ -329,9 +329,10 @@ def main(argv: list[str] | None = None) -> int:
                    help="samples per micro-batch, one per --seqs length (default: 256 128: 32,768 and 65,536 unpacked "
                    "row slots; packed, a seq-512 micro-batch of 128 samples fills ~35 rows)")
     p.add_argument("--bart-preset", default="small", help="BART size of the denoising and generation arms (default: small)")
-    p.add_argument("--bart-samples", type=int, nargs="+", default=[64, 32],
-                   help="denoising samples per micro-batch, one per --seqs length (default: 64 32; BART's LM head "
-                   "runs at every target position: 128 unpacked samples of 512 tokens need over 24 GB)")
+    p.add_argument("--bart-samples", type=int, nargs="+", default=None,
+                   help="denoising samples per micro-batch, one per --seqs length (default: min(64, 16384 / seq): "
+                   "64 at 128, 32 at 512; BART's LM head runs at every target position: 128 unpacked samples of 512 "
+                   "tokens need over 24 GB)")
     p.add_argument("--nlu-batch", type=int, default=8,
                    help="NER fine-tuning micro-batch (default: 8, the full reproduction's nlu_batch)")
     p.add_argument("--nlg-batch", type=int, default=16,
@@ -344,6 +345,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", action="store_true", help="print one JSON object as the last line")
     p.add_argument("--write", action="store_true", help=f"rewrite the packing section of {DOC}")
     args = p.parse_args(argv)
+    if args.bart_samples is None:
+        args.bart_samples = [min(64, 16384 // s) for s in args.seqs]
     for name in ("samples", "bart_samples"):
         if len(getattr(args, name)) != len(args.seqs):
             p.error(f"--{name.replace('_', '-')} gives {len(getattr(args, name))} sizes for {len(args.seqs)} --seqs")
