@@ -30,7 +30,6 @@ the encoder's sample k, and learned positions that restart at each sample. Gener
 
 from __future__ import annotations
 
-import dataclasses
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -58,8 +57,9 @@ from transformers.models.bart.modeling_bart import (
 from transformers.utils import ModelOutput
 from transformers.utils.deprecation import deprecate_kwarg
 
-from .attention import AttentionMask, attend
-from .bart_routing import SkillRoutingMixin, _batch_size, _seq_len
+from .attention import AttentionMask
+from .bart_packed import packed_attention, packed_model_forward
+from .bart_routing import SkillRoutingMixin, _batch_size, _seq_len, start_routings
 from .hub import has_tokenizer, save_tokenizer, write_remote_code
 from .registry import build_router
 from .skill_ffn import Skill, SkillFFN, SkillRouting
@@ -197,20 +197,6 @@ class _FFNSublayer:
         return self.final_layer_norm(h_BTD + y)
 
 
-def _packed_attention(attn: nn.Module, h_BTD: torch.Tensor, kv_BSD: torch.Tensor, mask: AttentionMask
-                      ) -> torch.Tensor:
-    """HF ``BartAttention`` (its projections, its 1/sqrt(d) scaling, which is SDPA's) over packed rows,
-    through the attention seam: no cache, the mask a packed one."""
-    B, T, _ = h_BTD.shape
-    S = kv_BSD.shape[1]
-    H, d = attn.num_heads, attn.head_dim
-    q = attn.q_proj(h_BTD).view(B, T, H, d).transpose(1, 2)
-    k = attn.k_proj(kv_BSD).view(B, S, H, d).transpose(1, 2)
-    v = attn.v_proj(kv_BSD).view(B, S, H, d).transpose(1, 2)
-    o = attend(q, k, v, mask, attn.dropout if attn.training else 0.0)
-    return attn.out_proj(o.transpose(1, 2).reshape(B, T, H * d))
-
-
 class SkillNetBartEncoderLayer(_FFNSublayer, BartEncoderLayer):
     def __init__(self, config: SkillNetBartConfig, layer_idx: int, has_skills: bool) -> None:
         super().__init__(config, layer_idx)
@@ -225,7 +211,7 @@ class SkillNetBartEncoderLayer(_FFNSublayer, BartEncoderLayer):
     ) -> torch.Tensor:
         residual = hidden_states
         if isinstance(attention_mask, AttentionMask):  # packed rows
-            hidden_states = _packed_attention(self.self_attn, hidden_states, hidden_states, attention_mask)
+            hidden_states = packed_attention(self.self_attn, hidden_states, hidden_states, attention_mask)
         else:
             hidden_states, _ = self.self_attn(hidden_states, attention_mask=attention_mask, **kwargs)
         hidden_states = F.dropout(hidden_states, p=self.dropout, training=self.training)
@@ -256,7 +242,7 @@ class SkillNetBartDecoderLayer(_FFNSublayer, BartDecoderLayer):
         residual = hidden_states
         packed = isinstance(attention_mask, AttentionMask)
         if packed:
-            hidden_states = _packed_attention(self.self_attn, hidden_states, hidden_states, attention_mask)
+            hidden_states = packed_attention(self.self_attn, hidden_states, hidden_states, attention_mask)
         else:
             hidden_states, _ = self.self_attn(
                 hidden_states, cache=cache, attention_mask=attention_mask, **kwargs
@@ -266,7 +252,7 @@ class SkillNetBartDecoderLayer(_FFNSublayer, BartDecoderLayer):
         if encoder_hidden_states is not None:
             residual = hidden_states
             if packed:
-                hidden_states = _packed_attention(self.encoder_attn, hidden_states, encoder_hidden_states,
+                hidden_states = packed_attention(self.encoder_attn, hidden_states, encoder_hidden_states,
                                                   encoder_attention_mask)
             else:
                 hidden_states, _ = self.encoder_attn(
@@ -299,20 +285,6 @@ def _init_stack(stack: nn.Module, config: SkillNetBartConfig, layer_cls: type, s
     stack.layers = nn.ModuleList(layer_cls(config, i, i in skill_layer_ids) for i in range(num_layers))
     stack.layernorm_embedding = nn.LayerNorm(config.d_model)
     stack.gradient_checkpointing = False
-
-
-def _packed_stack(stack: nn.Module, input_ids_BT: torch.Tensor, position_ids_BT: torch.Tensor,
-                  mask: AttentionMask, routing: SkillRouting, **layer_kwargs: Any) -> torch.Tensor:
-    """HF's encoder or decoder forward over packed rows: positions restart at each sample (the learned
-    table read at ``position + offset``, as HF reads its ``arange``), every layer under the packed masks."""
-    pos = stack.embed_positions
-    x = stack.embed_tokens(input_ids_BT) + nn.Embedding.forward(pos, position_ids_BT + pos.offset)
-    x = F.dropout(stack.layernorm_embedding(x), p=stack.dropout, training=stack.training)
-    for layer in stack.layers:
-        if stack.training and stack.layerdrop > 0.0 and torch.rand([]) < stack.layerdrop:
-            continue  # LayerDrop, as HF
-        x = layer(x, mask, routing=routing, **layer_kwargs)
-    return x
 
 
 class SkillNetBartEncoder(SkillRoutingMixin, BartEncoder):
@@ -473,8 +445,8 @@ class SkillNetBartModel(SkillNetBartPreTrainedModel, BartModel):
         Packed rows (module docstring): ``segment_ids``/``position_ids``/``token_order`` of the encoder
         side and their ``decoder_*`` twins, with ``decoder_input_ids`` built per sample."""
         if segment_ids is not None:
-            return self._packed_forward(
-                input_ids, attention_mask, decoder_input_ids, decoder_attention_mask, task, skill_ids,
+            return packed_model_forward(
+                self, input_ids, attention_mask, decoder_input_ids, decoder_attention_mask, task, skill_ids,
                 routings_out, segment_ids, position_ids, token_order, decoder_segment_ids, decoder_position_ids,
                 decoder_token_order, cache=cache, encoder_outputs=encoder_outputs, use_cache=use_cache,
             )
@@ -490,10 +462,7 @@ class SkillNetBartModel(SkillNetBartPreTrainedModel, BartModel):
                 dec_routing = self.stack_routing(None, None, dec_mask, dec_len, device, batch)
             else:
                 enc_routing = dec_routing = router.route(self, task, skill_ids, device=device, batch_size=batch)
-        for r in {id(enc_routing): enc_routing, id(dec_routing): dec_routing}.values():
-            r.aux.clear()  # a routing passed in again: only this forward's losses count
-            if routings_out is not None:
-                routings_out.append(r)
+        start_routings(routings_out, enc_routing, dec_routing)
         if encoder_outputs is None and enc_routing is not dec_routing:
             encoder_outputs = self.encoder(
                 input_ids=input_ids, attention_mask=attention_mask, inputs_embeds=inputs_embeds,
@@ -505,44 +474,6 @@ class SkillNetBartModel(SkillNetBartPreTrainedModel, BartModel):
             cache=cache, inputs_embeds=inputs_embeds,
             decoder_inputs_embeds=decoder_inputs_embeds, use_cache=use_cache, routing=dec_routing, **kwargs,
         )
-
-
-    def _packed_forward(
-        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, decoder_input_ids: torch.Tensor | None,
-        decoder_attention_mask: torch.Tensor | None, task: str | Sequence[str] | None, skill_ids: Any,
-        routings_out: list[SkillRouting] | None, segment_ids: torch.Tensor, position_ids: torch.Tensor | None,
-        token_order: torch.Tensor | None, decoder_segment_ids: torch.Tensor | None,
-        decoder_position_ids: torch.Tensor | None, decoder_token_order: torch.Tensor | None, *,
-        cache: Any, encoder_outputs: Any, use_cache: bool | None,
-    ) -> Seq2SeqModelOutput:
-        missing = [n for n, v in [("position_ids", position_ids), ("decoder_input_ids", decoder_input_ids),
-                                  ("decoder_segment_ids", decoder_segment_ids),
-                                  ("decoder_position_ids", decoder_position_ids)] if v is None]
-        if missing or cache is not None or encoder_outputs is not None or use_cache:
-            raise ValueError(f"packed rows need both sides' layout (missing: {missing or 'none'}) and no cache "
-                             "or encoder outputs: pack with training.packing.pack_pairs, generate unpacked")
-        enc_mask, dec_mask, cross_mask = AttentionMask.packed_pair(segment_ids, decoder_segment_ids)
-        batch, device = input_ids.shape[0], input_ids.device
-        router = self.router
-        if router.routes_tokens:
-            # Experts fill their capacity in the samples' order, as for the padded batch.
-            dec_keep = decoder_attention_mask if decoder_attention_mask is not None else decoder_segment_ids > 0
-            enc_routing = dataclasses.replace(
-                self.stack_routing(task, skill_ids, attention_mask, input_ids.shape[1], device, batch),
-                token_order=token_order)
-            dec_routing = dataclasses.replace(
-                self.stack_routing(None, None, dec_keep, decoder_input_ids.shape[1], device, batch),
-                token_order=decoder_token_order)
-        else:
-            enc_routing = dec_routing = router.route(self, task, skill_ids, device=device, batch_size=batch)
-        for r in {id(enc_routing): enc_routing, id(dec_routing): dec_routing}.values():
-            r.aux.clear()
-            if routings_out is not None:
-                routings_out.append(r)
-        h = _packed_stack(self.encoder, input_ids, position_ids, enc_mask, enc_routing)
-        d = _packed_stack(self.decoder, decoder_input_ids, decoder_position_ids, dec_mask, dec_routing,
-                          encoder_hidden_states=h, encoder_attention_mask=cross_mask, cache=None, use_cache=False)
-        return Seq2SeqModelOutput(last_hidden_state=d, encoder_last_hidden_state=h)
 
 
 class SkillNetBartForConditionalGeneration(SkillNetBartPreTrainedModel, BartForConditionalGeneration):

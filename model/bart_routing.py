@@ -84,3 +84,13 @@ def _token_mask(mask: torch.Tensor | None, seq_len: int) -> torch.Tensor | None:
     if mask.dim() != 2:
         raise ValueError(f"a token-routing router needs a 2-D [batch, tokens] attention mask, got shape {tuple(mask.shape)}")
     return mask[:, mask.shape[1] - seq_len :].bool()
+
+
+def start_routings(routings_out: list[SkillRouting] | None, *routings: SkillRouting) -> None:
+    """A forward's routings (the encoder's and the decoder's; one object twice when shared) start empty: a
+    routing passed in again keeps only this forward's auxiliary losses. Each is appended once to
+    ``routings_out``."""
+    for r in {id(r): r for r in routings}.values():
+        r.aux.clear()
+        if routings_out is not None:
+            routings_out.append(r)
