@@ -23,6 +23,7 @@ except ImportError:  # an export loaded with plain transformers: the same parame
 
 from .bert import SkillNetBertModel, SkillNetBertPreTrainedModel
 from .config import HEAD_TYPES, SkillNetBertConfig
+from .crf import crf_log_likelihood
 from .extras import TaskExtras
 
 
@@ -300,9 +301,9 @@ class TokenCRFHead(nn.Module):
         if not keep.any():
             return TaskOutput(loss=em_BTL.sum() * 0.0, logits=em_BTL)
         mask, em, lab = _pack_left(valid[keep], em_BTL[keep], labels[keep].clamp(min=0))
-        # pytorch-crf's log-likelihood, run with the constrained transition scores in place of its own.
-        llh = torch.func.functional_call(self.crf, self._transitions(), (em, lab),
-                                         {"mask": mask, "reduction": CRF_LOSS_REDUCTIONS[self.loss_reduction]})
+        # pytorch-crf's log-likelihood (in O(log T) steps), with the constrained transition scores.
+        llh = crf_log_likelihood(em, lab, mask, **self._transitions(),
+                                 reduction=CRF_LOSS_REDUCTIONS[self.loss_reduction])
         return TaskOutput(loss=-llh, logits=em_BTL)
 
     @torch.no_grad()
