@@ -48,6 +48,7 @@ def seconds(s: float | None) -> str:
 # How a report begins: what tells a report the reproduction wrote (and may replace) from anyone else's file.
 MARK = "Written by `scripts/reproduce.py`"
 WALL_TIMES = "Wall time of every stage"
+PRETRAINING = "Pre-training"
 
 
 def _parse_seconds(text: str) -> float | None:
@@ -58,23 +59,37 @@ def _parse_seconds(text: str) -> float | None:
         return None
 
 
-def previous_wall_times(report: Path) -> dict[str, float]:
-    """The stage wall times of the report at `report` that this one replaces (a reproduction's own: its table
-    under WALL_TIMES), to show the change; {} when there is none."""
+def _previous_rows(report: Path, heading: str) -> dict[str, list[str]]:
+    """The cells of each stage's row in the table under `heading` of the report at `report` that this one
+    replaces (a reproduction's own); {} when there is none."""
     if not report.is_file():
         return {}
     text = report.read_text(encoding="utf-8")
     if MARK not in text[:3000]:  # someone else's file: nothing to compare with
         return {}
-    section = text.split(f"## {WALL_TIMES}", 1)[-1] if f"## {WALL_TIMES}" in text else ""
+    section = text.split(f"## {heading}", 1)[-1] if f"## {heading}" in text else ""
     out = {}
     for line in section.split("\n## ", 1)[0].splitlines():
         cells = [c.strip() for c in line.strip().strip("|").split("|")]
-        if len(cells) >= 3 and cells[0] not in ("stage", "") and not set(cells[0]) <= {"-"}:
-            sec = _parse_seconds(cells[2])
-            if sec is not None:
-                out[cells[0]] = sec
+        if line.startswith("|") and len(cells) >= 3 and cells[0] not in ("stage", "") and not set(cells[0]) <= {"-"}:
+            out[cells[0]] = cells
     return out
+
+
+def previous_wall_times(report: Path) -> dict[str, float]:
+    """The stage wall times of the report this one replaces (its table under WALL_TIMES), to show the change."""
+    rows = {k: _parse_seconds(cells[2]) for k, cells in _previous_rows(report, WALL_TIMES).items()}
+    return {k: v for k, v in rows.items() if v is not None}
+
+
+def previous_floor_values(report: Path) -> dict[str, str]:
+    """Each pre-trained model's measured value in the floor table of the report this one replaces (its
+    third cell under PRETRAINING), to show what the new settings bought."""
+    return {k: cells[2] for k, cells in _previous_rows(report, PRETRAINING).items() if cells[2] != "-"}
+
+
+def tokens_text(n: float | None) -> str:
+    return "-" if not n else f"{n / 1e6:.1f}M"
 
 
 def build(out: Path, profile: Any, stages: list[Any], report: Path, title: str,
@@ -83,6 +98,7 @@ def build(out: Path, profile: Any, stages: list[Any], report: Path, title: str,
     `Document.problems`). `parts`: which halves to include ("nlu", "nlg"); `stages`: the stages whose wall time
     and commands are listed."""
     before = previous_wall_times(report)  # read before this report replaces it
+    before_floors = previous_floor_values(report)
     cmp_dir = out / "compare"
     cmps = {n: load(cmp_dir / n / "comparison.json") for n in
             ("nlu_main", "nlu_ablate", "nlu_alpha", "nlu_adapt", "nlg_main", "nlg_temp", "nlg_adapt")}
@@ -116,7 +132,7 @@ def build(out: Path, profile: Any, stages: list[Any], report: Path, title: str,
         nlg_part(doc, cmps, cmp_dir, out, findings)
     if profile.name == "full":  # the targets are the full CPU profile's; the quick one shows the mechanics
         targets_section(doc, cmps, cmp_dir, parts, findings)
-    tail(doc, out, stages, records, findings, parts, before)
+    tail(doc, out, stages, records, findings, parts, before, before_floors)
     report.parent.mkdir(parents=True, exist_ok=True)
     # Not named after the report: report.md, comparison.md and nlg.md of one reproduction sit side by side (docs/)
     # and show the same pictures of the same run, which the report's name copied once per report.
@@ -127,13 +143,14 @@ def build(out: Path, profile: Any, stages: list[Any], report: Path, title: str,
 
 
 def tail(doc: Document, out: Path, stages: list[Any], records: dict[str, Any], findings: list[str],
-          parts: tuple[str, ...], before: dict[str, float] | None = None) -> None:
+          parts: tuple[str, ...], before: dict[str, float] | None = None,
+          before_floors: dict[str, str] | None = None) -> None:
     doc.h(2, "Where the papers' claims hold at this scale")
     doc.bullets(findings or ["No comparison has finished yet."])
     doc.p("A small model trained for minutes on a CPU is not the papers' BERT-base trained on 800 GB: the "
           "question answered here is whether the *direction* of each claim survives at this scale on this data, "
           "with the spread over seeds as the yardstick, not whether the papers' numbers are reproduced.")
-    doc.h(2, "Pre-training")
+    doc.h(2, PRETRAINING)
     runs = ([("pt_dense", "Dense MLM pre-training of the BERT"), ("pt_sparse", "Sparse MLM+NSP pre-training")]
             if "nlu" in parts else []) + ([("pt_bart", "BART denoising pre-training")] if "nlg" in parts else [])
     for name, caption in runs:
@@ -150,15 +167,20 @@ def tail(doc: Document, out: Path, stages: list[Any], records: dict[str, Any], f
                                                " (not enforced in this run: its fine-tuning went on from it)"))
             base = rec.get("heldout_baseline_acc")
             floors.append([s.name, f"`{rec['floor_key']}`", "-" if v is None else f"{v:.3f}",
+                           *([(before_floors or {}).get(s.name, "-")] if before_floors else []),
                            "-" if base is None else f"{base:.3f} ({rec.get('heldout_masked') or 0:,} masked tokens)",
-                           f"{rec['floor']:g}", verdict])
+                           f"{rec['floor']:g}", tokens_text(rec.get("tokens_seen")), verdict])
     if floors:
         doc.p("Before any fine-tuning, each pre-trained model is checked against a floor below which it has not "
               "left the initialisation plateau (the derivation is in `skillnet.experiments.runner.FLOORS`): the "
               "BERTs on text held out of pre-training (one corpus document in 100), masked as in pre-training, "
               "where they must beat copying the input and guessing the most frequent character at [MASK] (the "
-              "baseline column) by a margin; BART over its last logged training steps:")
-        doc.table(["stage", "measured", "value", "context-free baseline", "floor", "verdict"], floors)
+              "baseline column) by a margin; BART over its last logged training steps. Tokens seen: the real "
+              "(not padding) tokens of every training step, both sides for BART" +
+              ("; before: the value in the report this one replaced (same profile, same file)." if before_floors
+               else "."))
+        doc.table(["stage", "measured", "value", *(["before"] if before_floors else []), "context-free baseline",
+                   "floor", "tokens seen", "verdict"], floors)
     doc.h(2, WALL_TIMES)
     if before:
         doc.p("Beside each stage, its wall time in the report this one replaced (same profile, same file), and "

@@ -181,6 +181,19 @@ def logged(log: Path, key: str, split: str = "train") -> list[tuple[int, float]]
     return out
 
 
+def tokens_seen(log: Path) -> float | None:
+    """Real tokens a run trained on, from its log.jsonl: each logging window's real tokens/s times its seconds
+    (seconds per step times the steps since the previous window). A resumed run logs some steps again: the
+    last line of each step counts."""
+    rate = dict(logged(log, "real_tokens_per_s"))
+    per_step = dict(logged(log, "seconds_per_step"))
+    total, prev = 0.0, 0
+    for step in sorted(set(rate) & set(per_step)):
+        total += rate[step] * per_step[step] * (step - prev)
+        prev = step
+    return total or None
+
+
 def last_logged(log: Path, key: str, windows: int = 3) -> float | None:
     """Mean of ``key`` over the last ``windows`` training lines of a run's log.jsonl that carry it."""
     vals = [v for _, v in logged(log, key)][-windows:]
@@ -208,6 +221,7 @@ def check_floor(r: Runner, run_dir: Path) -> dict[str, Any]:
         value = last_logged(run_dir / "log.jsonl", key)
         what += " over the last logged steps"
         source = run_dir / "log.jsonl"
+    rec["tokens_seen"] = tokens_seen(run_dir / "log.jsonl")
     rec.update({"floor": round(floor, 4), "floor_value": value, "floor_passed": value is not None and value >= floor,
                 "floor_enforced": r.p.enforce_floors})
     if not rec["floor_passed"]:

@@ -526,3 +526,31 @@ def test_the_new_tasks_section_gives_accuracy_and_auc_beside_always_yes_and_chan
     md = doc.markdown()
     assert "| (a) existing skills | 61.0 ± 1.4 | 66.0 ± 1.4 |" in md
     assert "| always yes | 50.0 | 50.0 |" in md and "| chance (random answer) | 50.0 | 50.0 |" in md
+
+
+def test_a_rerun_shows_each_pretrained_models_value_beside_the_report_it_replaces(tmp_path: Path) -> None:
+    """The pre-training floor table gives each model's tokens seen, and on a rerun the value of the report it
+    replaces (what the new settings bought); a first report has no "before" column."""
+    import json
+
+    from skillnet.experiments.report import previous_floor_values
+
+    stages = [s for s in STAGES if s.name == "dense_pt"]
+    (tmp_path / "stages").mkdir()
+
+    def record(value: float, tokens: float) -> None:
+        info = {"floor_key": "held-out mlm acc", "floor": 0.1429, "floor_value": value, "floor_passed": True,
+                "floor_enforced": True, "heldout_baseline_acc": 0.133, "heldout_masked": 9591, "tokens_seen": tokens}
+        (tmp_path / "stages" / "dense_pt.json").write_text(json.dumps({"seconds": 60.0, "commands": [], "info": info}))
+
+    report = tmp_path / "r.md"
+    record(0.148, 11.7e6)
+    build(tmp_path, PROFILES["quick"], stages, report, "t", ("nlu",))
+    first = report.read_text()
+    assert "| dense_pt | `held-out mlm acc` | 0.148 | 0.133 (9,591 masked tokens) | 0.1429 | 11.7M | passed |" in first
+    assert previous_floor_values(report) == {"dense_pt": "0.148"}
+    record(0.201, 23.4e6)
+    build(tmp_path, PROFILES["quick"], stages, report, "t", ("nlu",))
+    second = report.read_text()
+    assert ("| dense_pt | `held-out mlm acc` | 0.201 | 0.148 | 0.133 (9,591 masked tokens) | 0.1429 | 23.4M | passed |"
+            in second), second.split("## Pre-training")[1][:1500]
