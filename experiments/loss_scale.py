@@ -1,21 +1,22 @@
 """The CRF loss's scale in joint training, measured (issue 49, item 2): NER test F1 of dense joint and SkillNet
 under each `loss_reduction` of the NER head (token_mean: per word; sentence_mean: per sentence, like the other
-heads' per-example losses), over several seeds, paired.
+heads' per-example losses), with or without per-task gradient normalisation, over several seeds, paired.
 
     # on a finished (or at least pre-trained) reproduction: its NLU tasks, BERTs and Table 3 config
     python -m skillnet.experiments.loss_scale --from runs/reproduce-full
     # any fine-tuning config with an NER task
     python -m skillnet.experiments.loss_scale --config tasks.json --init dense/hf --init-for skillnet=sparse/hf
+    # the third option: per-task gradient normalisation (train.task_grad_norm ema) beside the two reductions
+    python -m skillnet.experiments.loss_scale --from runs/reproduce-full --arms token_mean sentence_mean token_mean+ema
 
-Each reduction is one `finetune.compare` of the methods in ``<out>/<reduction>/`` (resumable: rerun to continue),
-on the config with every NER task's ``head.loss_reduction`` set. With ``--from``, the rows of the reduction the
-reproduction's Table 3 ran (its config's, token_mean unless it names one) are read from its ``nlu_main``
-comparison when that has them at the same seeds and steps, not run again. Writes ``<out>/loss_scale.md`` and
-``loss_scale.json``: per method and reduction, each NER task's test F1 and the average over all tasks (mean ±
-std over seeds), and the paired difference of each reduction from the first one.
-
-Per-task gradient normalisation, the third option of issue 49, is not here: every step is one task's batch, so
-it would be a rescaling of each step's gradient inside the shared trainer's clip, which no config reaches yet.
+An arm is a reduction, alone or with ``+ema``: the same with ``train.task_grad_norm`` ``ema`` (training/
+task_balance.py: each task's loss scaled so that its gradient norm meets the mean over tasks). Each arm is one
+`finetune.compare` of the methods in ``<out>/<arm>/`` (resumable: rerun to continue), on the config with every NER
+task's ``head.loss_reduction`` and the run's ``task_grad_norm`` set. With ``--from``, the rows of the arm the
+reproduction's Table 3 ran (its config's, token_mean without normalisation unless it names others) are read from
+its ``nlu_main`` comparison when that has them at the same seeds and steps, not run again. Writes
+``<out>/loss_scale.md`` and ``loss_scale.json``: per method and arm, each NER task's test F1 and the average over
+all tasks (mean ± std over seeds), and the paired difference of each arm from the first one.
 """
 
 from __future__ import annotations
@@ -31,16 +32,21 @@ from typing import Any
 from skillnet.common.cli import Parser
 from skillnet.finetune.document import Document, paired_test, verdict
 from skillnet.model.heads import CRF_LOSS_REDUCTIONS
+from skillnet.training.config import TrainConfig
 
 DEFAULT_METHODS = ["dense_joint", "skillnet"]
+# train.task_grad_norm's values that normalise (all but "off"): an arm "<reduction>+<value>" runs with one.
+GRAD_NORMS = [v for v in TrainConfig.__dataclass_fields__["task_grad_norm"].metadata["choices"] if v != "off"]
+ARMS = [*CRF_LOSS_REDUCTIONS, *(f"{r}+{g}" for g in GRAD_NORMS for r in CRF_LOSS_REDUCTIONS)]
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = Parser("skillnet.experiments.loss_scale",
                description="Measure the NER CRF loss's scale in joint training: NER test F1 of each method under "
-                           "each head.loss_reduction, over seeds, paired; writes a Markdown table. Why: token_mean "
-                           "(the default) is a loss per word, so beside per-example losses of other tasks, with one "
-                           "AdamW and one gradient clip for all, NER's encoder gradient is several times smaller; "
+                           "each head.loss_reduction, with or without per-task gradient normalisation (+ema arms), "
+                           "over seeds, paired; writes a Markdown table. Why: token_mean (the default) is a loss per "
+                           "word, so beside per-example losses of other tasks, with one AdamW and one gradient clip for "
+                           "all, NER's encoder gradient is several times smaller; "
                            "sentence_mean averages per sentence like the other heads (docs/finetune.md).")
     p.add_argument("--from", dest="source", metavar="REPRODUCTION",
                    help="a reproduction folder (scripts/reproduce.py --out): its configs/nlu_main.json, pt_dense/hf "
@@ -51,8 +57,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--init-for", dest="init_for", action="append", default=[], metavar="LABEL=DIR",
                    help="initial weights of one row (default with --from: skillnet=its pt_sparse/hf, as Table 3)")
     p.add_argument("--methods", nargs="+", default=DEFAULT_METHODS, help="rows (finetune methods)")
-    p.add_argument("--reductions", nargs="+", default=list(CRF_LOSS_REDUCTIONS), choices=list(CRF_LOSS_REDUCTIONS),
-                   help="NER loss reductions; the first is the one the others are compared with")
+    p.add_argument("--arms", "--reductions", dest="reductions", nargs="+", default=list(CRF_LOSS_REDUCTIONS),
+                   choices=ARMS, metavar="ARM",
+                   help=f"NER loss reductions, each alone or with +{'/+'.join(GRAD_NORMS)} (the run's "
+                        f"train.task_grad_norm: per-task gradient normalisation), of {', '.join(ARMS)}; the first is "
+                        f"the one the others are compared with")
     p.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2], help="seeds; every row runs each")
     p.add_argument("--max-steps", dest="max_steps", type=int, help="override the config's train.max_steps")
     p.add_argument("--out", default=None, help="where the comparisons and the table go (default: <from>/loss_scale, "
@@ -60,12 +69,31 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--jobs", type=int, default=1, help="runs at once (finetune.compare --jobs)")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads per run")
     p.add_argument("--no-reuse", action="store_true",
-                   help="with --from: run every reduction, even the one its Table 3 already ran")
+                   help="with --from: run every arm, even the one its Table 3 already ran")
     return p
 
 
 def ner_tasks(cfg: dict[str, Any]) -> list[str]:
     return [t["name"] for t in cfg["tasks"] if t["type"] == "ner"]
+
+
+def split_arm(arm: str) -> tuple[str, str]:
+    """``"token_mean+ema"`` -> (``"token_mean"``, ``"ema"``); a reduction alone trains with ``"off"``."""
+    reduction, _, norm = arm.partition("+")
+    return reduction, norm or "off"
+
+
+def with_arm(cfg: dict[str, Any], arm: str) -> dict[str, Any]:
+    """`cfg` with every NER task's CRF loss reduced by the arm's reduction and the arm's task_grad_norm (a config
+    without one trains with the default, off)."""
+    reduction, norm = split_arm(arm)
+    out = with_reduction(cfg, reduction)
+    train = out.setdefault("train", {})
+    if norm == "off":
+        train.pop("task_grad_norm", None)
+    else:
+        train["task_grad_norm"] = norm
+    return out
 
 
 def with_reduction(cfg: dict[str, Any], reduction: str) -> dict[str, Any]:
@@ -83,6 +111,12 @@ def config_reduction(cfg: dict[str, Any]) -> str:
     return names.pop() if len(names) == 1 else "mixed"
 
 
+def config_arm(cfg: dict[str, Any]) -> str:
+    """The arm a config trains: its NER reduction, with ``+<task_grad_norm>`` when that is not off."""
+    norm = cfg.get("train", {}).get("task_grad_norm", "off")
+    return config_reduction(cfg) + ("" if norm == "off" else f"+{norm}")
+
+
 def reusable(main: Path, methods: list[str], seeds: list[int], steps: int) -> dict[str, Any] | None:
     """The reproduction's Table 3 comparison when it ran every method at `seeds` and `steps`, else None."""
     f = main / "comparison.json"
@@ -96,8 +130,8 @@ def reusable(main: Path, methods: list[str], seeds: list[int], steps: int) -> di
 
 
 def summarise(aggs: dict[str, dict[str, Any]], methods: list[str], ner: list[str]) -> dict[str, Any]:
-    """Per method and reduction: each NER task's and the average's per-seed values, mean and std; and per
-    method the paired difference of every reduction from the first."""
+    """Per method and arm: each NER task's and the average's per-seed values, mean and std; and per method the
+    paired difference of every arm from the first."""
     def ms(values: list[float]) -> dict[str, Any]:
         return {"values": values, "mean": statistics.fmean(values),
                 "std": statistics.stdev(values) if len(values) > 1 else 0.0}
@@ -120,7 +154,9 @@ def document(summary: dict[str, Any], ner: list[str], seeds: list[int], sources:
     doc.h(1, "The CRF loss's scale in joint training")
     doc.p(f"Written by `{command}`. Test scores, mean ± std over seeds {seeds}, one checkpoint per run (selected by "
           "the mean dev score over tasks). `token_mean`: the NER loss per word; `sentence_mean`: per sentence, as "
-          "the other heads average theirs (its gradient is `token_mean`'s times the mean words per sentence).")
+          "the other heads average theirs (its gradient is `token_mean`'s times the mean words per sentence); "
+          "`+ema`: with per-task gradient normalisation (`train.task_grad_norm` `ema`: each task's loss scaled so "
+          "that its gradient norm meets the mean over tasks).")
     n = len(seeds)
     head = ["method", "NER loss", *(f"{t} (f1)" for t in ner), "average (all tasks)", "runs"]
     rows = []
@@ -157,8 +193,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     init = a.init or (str(src / "pt_dense" / "hf") if src else None)
     init_for = a.init_for or ([f"skillnet={src / 'pt_sparse' / 'hf'}"] if src and "skillnet" in a.methods else [])
     if len(set(a.reductions)) != len(a.reductions):
-        parser.error(f"--reductions has duplicates: {a.reductions}")
+        parser.error(f"--arms has duplicates: {a.reductions}")
     base = json.loads(config.read_text(encoding="utf-8"))
+    accum = base.get("train", {}).get("grad_accum")
+    if accum not in (None, 1) and any(split_arm(arm)[1] != "off" for arm in a.reductions):
+        parser.error(f"--config {config}: train.grad_accum {accum}, but per-task gradient normalisation (+ema arms) "
+                     f"needs one micro-batch per step: give a config with grad_accum 1")
     ner = ner_tasks(base)
     if not ner:
         parser.error(f"--config {config}: no task of type ner (the study varies the NER loss)")
@@ -169,13 +209,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     aggs: dict[str, dict[str, Any]] = {}
     sources: dict[str, str] = {}
     for red in a.reductions:
-        if main_cmp is not None and red == config_reduction(base):
+        if main_cmp is not None and red == config_arm(base):
             aggs[red], sources[red] = main_cmp, "Table 3's (nlu_main)"
             continue
         cfg_path = out / "configs" / f"{red}.json"
         # paths of the config stay relative to its own folder (or the base_dir it names)
         where = str((config.parent / str(base.get("base_dir", ""))).resolve())
-        cfg_path.write_text(json.dumps({**with_reduction(base, red), "base_dir": where, "output_dir": str(out / "unused")},
+        cfg_path.write_text(json.dumps({**with_arm(base, red), "base_dir": where, "output_dir": str(out / "unused")},
                                        indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
         args = ["--config", str(cfg_path), "--methods", *a.methods, "--seeds", *map(str, a.seeds),
                 "--output-dir", str(out / red), "--no-plots", "--jobs", str(a.jobs), "--in-process",

@@ -68,7 +68,8 @@ class _ListSkills(argparse.Action):
 # section takes every field.
 FLAGS = ("max_steps", "batch_size", "lr", "warmup_ratio", "weight_decay", "max_grad_norm", "seed", "eval_every",
          "log_every", "save_every", "keep_last", "early_stopping_patience", "selection", "select_min_distinct",
-         "label_smoothing", "packing", "gradient_checkpointing", "compile", "zero_comm", "profile_steps")
+         "label_smoothing", "task_grad_norm", "packing", "gradient_checkpointing", "compile", "zero_comm",
+         "profile_steps")
 
 
 def _packing_note() -> str:
@@ -187,6 +188,9 @@ def claim_run_dir(cfg: FinetuneConfig, resume: str | None, overwrite: bool) -> s
     ident.pop("output_dir", None)
     # Memory, not results: a run resumed with or without checkpointing is the same run (equal gradients).
     ident["train"].pop("gradient_checkpointing", None)
+    # "off" trains as every run from before the option did: such a run, whose identity lacks it, is this one.
+    if ident["train"].get("task_grad_norm") == "off":
+        ident["train"].pop("task_grad_norm")
     out = Path(cfg.output_dir)
     claim = claim_output(out, option="--output-dir", command="finetune.run", identity=ident, overwrite=overwrite,
                          ignore=("run.log",))

@@ -145,6 +145,12 @@ class TrainConfig:
                                       "(TF-IDF + logistic regression, TF-IDF similarity)")
     label_smoothing: float = setting(0.0, "generation: cross-entropy label smoothing (0: plain)",
                                      rule=in_range(0, 1, hi_open=True))
+    # Issue 49: a task whose loss sits on a smaller scale (NER's CRF, per word) gets a smaller shared-encoder
+    # gradient, which the shared AdamW and clip starve; "ema" evens the tasks' norms (training/task_balance.py).
+    task_grad_norm: str = setting("off", "per-task gradient normalisation: off, or ema (each task's loss is scaled "
+                                  "before backward so that its gradient norm, an EMA over its own steps, meets the "
+                                  "mean over tasks; logged as <task>/grad_scale; needs grad_accum 1)",
+                                  choices=("off", "ema"))
     extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -155,6 +161,9 @@ class TrainConfig:
         if self.warmup_ratio is not None and self.warmup_steps:
             raise ValueError(f"warmup_steps ({self.warmup_steps}) and warmup_ratio ({self.warmup_ratio}) both set; "
                              f"give one")
+        if self.task_grad_norm != "off" and self.grad_accum not in (None, 1):
+            raise ValueError(f"task_grad_norm {self.task_grad_norm} needs grad_accum 1 (a step's gradient norm is then "
+                             f"one task's), got {self.grad_accum}")
 
     def resolved_warmup(self) -> int:
         """Warm-up steps: ``warmup_steps``, or ``warmup_ratio`` of ``max_steps``."""

@@ -38,6 +38,7 @@ from .logging import MetricsLogger, accuracy_metrics
 from .optim import MaskedAdamW, build_param_groups
 from .profile import StepProfiler
 from .reshard import saved_geometry
+from .task_balance import build_task_balance
 from .window import LoggingWindow, StepOutput, TrainResult, add_to
 
 __all__ = ["Trainer", "TrainResult", "StepOutput", "prepare", "lr_lambda"]
@@ -126,6 +127,10 @@ class Trainer(LoggingWindow):
             self.optimizer, self.scheduler = optimizer, scheduler
             self.zero_stage = -1
         self.base_optimizer: MaskedAdamW = optimizer
+        # Per-task gradient normalisation (task_balance.py; None when off): its EMAs go with the extra state.
+        self.task_balance = build_task_balance(cfg, self.engine)
+        if self.task_balance is not None:
+            self.extra_state = {**self.extra_state, "task_grad_norm": self.task_balance}
         self.logger: MetricsLogger | None = None
         self._window: dict[str, list[Any]] = {}
         self._window_tokens = 0.0
@@ -259,7 +264,8 @@ class Trainer(LoggingWindow):
     def train_step(self, reduce: bool = True) -> StepOutput:
         """One optimizer step: ``grad_accum`` micro-batches, clip, step, schedule.
 
-        Nothing is read back from the device: losses and metric sums stay device tensors, and the plain
+        Nothing is read back from the device (but the gradient norm under task_grad_norm ema, which the next
+        step's factor needs): losses and metric sums stay device tensors, and the plain
         path skips a non-finite step on the device when the optimizer is sync-free (GPU). ``reduce=True``
         (the default for callers) then sums them over ranks and reads them back; the training loop passes
         False and does that once per logging window. The stop flags agree over ranks through a host-side
@@ -305,6 +311,8 @@ class Trainer(LoggingWindow):
             # untouched, the scale lowered); its count is part of skipped_steps, so the log shows it.
         else:
             grad_norm = self._plain_update()
+        if self.task_balance is not None:  # reads the norm back each step (only this option does)
+            self.task_balance.observe(grad_norm)
         self.global_step = step
 
         # The stop flags (so every rank stops at the same step) and the token count: host numbers, summed
@@ -388,16 +396,19 @@ class Trainer(LoggingWindow):
         """Forward + backward of one micro-batch; returns (loss, metric sums) of this rank, as detached
         tensors on the device where the model made them (nothing is read back)."""
         batch = batch.to(self.device)
+        out = (self.module if self.engine is None else self.engine)(task=batch.task, **batch.tensors)
+        loss = out.loss if self.loss_fn is None else self.loss_fn(batch, out)
+        scaled, factor = loss, None
+        if self.task_balance is not None:  # the task's factor goes into the backward, not into the logged loss
+            scaled, factor = self.task_balance.scale(batch.task, loss)
         if self.engine is not None:
-            out = self.engine(task=batch.task, **batch.tensors)
-            loss = out.loss if self.loss_fn is None else self.loss_fn(batch, out)
-            self.engine.backward(loss)
+            self.engine.backward(scaled)
         else:
-            out = self.module(task=batch.task, **batch.tensors)
-            loss = out.loss if self.loss_fn is None else self.loss_fn(batch, out)
             assert self.cfg.grad_accum is not None
-            (loss / self.cfg.grad_accum).backward()
+            (scaled / self.cfg.grad_accum).backward()
         metrics = self.metrics_fn(batch, out) if self.metrics_fn is not None else {}
+        if factor is not None:
+            metrics = {**metrics, "grad_scale": (factor, 1.0)}
         return loss.detach().float(), metrics
 
     def evaluate(self) -> dict[str, float]:
