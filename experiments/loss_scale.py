@@ -149,7 +149,54 @@ def summarise(aggs: dict[str, dict[str, Any]], methods: list[str], ner: list[str
     return {"reference": first, "scores": scores, "differences": diffs}
 
 
-def document(summary: dict[str, Any], ner: list[str], seeds: list[int], sources: dict[str, str], command: str) -> Document:
+def dev_curves(run_dirs: dict[str, Path], methods: list[str], seeds: list[int], keys: dict[str, str]
+               ) -> dict[str, dict[str, dict[str, dict[int, list[float]]]]]:
+    """Per method, arm and NER task: its dev score at each evaluation step, one value per seed, read from each
+    run's log.jsonl (``<arm dir>/<method>/seed<k>``; ``keys``: task -> its logged ``<task>/<metric>``)."""
+    from skillnet.experiments.runner import logged
+
+    out: dict[str, dict[str, dict[str, dict[int, list[float]]]]] = {}
+    for m in methods:
+        for arm, d in run_dirs.items():
+            for t, key in keys.items():
+                per_step: dict[int, list[float]] = {}
+                for seed in seeds:
+                    for step, v in dict(logged(d / m / f"seed{seed}" / "log.jsonl", key, split="eval")).items():
+                        per_step.setdefault(step, []).append(v)
+                out.setdefault(m, {}).setdefault(arm, {})[t] = dict(sorted(per_step.items()))
+    return out
+
+
+def flattened(curve: dict[int, list[float]]) -> bool | None:
+    """The issue's test of a dev curve that has flattened: its last two evaluations (means over seeds) differ by
+    no more than the seed spread (std) at the last one. None with fewer than two evaluations of two seeds."""
+    steps = list(curve)
+    if len(steps) < 2 or len(curve[steps[-1]]) < 2:
+        return None
+    last, prev = curve[steps[-1]], curve[steps[-2]]
+    return abs(statistics.fmean(last) - statistics.fmean(prev)) <= statistics.stdev(last)
+
+
+def curve_table(doc: Document, curves: dict[str, dict[str, dict[str, dict[int, list[float]]]]]) -> None:
+    steps = sorted({s for per in curves.values() for arm in per.values() for c in arm.values() for s in c})
+    if not steps:
+        return
+    doc.p("Each NER task's dev score at every evaluation (mean ± std over seeds): the budget question. *flat*: the "
+          "last two evaluations differ by no more than the seed spread at the last one.")
+    rows = []
+    for m, per in curves.items():
+        for arm, tasks in per.items():
+            for t, c in tasks.items():
+                cells = [f"{statistics.fmean(c[s]):.1f} ± {statistics.stdev(c[s]) if len(c[s]) > 1 else 0.0:.1f}"
+                         if s in c else "-" for s in steps]
+                flat = flattened(c)
+                rows.append([m, f"`{arm}`", t, *cells, "-" if flat is None else ("yes" if flat else "no, rising"
+                             if statistics.fmean(c[list(c)[-1]]) > statistics.fmean(c[list(c)[-2]]) else "no")])
+    doc.table(["method", "NER loss", "task", *(f"step {s}" for s in steps), "flat"], rows)
+
+
+def document(summary: dict[str, Any], ner: list[str], seeds: list[int], sources: dict[str, str], command: str,
+             curves: dict[str, dict[str, dict[str, dict[int, list[float]]]]] | None = None) -> Document:
     doc = Document()
     doc.h(1, "The CRF loss's scale in joint training")
     doc.p(f"Written by `{command}`. Test scores, mean ± std over seeds {seeds}, one checkpoint per run (selected by "
@@ -170,6 +217,7 @@ def document(summary: dict[str, Any], ner: list[str], seeds: list[int], sources:
     doc.table(["method", "NER loss", *ner, "average"],
               [[m, f"`{red}` minus `{ref}`", *(verdict(d[k]["diff"], d[k]["p"], n) for k in [*ner, "average"])]
                for m, per in summary["differences"].items() for red, d in per.items()])
+    curve_table(doc, curves or {})
     return doc
 
 
@@ -208,10 +256,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     main_cmp = reusable(src / "compare" / "nlu_main", a.methods, a.seeds, steps) if src and not a.no_reuse else None
     aggs: dict[str, dict[str, Any]] = {}
     sources: dict[str, str] = {}
+    run_dirs: dict[str, Path] = {}
     for red in a.reductions:
         if main_cmp is not None and red == config_arm(base):
             aggs[red], sources[red] = main_cmp, "Table 3's (nlu_main)"
+            run_dirs[red] = src / "compare" / "nlu_main"
             continue
+        run_dirs[red] = out / red
         cfg_path = out / "configs" / f"{red}.json"
         # paths of the config stay relative to its own folder (or the base_dir it names)
         where = str((config.parent / str(base.get("base_dir", ""))).resolve())
@@ -231,10 +282,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         aggs[red] = json.loads((out / red / "comparison.json").read_text(encoding="utf-8"))
         sources[red] = f"`{red}/`"
     summary = summarise(aggs, a.methods, ner)
+    metrics = {t["name"]: t.get("metric") or "f1" for t in base["tasks"] if t["name"] in ner}
+    curves = dev_curves(run_dirs, a.methods, a.seeds, {t: f"{t}/{metric}" for t, metric in metrics.items()})
     command = "python -m skillnet.experiments.loss_scale " + " ".join(argv if argv is not None else sys.argv[1:])
-    (out / "loss_scale.json").write_text(json.dumps({"seeds": a.seeds, "ner_tasks": ner, **summary}, indent=2) + "\n",
-                                         encoding="utf-8")
-    md = document(summary, ner, a.seeds, sources, command).markdown()
+    (out / "loss_scale.json").write_text(json.dumps({"seeds": a.seeds, "ner_tasks": ner, **summary,
+                                                     "dev_curves": curves}, indent=2) + "\n", encoding="utf-8")
+    md = document(summary, ner, a.seeds, sources, command, curves).markdown()
     (out / "loss_scale.md").write_text(md, encoding="utf-8")
     print(md)
     print(f"[loss_scale] table: {out / 'loss_scale.md'}", file=sys.stderr)

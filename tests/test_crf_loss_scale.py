@@ -92,7 +92,7 @@ def test_the_loss_scale_study_runs_at_tiny_size_and_writes_its_table(tmp_path, c
     from skillnet.experiments import loss_scale
 
     d = tiny_config(tmp_path / "unused")
-    d["train"].update(max_steps=3, eval_every=3, log_every=3)
+    d["train"].update(max_steps=4, eval_every=2, log_every=2)
     cfg = tmp_path / "cfg.json"
     cfg.write_text(json.dumps(d), encoding="utf-8")
     out = tmp_path / "study"
@@ -107,6 +107,10 @@ def test_the_loss_scale_study_runs_at_tiny_size_and_writes_its_table(tmp_path, c
     md = (out / "loss_scale.md").read_text()
     assert "| method | NER loss | ner (f1) | average (all tasks) | runs |" in md
     assert "`sentence_mean` minus `token_mean`" in md
+    # the NER dev curve of every run, read from its log: two evaluations of two seeds per method and arm
+    curve = res["dev_curves"]["skillnet"]["sentence_mean"]["ner"]
+    assert list(curve) == ["2", "4"] and all(len(v) == 2 for v in curve.values())
+    assert "| method | NER loss | task | step 2 | step 4 | flat |" in md
     # a config without an NER task: one error line
     d["tasks"] = [t for t in d["tasks"] if t["type"] != "ner"]
     cfg.write_text(json.dumps(d), encoding="utf-8")
@@ -129,3 +133,11 @@ def test_the_study_reuses_table_3_only_at_the_same_seeds_and_steps(tmp_path):
     cfg = {"tasks": [{"name": "ner", "type": "ner"}, {"name": "s", "type": "classification"}]}
     assert loss_scale.config_reduction(cfg) == "token_mean"
     assert loss_scale.config_reduction(loss_scale.with_reduction(cfg, "sentence_mean")) == "sentence_mean"
+
+
+def test_a_dev_curve_is_flat_when_its_last_step_moves_less_than_the_seed_spread():
+    from skillnet.experiments.loss_scale import flattened
+
+    assert flattened({600: [40.0, 44.0], 1200: [50.0, 52.0], 1800: [51.0, 53.0]}) is True  # moved 1.0, std 1.4
+    assert flattened({600: [40.0, 44.0], 1200: [50.0, 52.0], 1800: [55.0, 57.0]}) is False  # moved 5.0
+    assert flattened({1200: [50.0, 52.0]}) is None and flattened({600: [1.0], 1200: [2.0]}) is None
