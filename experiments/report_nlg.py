@@ -57,7 +57,10 @@ def nlg_part(doc: Document, cmps: dict[str, Any], cmp_dir: Path, out: Path, find
             claim(findings, text, d.get(key, {}).get("average"), n, f"SkillNet-NLG minus {dict(NLG_ROWS)[key]}")
         doc.img(cmp_dir / "nlg_main" / "curves.png", "Dev score against step, per task and method (NLG)")
         degenerate_outputs(doc, nlg, cmp_dir / "nlg_main", findings)
-        const, pairs = constant_outputs(samples(doc, cmp_dir / "nlg_main"))
+        detection_table(doc, nlg, cmp_dir / "nlg_main", findings)
+        by_row = samples(doc, cmp_dir / "nlg_main")
+        correction_samples(doc, nlg, by_row)
+        const, pairs = constant_outputs(by_row)
         if pairs:
             findings.append(f"Generation outputs: in {const} of {pairs} (row, task) pairs the first seed's model gives "
                             "one and the same text for every kept test input (a degenerate model; see the samples).")
@@ -196,6 +199,83 @@ def samples(doc: Document, cmp_dir: Path, n: int = 3) -> dict[str, dict[str, Any
         doc.p(f"**{task}**")
         doc.table(["", "text"], rows)
     return by_row
+
+
+def correction_tasks(cmp: dict[str, Any]) -> list[str]:
+    """The comparison's tasks scored by edit F0.5 (csc)."""
+    from skillnet.finetune.gen_metrics import CORRECTION_METRICS
+
+    first = next(iter(cmp["methods"].values()), {"tasks": {}})
+    return [t for t in cmp["tasks"] if first["tasks"].get(t, {}).get("metric") in CORRECTION_METRICS]
+
+
+def _mean(values: list[float]) -> str:
+    return f"{sum(values) / len(values):.1f}" if values else "-"
+
+
+def detection_table(doc: Document, cmp: dict[str, Any], run_dir: Path, findings: list[str]) -> None:
+    """Beside a correction task's F0.5, per row: the detection scores of its test outputs (mean over seeds), and a
+    finding for the rows whose F0.5 is 0: do they find the wrong characters at all?"""
+    for t in correction_tasks(cmp):
+        rows, zero = [], {}
+        for m in cmp["methods"]:
+            det = diagnostics(run_dir, m, t, "det_f0.5")
+            if not det:  # a run from before the detection scores
+                continue
+            f05 = diagnostics(run_dir, m, t, "f0.5")
+            cells = [_mean(diagnostics(run_dir, m, t, k)) for k in ("det_p", "det_r", "sent_det_f1", "sent_cor_f1")]
+            rows.append([m, _mean(f05), _mean(det), f"{cells[0]} / {cells[1]}", *cells[2:]])
+            if f05 and not any(f05):
+                zero[m] = sum(det) / len(det)
+        if not rows:
+            continue
+        doc.p(f"**{t}**: edit F0.5 beside detection (test split, mean over seeds). A row can find the wrong "
+              "characters before it learns which character to write: detection counts an edit at a gold edit's "
+              "span whatever it writes there; SIGHAN-2015's sentence level counts a sentence whose changed "
+              "positions are exactly the gold ones (detection) and whose characters are too (correction).")
+        doc.table(["row", "F0.5", "detection F0.5", "detection P / R", "sentence detection F1",
+                   "sentence correction F1"], rows)
+        if zero:
+            found = [f"`{m}` {d:.1f}" for m, d in zero.items() if d > 0]
+            findings.append(f"{t}: F0.5 is 0 in {len(zero)} of {len(rows)} rows; "
+                            + (f"of these, detection F0.5 is above 0 in {len(found)} ({', '.join(found)}): they "
+                               "find wrong characters but write the wrong ones" if found else
+                               "none of them finds a wrong character either (detection F0.5 0)")
+                            + " (see the detection table and the samples).")
+
+
+def _edit_text(source: str, output: str) -> str:
+    """The character edits source -> output, 1-based positions ("3 唷→友"; ∅ for nothing)."""
+    from skillnet.finetune.gen_metrics import char_edits
+
+    src = "".join(source.split())
+    edits = sorted(char_edits(source, output))
+    return ", ".join(f"{s + 1} {src[s:e] or '∅'}→{text or '∅'}" for s, e, text in edits) or "no edit"
+
+
+def correction_samples(doc: Document, cmp: dict[str, Any], by_row: dict[str, dict[str, Any]], n: int = 3) -> None:
+    """For a correction task, up to `n` kept test inputs that have an error, with the edits of the reference and of
+    each row whose F0.5 is 0 (first seed): where it edits, against where it should (the samples above may all
+    be sentences without an error)."""
+    for t in correction_tasks(cmp):
+        zero = [m for m in by_row
+                if t in by_row[m] and cmp["methods"].get(m, {}).get("tasks", {}).get(t, {}).get("mean") == 0]
+        if not zero:
+            continue
+        items = by_row[zero[0]][t]
+        wrong = [i for i, it in enumerate(items) if "".join(it["source"].split()) != "".join(it["reference"].split())]
+        rows = []
+        for i in wrong[:n]:
+            it = items[i]
+            rows.append(["source", it["source"]])
+            rows.append(["reference", f"{it['reference']} ({_edit_text(it['source'], it['reference'])})"])
+            for m in zero:
+                out = by_row[m][t][i].get("output", "") if i < len(by_row[m][t]) else ""
+                rows.append([m, f"{out or '(empty output)'} ({_edit_text(it['source'], out)})"])
+        if rows:
+            doc.p(f"**{t}, inputs with an error** (first seed; rows with F0.5 0; in brackets the character edits "
+                  "against the source, 1-based positions):")
+            doc.table(["", "text (edits)"], rows)
 
 
 def constant_outputs(by_row: dict[str, dict[str, Any]]) -> tuple[int, int]:

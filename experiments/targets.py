@@ -201,6 +201,18 @@ def distinct_outputs(cmp: dict[str, Any], run_dir: Path, name: str) -> list[str]
             "; ".join(f"{a}: {b})" if b else f"{a})" for a, b in low) or "-"]
 
 
+def _detection(run_dir: Path, row: str) -> str:
+    """Why csc's F0.5 is 0, from the detection scores: a row can find the wrong characters before it learns which
+    character to write."""
+    det = diagnostics(run_dir, row, "csc", "det_f0.5")
+    if not det:
+        return "the runs did not score detection"
+    d, sent = statistics.fmean(det), diagnostics(run_dir, row, "csc", "sent_det_f1")
+    text = f"detection F0.5 {d:.1f}" + (f", sentence-level detection F1 {statistics.fmean(sent):.1f}" if sent else "")
+    return text + (": it finds wrong characters but writes the wrong ones" if d > 0
+                   else ": it finds no wrong character either")
+
+
 def nlg_rows(nlg: dict[str, Any], run_dir: Path, row: str = "skillnet") -> list[list[str]]:
     out: list[list[str]] = []
     out.append(distinct_outputs(nlg, run_dir, f">= {DISTINCT_FLOOR:.0f}% distinct test outputs, every row and task"))
@@ -209,7 +221,7 @@ def nlg_rows(nlg: dict[str, Any], run_dir: Path, row: str = "skillnet") -> list[
         f05 = diagnostics(run_dir, row, "csc", "f0.5")
         v = statistics.fmean(f05) if f05 else None
         out.append([f"csc: F0.5 > 0 (`{row}`)", "-" if v is None else f"{v:.1f}",
-                    _verdict(None if v is None else v > 0), "-"])
+                    _verdict(None if v is None else v > 0), _detection(run_dir, row) if v == 0 else "-"])
         acc = diagnostics(run_dir, row, "csc", "char_accuracy")
         copy_acc = baseline_scores(run_dir, {"tasks": ["csc"]}, "trivial_test", "char_accuracy").get("csc")
         if acc and copy_acc is not None:

@@ -6,7 +6,9 @@
   the references of a sentence).
 * ``correction_prf(sources, hyps, refs)``: ChERRANT-style (MuCGEC ``scorers/ChERRANT``) character-level
   edits source->hypothesis and source->reference, matched as (start, end, correction) and counted over
-  the corpus; P, R and F0.5.
+  the corpus; P, R and F0.5. ``detection_prf``: the same on the edits' (start, end) spans only (found the
+  wrong characters, whatever it wrote there). ``sentence_prf``: SIGHAN-2015's sentence-level detection and
+  correction P/R/F1.
 * ``score_generation(names, sources, hyps, refs, lang)``: the entry point for the trainer.
 
 Tokenisation (docs/nlg_data.md, "Metrics"): for ``lang="zh"`` every CJK character (and every other
@@ -23,11 +25,15 @@ import itertools
 import re
 import unicodedata
 from collections import Counter
-from collections.abc import Hashable, Sequence
+from collections.abc import Callable, Hashable, Iterable, Sequence
 from typing import Any
 
 LANGS = ("zh", "en")
-GEN_METRICS = ("rouge_l", "bleu_2", "bleu_4", "f0.5", "edit_p", "edit_r", "distinct", "repetition",
+CORRECTION_METRICS = ("f0.5", "edit_p", "edit_r")  # ChERRANT edit P/R/F0.5 (correction_prf)
+# Whether a corrector finds the wrong characters, whatever it writes there: edit spans (detection_prf) and
+# SIGHAN-2015's sentence level (sentence_prf); they need the sources, as the correction metrics do
+DETECTION_METRICS = ("det_f0.5", "det_p", "det_r", "sent_det_f1", "sent_cor_f1")
+GEN_METRICS = ("rouge_l", "bleu_2", "bleu_4", *CORRECTION_METRICS, *DETECTION_METRICS, "distinct", "repetition",
                "char_accuracy")
 References = Sequence[str] | Sequence[Sequence[str]]
 # A run of ASCII letters/digits is one token; any other non-space character (CJK, punctuation) is one token.
@@ -343,44 +349,119 @@ def _char_edits(src: str, tgt: str) -> tuple[tuple[Edit, int], ...]:
     return tuple(out.items())
 
 
-def _prf(tp: int, fp: int, fn: int, beta: float) -> tuple[float, float, float]:
-    # ChERRANT's convention: no false positives -> precision 1 (also with no edits at all), same for recall.
-    p = tp / (tp + fp) if fp else 1.0
-    r = tp / (tp + fn) if fn else 1.0
+def _prf(tp: int, fp: int, fn: int, beta: float, empty: float = 1.0) -> tuple[float, float, float]:
+    """P, R, F_beta; `empty` is P when nothing was predicted and R when there was nothing to find. ChERRANT's
+    convention is 1 (a system that changes nothing has P = 1), the SIGHAN tool's (FASpell's script) 0."""
+    p = tp / (tp + fp) if tp + fp else empty
+    r = tp / (tp + fn) if tp + fn else empty
     f = (1 + beta**2) * p * r / (beta**2 * p + r) if p + r else 0.0
     return p, r, f
 
 
-def _match(hyp: Counter[Edit], ref: Counter[Edit]) -> tuple[int, int, int]:
+def _match(hyp: Counter[Any], ref: Counter[Any]) -> tuple[int, int, int]:
     tp = sum(ref[e] for e in hyp if e in ref)
     fp = sum(c for e, c in hyp.items() if e not in ref)
     fn = sum(c for e, c in ref.items() if e not in hyp)
     return tp, fp, fn
 
 
+Counts = tuple[int, int, int]  # (tp, fp, fn)
+
+
+def _corpus_counts(per_sentence: Iterable[Iterable[Counts]], beta: float) -> Counts:
+    """Corpus (tp, fp, fn) from each sentence's counts against each of its references: a sentence adds those of
+    the reference that maximises the corpus F so far (ChERRANT / M2 scorer): the F rounded to 4 places as
+    ChERRANT compares it, then more TP, fewer FP, fewer FN."""
+    tot = (0, 0, 0)
+    for candidates in per_sentence:
+        best: tuple[tuple[float, int, int, int], Counts] | None = None
+        for tp, fp, fn in candidates:
+            f = round(_prf(tot[0] + tp, tot[1] + fp, tot[2] + fn, beta)[2], 4)
+            key = (f, tp, -fp, -fn)
+            if best is None or key > best[0]:
+                best = (key, (tp, fp, fn))
+        if best is None:
+            raise ValueError("a sentence without references")
+        tot = (tot[0] + best[1][0], tot[1] + best[1][1], tot[2] + best[1][2])
+    return tot
+
+
+def _spans(edits: Counter[Edit]) -> Counter[tuple[int, int]]:
+    """The source spans an edit list touches, whatever it writes there (with multiplicity)."""
+    out: Counter[tuple[int, int]] = Counter()
+    for (start, end, _), c in edits.items():
+        out[start, end] += c
+    return out
+
+
+def _edit_prf(sources: Sequence[str], hypotheses: Sequence[str], references: References, beta: float,
+              view: Callable[[Counter[Edit]], Counter[Any]]) -> dict[str, float]:
+    if len(sources) != len(hypotheses):
+        raise ValueError(f"sources and hypotheses differ in length: {len(sources)} vs {len(hypotheses)}")
+    refs = _multi_refs(references, len(hypotheses))
+
+    def candidates(src: str, hyp: str, rs: list[str]) -> list[Counts]:
+        h = view(char_edits(src, hyp))
+        return [_match(h, view(char_edits(src, r))) for r in rs]
+
+    tot = _corpus_counts((candidates(*x) for x in zip(sources, hypotheses, refs)), beta)
+    p, r, f = _prf(*tot, beta)
+    return {"precision": 100.0 * p, "recall": 100.0 * r, "f": 100.0 * f,
+            "tp": float(tot[0]), "fp": float(tot[1]), "fn": float(tot[2])}
+
+
 def correction_prf(sources: Sequence[str], hypotheses: Sequence[str], references: References,
                    beta: float = 0.5) -> dict[str, float]:
     """Corpus-level edit P/R/F_beta in percent (+ integer tp/fp/fn). With several references per
     sentence, each sentence uses the one that maximises the corpus F so far (ChERRANT / M2 scorer)."""
+    return _edit_prf(sources, hypotheses, references, beta, lambda e: e)
+
+
+def detection_prf(sources: Sequence[str], hypotheses: Sequence[str], references: References,
+                  beta: float = 0.5) -> dict[str, float]:
+    """`correction_prf` on the edits' (start, end) spans only: a hypothesis edit is a true positive when a
+    reference edits the same source span, whatever either writes there. A model can find the wrong
+    characters before it learns which character to write; this says whether it does."""
+    return _edit_prf(sources, hypotheses, references, beta, _spans)
+
+
+# --------------------------------------------------------------------------- SIGHAN-2015 sentence level
+#
+# The SIGHAN-2015 bake-off's tool scores sentences: a sentence is a detection TP when the positions its output
+# changes are exactly the gold ones (at least one), a correction TP when the characters written there are the
+# gold ones too. P = TP / sentences the system changed, R = TP / sentences with gold errors, F1; an empty
+# denominator gives 0 (FASpell's script, which pycorrector ships as compute_corrector_prf_faspell).
+
+
+def _changes(source: str, output: str) -> frozenset[Edit]:
+    """What an output changes, in the tool's units: (i, i + 1, character) per position that differs when the
+    output keeps the source's length (SIGHAN pairs do); an output of another length has no positions of its
+    own, so its ChERRANT edits stand in (a deletion of a wrong character still names its position)."""
+    src, out = "".join(source.split()), "".join(output.split())
+    if len(src) == len(out):
+        return frozenset((i, i + 1, b) for i, (a, b) in enumerate(zip(src, out)) if a != b)
+    return frozenset(char_edits(src, out))
+
+
+def _sentence_counts(hyp: frozenset[Edit], ref: frozenset[Edit], detection: bool) -> Counts:
+    same = {e[:2] for e in hyp} == {e[:2] for e in ref} if detection else hyp == ref
+    tp = int(bool(hyp) and same)
+    return tp, int(bool(hyp)) - tp, int(bool(ref)) - tp
+
+
+def sentence_prf(sources: Sequence[str], hypotheses: Sequence[str], references: References) -> dict[str, float]:
+    """SIGHAN-2015 sentence-level detection and correction P/R/F1 in percent (see above); with several
+    references, each sentence is scored against the one that maximises the corpus F1 so far."""
     if len(sources) != len(hypotheses):
         raise ValueError(f"sources and hypotheses differ in length: {len(sources)} vs {len(hypotheses)}")
     refs = _multi_refs(references, len(hypotheses))
-    tot = [0, 0, 0]
-    for src, hyp, rs in zip(sources, hypotheses, refs):
-        h = char_edits(src, hyp)
-        best: tuple[Any, ...] | None = None
-        for r in rs:
-            tp, fp, fn = _match(h, char_edits(src, r))
-            f = round(_prf(tot[0] + tp, tot[1] + fp, tot[2] + fn, beta)[2], 4)  # ChERRANT compares rounded F
-            key = (f, tp, -fp, -fn)
-            if best is None or key > best[0]:
-                best = (key, tp, fp, fn)
-        assert best is not None
-        for k in range(3):
-            tot[k] += best[k + 1]
-    p, r, f = _prf(*tot, beta)
-    return {"precision": 100.0 * p, "recall": 100.0 * r, "f": 100.0 * f,
-            "tp": float(tot[0]), "fp": float(tot[1]), "fn": float(tot[2])}
+    changes = [(_changes(src, hyp), [_changes(src, r) for r in rs]) for src, hyp, rs in zip(sources, hypotheses, refs)]
+    out: dict[str, float] = {}
+    for level, detection in (("det", True), ("cor", False)):
+        tot = _corpus_counts(([_sentence_counts(h, r, detection) for r in rs] for h, rs in changes), 1.0)
+        for name, v in zip(("p", "r", "f1"), _prf(*tot, 1.0, empty=0.0)):
+            out[f"{level}_{name}"] = 100.0 * v
+    return out
 
 
 # --------------------------------------------------------------------------- entry point
@@ -429,7 +510,7 @@ def score_generation(metric_names: Sequence[str], sources: Sequence[str] | None,
     """{name: value in percent} for each requested name of GEN_METRICS.
 
     `references` is one string per hypothesis or a list of references per hypothesis. `sources` is needed
-    only by the correction metrics (f0.5, edit_p, edit_r). `lowercase`: compare BLEU/ROUGE-L
+    only by CORRECTION_METRICS and DETECTION_METRICS. `lowercase`: compare BLEU/ROUGE-L
     case-insensitively (a lower-casing vocab, as bert-base-chinese's, cannot produce upper case).
     """
     unknown = [m for m in metric_names if m not in GEN_METRICS]
@@ -441,11 +522,19 @@ def score_generation(metric_names: Sequence[str], sources: Sequence[str] | None,
         references = [r.lower() if isinstance(r, str) else [x.lower() for x in r] for r in references]
         sources = None if sources is None else [x.lower() for x in sources]
     out: dict[str, float] = {}
-    if any(m in ("f0.5", "edit_p", "edit_r") for m in metric_names):
-        if sources is None:
-            raise ValueError("f0.5/edit_p/edit_r need the source sentences (sources=None given)")
-        prf = correction_prf(sources, hypotheses, references, beta=0.5)
-        out.update({"f0.5": prf["f"], "edit_p": prf["precision"], "edit_r": prf["recall"]})
+    # (F0.5, P, R) names of each edit-level score
+    edit_scores = ((*CORRECTION_METRICS, correction_prf), (*DETECTION_METRICS[:3], detection_prf))
+    wanted = [x for x in edit_scores if any(m in x[:3] for m in metric_names)]
+    sentence = any(m.startswith("sent_") for m in metric_names)
+    if (wanted or sentence) and sources is None:
+        needs = [m for m in metric_names if m in CORRECTION_METRICS or m in DETECTION_METRICS]
+        raise ValueError(f"{'/'.join(needs)} need the source sentences (sources=None given)")
+    for f_name, p_name, r_name, prf_fn in wanted:
+        prf = prf_fn(sources, hypotheses, references, beta=0.5)
+        out.update({f_name: prf["f"], p_name: prf["precision"], r_name: prf["recall"]})
+    if sentence:
+        sent = sentence_prf(sources, hypotheses, references)
+        out.update({"sent_det_f1": sent["det_f1"], "sent_cor_f1": sent["cor_f1"]})
     for m in metric_names:
         if m == "distinct":
             out[m] = distinct_share(hypotheses)

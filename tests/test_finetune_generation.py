@@ -49,6 +49,9 @@ def test_generation_tasks_train_evaluate_export_and_predict(tmp_path):
     assert set(res["qa"]["dev"]) == {"rouge_l", "bleu_2", "bleu_4", "f0.5", "distinct", "repetition",
                                         "char_accuracy"}
     assert res["fix"]["trivial_dev"]["f0.5"] == 100.0  # copying the source is right on a dev set with no errors
+    # the task selected on F0.5 reports the detection scores beside it, in results.json too (issue 49)
+    on_disk = json.loads((out / "results.json").read_text(encoding="utf-8"))["tasks"]["fix"]["dev"]
+    assert {"det_f0.5", "det_p", "det_r", "sent_det_f1", "sent_cor_f1"} <= set(on_disk)
     samples = json.loads((out / "samples.json").read_text(encoding="utf-8"))
     assert set(samples) == {"fix", "qa"} and samples["qa"][0]["source"] == "理赔要多久"
     assert set(samples["qa"][0]) == {"source", "reference", "output"}

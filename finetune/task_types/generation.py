@@ -1,5 +1,5 @@
 """``generation``: sequence to sequence on SkillNet-BART (the shared LM head), decoded with beam search and
-scored by ROUGE-L, BLEU and F0.5."""
+scored by ROUGE-L, BLEU and F0.5 (a task selected on F0.5 also reports the detection scores)."""
 
 from __future__ import annotations
 
@@ -77,8 +77,12 @@ class GenerationCodec(TaskCodec):
     def score(self, td: TaskView, recs: list[dict[str, Any]], preds: list[Any]) -> dict[str, float]:
         from .. import gen_metrics
 
-        return gen_metrics.score_generation([*self.metrics, *self.diagnostics], [r["source"] for r in recs], preds,
-                                            [r["target"] for r in recs], lang=td.cfg.lang, lowercase=True)
+        # A corrector (a task selected on edit F0.5: csc) also says whether it finds the wrong characters,
+        # whatever it writes there: a model can learn where before it learns what, and F0.5 alone cannot show it.
+        detection = gen_metrics.DETECTION_METRICS if td.cfg.metric in gen_metrics.CORRECTION_METRICS else ()
+        return gen_metrics.score_generation([*self.metrics, *self.diagnostics, *detection],
+                                            [r["source"] for r in recs], preds, [r["target"] for r in recs],
+                                            lang=td.cfg.lang, lowercase=True)
 
     def trivial(self, td: TaskView, recs: list[dict[str, Any]]) -> list[Any]:
         """Copy the source: F0.5 = 0 (no edit), a real floor for overlap metrics."""
