@@ -358,25 +358,34 @@ def _prf(tp: int, fp: int, fn: int, beta: float, empty: float = 1.0) -> tuple[fl
     return p, r, f
 
 
-def _match(hyp: Counter[Any], ref: Counter[Any]) -> tuple[int, int, int]:
+Counts = tuple[int, int, int]  # (tp, fp, fn)
+
+
+def _match(hyp: Counter[Any], ref: Counter[Any]) -> Counts:
     tp = sum(ref[e] for e in hyp if e in ref)
     fp = sum(c for e, c in hyp.items() if e not in ref)
     fn = sum(c for e, c in ref.items() if e not in hyp)
     return tp, fp, fn
 
 
-Counts = tuple[int, int, int]  # (tp, fp, fn)
+def _clipped_match(hyp: Counter[Any], ref: Counter[Any]) -> Counts:
+    """Each item is a TP at most as often as the hypothesis has it. The span view needs it: a reference with
+    several cheapest alignments puts its different edits of one span (ab->aaa: b->a and b->aa) on one span with
+    a count >= 2, which `_match` would let one hypothesis edit there earn in full."""
+    tp = sum((hyp & ref).values())
+    return tp, sum(hyp.values()) - tp, sum(ref.values()) - tp
 
 
-def _corpus_counts(per_sentence: Iterable[Iterable[Counts]], beta: float) -> Counts:
+def _corpus_counts(per_sentence: Iterable[Iterable[Counts]], beta: float, empty: float = 1.0) -> Counts:
     """Corpus (tp, fp, fn) from each sentence's counts against each of its references: a sentence adds those of
     the reference that maximises the corpus F so far (ChERRANT / M2 scorer): the F rounded to 4 places as
-    ChERRANT compares it, then more TP, fewer FP, fewer FN."""
+    ChERRANT compares it, then more TP, fewer FP, fewer FN. `empty` is `_prf`'s: the caller's reporting rule,
+    so that the reference chosen is the best by the F that is reported."""
     tot = (0, 0, 0)
     for candidates in per_sentence:
         best: tuple[tuple[float, int, int, int], Counts] | None = None
         for tp, fp, fn in candidates:
-            f = round(_prf(tot[0] + tp, tot[1] + fp, tot[2] + fn, beta)[2], 4)
+            f = round(_prf(tot[0] + tp, tot[1] + fp, tot[2] + fn, beta, empty)[2], 4)
             key = (f, tp, -fp, -fn)
             if best is None or key > best[0]:
                 best = (key, (tp, fp, fn))
@@ -395,14 +404,15 @@ def _spans(edits: Counter[Edit]) -> Counter[tuple[int, int]]:
 
 
 def _edit_prf(sources: Sequence[str], hypotheses: Sequence[str], references: References, beta: float,
-              view: Callable[[Counter[Edit]], Counter[Any]]) -> dict[str, float]:
+              view: Callable[[Counter[Edit]], Counter[Any]],
+              match: Callable[[Counter[Any], Counter[Any]], Counts] = _match) -> dict[str, float]:
     if len(sources) != len(hypotheses):
         raise ValueError(f"sources and hypotheses differ in length: {len(sources)} vs {len(hypotheses)}")
     refs = _multi_refs(references, len(hypotheses))
 
     def candidates(src: str, hyp: str, rs: list[str]) -> list[Counts]:
         h = view(char_edits(src, hyp))
-        return [_match(h, view(char_edits(src, r))) for r in rs]
+        return [match(h, view(char_edits(src, r))) for r in rs]
 
     tot = _corpus_counts((candidates(*x) for x in zip(sources, hypotheses, refs)), beta)
     p, r, f = _prf(*tot, beta)
@@ -421,8 +431,9 @@ def detection_prf(sources: Sequence[str], hypotheses: Sequence[str], references:
                   beta: float = 0.5) -> dict[str, float]:
     """`correction_prf` on the edits' (start, end) spans only: a hypothesis edit is a true positive when a
     reference edits the same source span, whatever either writes there. A model can find the wrong
-    characters before it learns which character to write; this says whether it does."""
-    return _edit_prf(sources, hypotheses, references, beta, _spans)
+    characters before it learns which character to write; this says whether it does. A span counts as often
+    as both the hypothesis and the reference have it (never more TPs than the hypothesis has edits)."""
+    return _edit_prf(sources, hypotheses, references, beta, _spans, _clipped_match)
 
 
 # --------------------------------------------------------------------------- SIGHAN-2015 sentence level
@@ -457,9 +468,10 @@ def sentence_prf(sources: Sequence[str], hypotheses: Sequence[str], references: 
     refs = _multi_refs(references, len(hypotheses))
     changes = [(_changes(src, hyp), [_changes(src, r) for r in rs]) for src, hyp, rs in zip(sources, hypotheses, refs)]
     out: dict[str, float] = {}
+    empty = 0.0  # the tool's rule for an empty denominator, in the reference choice as in the report
     for level, detection in (("det", True), ("cor", False)):
-        tot = _corpus_counts(([_sentence_counts(h, r, detection) for r in rs] for h, rs in changes), 1.0)
-        for name, v in zip(("p", "r", "f1"), _prf(*tot, 1.0, empty=0.0)):
+        tot = _corpus_counts(([_sentence_counts(h, r, detection) for r in rs] for h, rs in changes), 1.0, empty)
+        for name, v in zip(("p", "r", "f1"), _prf(*tot, 1.0, empty)):
             out[f"{level}_{name}"] = 100.0 * v
     return out
 

@@ -15,6 +15,8 @@ import pytest
 from skillnet.finetune.gen_metrics import (
     DETECTION_METRICS,
     GEN_METRICS,
+    _corpus_counts,
+    char_edits,
     correction_prf,
     detection_prf,
     score_generation,
@@ -43,6 +45,29 @@ def test_detection_counts_the_right_span_whatever_is_written_there() -> None:
     # a merged span must be the same span: fixing one of two adjacent wrong characters detects neither
     two = detection_prf(["我朋唷大算"], ["我朋友大算"], ["我朋友打算"])
     assert (two["tp"], two["fp"], two["fn"]) == (0, 1, 1)
+
+
+def test_one_hypothesis_edit_earns_at_most_one_detection_tp() -> None:
+    # ab -> aaa has two cheapest alignments whose edits of span (1, 2) differ (b->a, b->aa): the span is in the
+    # reference twice, and the one hypothesis edit there must not earn both
+    det, cor = detection_prf(["ab"], ["aa"], ["aaa"]), correction_prf(["ab"], ["aa"], ["aaa"])
+    assert (det["tp"], det["fp"], det["fn"]) == (1, 0, 2) == (cor["tp"], cor["fp"], cor["fn"])
+    # in general: never more TPs than hypothesis edits, never fewer than correction finds, and the reference's
+    # edits are all counted (tp + fn) whatever the hypothesis
+    rng = random.Random(0)
+    for _ in range(150):
+        src, hyp, ref = ("".join(rng.choice("ab") for _ in range(rng.randint(1, 4))) for _ in range(3))
+        det, cor = detection_prf([src], [hyp], [ref]), correction_prf([src], [hyp], [ref])
+        n_hyp = sum(char_edits(src, hyp).values())
+        assert cor["tp"] <= det["tp"] <= n_hyp and det["tp"] + det["fp"] == n_hyp, (src, hyp, ref)
+        assert det["tp"] + det["fn"] == sum(char_edits(src, ref).values()), (src, hyp, ref)
+
+
+def test_reference_choice_uses_the_reported_empty_rule() -> None:
+    # nothing counted so far: a sentence whose candidates are (0, 0, 0) and (1, 1, 0). ChERRANT's rule (empty = 1)
+    # scores the first F 1; SIGHAN's (empty = 0, which sentence_prf reports) scores it 0 and the second 2/3
+    assert _corpus_counts([[(0, 0, 0), (1, 1, 0)]], 1.0) == (0, 0, 0)
+    assert _corpus_counts([[(0, 0, 0), (1, 1, 0)]], 1.0, empty=0.0) == (1, 1, 0)
 
 
 def test_detection_chooses_each_sentences_reference_as_correction_does() -> None:
