@@ -16,7 +16,9 @@ task's ``head.loss_reduction`` and the run's ``task_grad_norm`` set. With ``--fr
 reproduction's Table 3 ran (its config's, token_mean without normalisation unless it names others) are read from
 its ``nlu_main`` comparison when that has them at the same seeds and steps, not run again. Writes
 ``<out>/loss_scale.md`` and ``loss_scale.json``: per method and arm, each NER task's test F1 and the average over
-all tasks (mean ± std over seeds), and the paired difference of each arm from the first one.
+all tasks (mean ± std over seeds), the paired difference of each arm from the first one, and each NER task's dev
+curve (``dev_curves``: every seed's score at every evaluation; in the table, mean ± std per step and whether the
+curve has flattened: its last two evaluations that every seed reached within the seed spread), the budget question.
 """
 
 from __future__ import annotations
@@ -44,7 +46,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = Parser("skillnet.experiments.loss_scale",
                description="Measure the NER CRF loss's scale in joint training: NER test F1 of each method under "
                            "each head.loss_reduction, with or without per-task gradient normalisation (+ema arms), "
-                           "over seeds, paired; writes a Markdown table. Why: token_mean (the default) is a loss per "
+                           "over seeds, paired, with NER's dev curve per arm (has it flattened at this budget?); writes a Markdown "
+                           "table. Why: token_mean (the default) is a loss per "
                            "word, so beside per-example losses of other tasks, with one AdamW and one gradient clip for "
                            "all, NER's encoder gradient is several times smaller; "
                            "sentence_mean averages per sentence like the other heads (docs/finetune.md).")
@@ -149,54 +152,58 @@ def summarise(aggs: dict[str, dict[str, Any]], methods: list[str], ner: list[str
     return {"reference": first, "scores": scores, "differences": diffs}
 
 
-def dev_curves(run_dirs: dict[str, Path], methods: list[str], seeds: list[int], keys: dict[str, str]
-               ) -> dict[str, dict[str, dict[str, dict[int, list[float]]]]]:
-    """Per method, arm and NER task: its dev score at each evaluation step, one value per seed, read from each
-    run's log.jsonl (``<arm dir>/<method>/seed<k>``; ``keys``: task -> its logged ``<task>/<metric>``)."""
-    from skillnet.experiments.runner import logged
-
-    out: dict[str, dict[str, dict[str, dict[int, list[float]]]]] = {}
-    for m in methods:
-        for arm, d in run_dirs.items():
-            for t, key in keys.items():
-                per_step: dict[int, list[float]] = {}
-                for seed in seeds:
-                    for step, v in dict(logged(d / m / f"seed{seed}" / "log.jsonl", key, split="eval")).items():
-                        per_step.setdefault(step, []).append(v)
-                out.setdefault(m, {}).setdefault(arm, {})[t] = dict(sorted(per_step.items()))
-    return out
+def dev_curves(aggs: dict[str, dict[str, Any]], methods: list[str], ner: list[str]
+               ) -> dict[str, dict[str, dict[str, list[list[list[float]]]]]]:
+    """Per method, arm and NER task: each seed's dev curve ([[step, score], ...], as finetune.compare keeps
+    them), from the comparisons' own records (task-specific rows included)."""
+    return {m: {arm: {t: agg["methods"][m].get("curves", {}).get(t, []) for t in ner} for arm, agg in aggs.items()}
+            for m in methods}
 
 
-def flattened(curve: dict[int, list[float]]) -> bool | None:
-    """The issue's test of a dev curve that has flattened: its last two evaluations (means over seeds) differ by
-    no more than the seed spread (std) at the last one. None with fewer than two evaluations of two seeds."""
-    steps = list(curve)
-    if len(steps) < 2 or len(curve[steps[-1]]) < 2:
+def _by_step(per_seed: list[list[list[float]]]) -> dict[int, list[float]]:
+    out: dict[int, list[float]] = {}
+    for curve in per_seed:
+        for step, v in curve:
+            out.setdefault(int(step), []).append(float(v))
+    return dict(sorted(out.items()))
+
+
+def flattened(per_seed: list[list[list[float]]]) -> bool | None:
+    """The issue's test of a dev curve that has flattened, on the last two evaluations every seed reached: their
+    means over seeds differ by no more than the seed spread (std) at the last one. None with fewer than two
+    seeds or two such evaluations."""
+    curves = [c for c in per_seed if c]
+    if len(curves) < 2:
         return None
-    last, prev = curve[steps[-1]], curve[steps[-2]]
+    common = sorted(set.intersection(*({int(s) for s, _ in c} for c in curves)))
+    if len(common) < 2:
+        return None
+    at = {s: [float(v) for c in curves for s2, v in c if int(s2) == s] for s in common[-2:]}
+    last, prev = at[common[-1]], at[common[-2]]
     return abs(statistics.fmean(last) - statistics.fmean(prev)) <= statistics.stdev(last)
 
 
-def curve_table(doc: Document, curves: dict[str, dict[str, dict[str, dict[int, list[float]]]]]) -> None:
-    steps = sorted({s for per in curves.values() for arm in per.values() for c in arm.values() for s in c})
+def curve_table(doc: Document, curves: dict[str, dict[str, dict[str, list[list[list[float]]]]]]) -> None:
+    by_step = {(m, arm, t): _by_step(c) for m, per in curves.items() for arm, tasks in per.items()
+               for t, c in tasks.items()}
+    steps = sorted({s for c in by_step.values() for s in c})
     if not steps:
         return
     doc.p("Each NER task's dev score at every evaluation (mean ± std over seeds): the budget question. *flat*: the "
-          "last two evaluations differ by no more than the seed spread at the last one.")
+          "last two evaluations every seed reached differ by no more than the seed spread at the last one.")
     rows = []
-    for m, per in curves.items():
-        for arm, tasks in per.items():
-            for t, c in tasks.items():
-                cells = [f"{statistics.fmean(c[s]):.1f} ± {statistics.stdev(c[s]) if len(c[s]) > 1 else 0.0:.1f}"
-                         if s in c else "-" for s in steps]
-                flat = flattened(c)
-                rows.append([m, f"`{arm}`", t, *cells, "-" if flat is None else ("yes" if flat else "no, rising"
-                             if statistics.fmean(c[list(c)[-1]]) > statistics.fmean(c[list(c)[-2]]) else "no")])
+    for (m, arm, t), c in by_step.items():
+        cells = [f"{statistics.fmean(c[s]):.1f} ± {statistics.stdev(c[s]) if len(c[s]) > 1 else 0.0:.1f}"
+                 if s in c else "-" for s in steps]
+        flat = flattened(curves[m][arm][t])
+        rising = len(c) > 1 and statistics.fmean(list(c.values())[-1]) > statistics.fmean(list(c.values())[-2])
+        rows.append([m, f"`{arm}`", t, *cells, "-" if flat is None else "yes" if flat else "no, rising" if rising
+                     else "no"])
     doc.table(["method", "NER loss", "task", *(f"step {s}" for s in steps), "flat"], rows)
 
 
 def document(summary: dict[str, Any], ner: list[str], seeds: list[int], sources: dict[str, str], command: str,
-             curves: dict[str, dict[str, dict[str, dict[int, list[float]]]]] | None = None) -> Document:
+             curves: dict[str, dict[str, dict[str, list[list[list[float]]]]]] | None = None) -> Document:
     doc = Document()
     doc.h(1, "The CRF loss's scale in joint training")
     doc.p(f"Written by `{command}`. Test scores, mean ± std over seeds {seeds}, one checkpoint per run (selected by "
@@ -243,10 +250,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     if len(set(a.reductions)) != len(a.reductions):
         parser.error(f"--arms has duplicates: {a.reductions}")
     base = json.loads(config.read_text(encoding="utf-8"))
-    accum = base.get("train", {}).get("grad_accum")
-    if accum not in (None, 1) and any(split_arm(arm)[1] != "off" for arm in a.reductions):
-        parser.error(f"--config {config}: train.grad_accum {accum}, but per-task gradient normalisation (+ema arms) "
-                     f"needs one micro-batch per step: give a config with grad_accum 1")
+    from skillnet.finetune.config import FinetuneConfig
+
+    for arm in a.reductions:  # every arm's config is checked before the first one spends its run time
+        try:
+            FinetuneConfig.from_dict({**with_arm(base, arm), "base_dir": str(config.parent)})
+        except (ValueError, TypeError, KeyError) as e:
+            parser.error(f"--config {config}, arm {arm}: {e}")
     ner = ner_tasks(base)
     if not ner:
         parser.error(f"--config {config}: no task of type ner (the study varies the NER loss)")
@@ -256,13 +266,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     main_cmp = reusable(src / "compare" / "nlu_main", a.methods, a.seeds, steps) if src and not a.no_reuse else None
     aggs: dict[str, dict[str, Any]] = {}
     sources: dict[str, str] = {}
-    run_dirs: dict[str, Path] = {}
     for red in a.reductions:
         if main_cmp is not None and red == config_arm(base):
             aggs[red], sources[red] = main_cmp, "Table 3's (nlu_main)"
-            run_dirs[red] = src / "compare" / "nlu_main"
             continue
-        run_dirs[red] = out / red
         cfg_path = out / "configs" / f"{red}.json"
         # paths of the config stay relative to its own folder (or the base_dir it names)
         where = str((config.parent / str(base.get("base_dir", ""))).resolve())
@@ -282,8 +289,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         aggs[red] = json.loads((out / red / "comparison.json").read_text(encoding="utf-8"))
         sources[red] = f"`{red}/`"
     summary = summarise(aggs, a.methods, ner)
-    metrics = {t["name"]: t.get("metric") or "f1" for t in base["tasks"] if t["name"] in ner}
-    curves = dev_curves(run_dirs, a.methods, a.seeds, {t: f"{t}/{metric}" for t, metric in metrics.items()})
+    curves = dev_curves(aggs, a.methods, ner)
     command = "python -m skillnet.experiments.loss_scale " + " ".join(argv if argv is not None else sys.argv[1:])
     (out / "loss_scale.json").write_text(json.dumps({"seeds": a.seeds, "ner_tasks": ner, **summary,
                                                      "dev_curves": curves}, indent=2) + "\n", encoding="utf-8")

@@ -108,8 +108,8 @@ def test_the_loss_scale_study_runs_at_tiny_size_and_writes_its_table(tmp_path, c
     assert "| method | NER loss | ner (f1) | average (all tasks) | runs |" in md
     assert "`sentence_mean` minus `token_mean`" in md
     # the NER dev curve of every run, read from its log: two evaluations of two seeds per method and arm
-    curve = res["dev_curves"]["skillnet"]["sentence_mean"]["ner"]
-    assert list(curve) == ["2", "4"] and all(len(v) == 2 for v in curve.values())
+    per_seed = res["dev_curves"]["skillnet"]["sentence_mean"]["ner"]
+    assert len(per_seed) == 2 and all([s for s, _ in c] == [2, 4] for c in per_seed)
     assert "| method | NER loss | task | step 2 | step 4 | flat |" in md
     # a config without an NER task: one error line
     d["tasks"] = [t for t in d["tasks"] if t["type"] != "ner"]
@@ -138,6 +138,11 @@ def test_the_study_reuses_table_3_only_at_the_same_seeds_and_steps(tmp_path):
 def test_a_dev_curve_is_flat_when_its_last_step_moves_less_than_the_seed_spread():
     from skillnet.experiments.loss_scale import flattened
 
-    assert flattened({600: [40.0, 44.0], 1200: [50.0, 52.0], 1800: [51.0, 53.0]}) is True  # moved 1.0, std 1.4
-    assert flattened({600: [40.0, 44.0], 1200: [50.0, 52.0], 1800: [55.0, 57.0]}) is False  # moved 5.0
-    assert flattened({1200: [50.0, 52.0]}) is None and flattened({600: [1.0], 1200: [2.0]}) is None
+    def seeds(*per_step: tuple[int, list[float]]) -> list[list[list[float]]]:  # {step: per-seed} -> per-seed curves
+        return [[[s, v[k]] for s, v in per_step if k < len(v)] for k in range(max(len(v) for _, v in per_step))]
+
+    assert flattened(seeds((600, [40.0, 44.0]), (1200, [50.0, 52.0]), (1800, [51.0, 53.0]))) is True  # 1.0 < 1.4
+    assert flattened(seeds((600, [40.0, 44.0]), (1200, [50.0, 52.0]), (1800, [55.0, 57.0]))) is False  # moved 5.0
+    assert flattened(seeds((1200, [50.0, 52.0]))) is None and flattened(seeds((600, [1.0]), (1200, [2.0]))) is None
+    # a seed cut short: the last two steps every seed reached decide (1200 -> 1800 here, not 1800 -> 2400)
+    assert flattened(seeds((1200, [50.0, 52.0]), (1800, [51.0, 53.0]), (2400, [60.0]))) is True

@@ -230,9 +230,10 @@ def test_where_ema_cannot_work_it_is_refused_in_one_line(tmp_path: Path) -> None
     task = {"name": "t", "type": "classification", "train": "t.jsonl", "skills": ["s1", "s7"]}
     with pytest.raises(ConfigError, match="train: task_grad_norm ema needs grad_accum 1"):
         FinetuneConfig.from_dict({"tasks": [task], "train": {"task_grad_norm": "ema", "grad_accum": 4}})
-    # accumulation derived at launch (here batch_size over micro_batch_size; or a DeepSpeed JSON's)
-    with pytest.raises(DsConfigError, match="this run accumulates 2"):
+    # accumulation implied by batch_size over micro_batch_size: refused with the config
+    with pytest.raises(ValueError, match=r"needs grad_accum 1 .*got 2"):
         _trainer(tmp_path, task_grad_norm="ema", grad_accum=None, batch_size=16)
+
     fp32_no_zero = SimpleNamespace(zero_optimization_stage=lambda: 0, fp16_enabled=lambda: False,
                                    bfloat16_enabled=lambda: False, get_global_grad_norm=lambda: None)
     with pytest.raises(DsConfigError, match="keeps no global gradient norm"):
@@ -240,9 +241,13 @@ def test_where_ema_cannot_work_it_is_refused_in_one_line(tmp_path: Path) -> None
     zero2 = SimpleNamespace(**{**fp32_no_zero.__dict__, "zero_optimization_stage": lambda: 2})
     bal = build_task_balance(_cfg(tmp_path, task_grad_norm="ema"), zero2)
     assert bal is not None and build_task_balance(_cfg(tmp_path), zero2) is None
+    no_norm = SimpleNamespace(**{**zero2.__dict__, "optimizer": SimpleNamespace(compute_grad_norm=False)})
+    with pytest.raises(DsConfigError, match="computes no global gradient norm .*compute_grad_norm false"):
+        build_task_balance(_cfg(tmp_path, task_grad_norm="ema"), no_norm)  # at start, not at the first step
+    assert build_task_balance(_cfg(tmp_path), no_norm) is None  # off needs no norm
     bal.scale("a", torch.tensor(1.0))
     with pytest.raises(DsConfigError, match="reported no gradient norm"):
-        bal.observe(None)  # compute_grad_norm false: DeepSpeed's get_global_grad_norm() is None
+        bal.observe(None)  # an engine that still reports none at a step
 
 
 def test_the_finetune_command_shows_the_option_with_its_default(capsys: pytest.CaptureFixture[str]) -> None:
@@ -260,35 +265,45 @@ import json, sys
 from skillnet.training import DsConfigError, TrainConfig, Trainer
 from tests.test_task_grad_norm import SharedModel, TwoTaskSource, _steps, scaled_b
 
-out, zero2, zero0 = sys.argv[1:4]
+out, zero2, zero0, no_norm = sys.argv[1:5]
 common = dict(max_steps=9, lr=1e-3, progress=False, tensorboard=False, skill_drift=False, task_grad_norm="ema")
 t = Trainer(SharedModel(), TwoTaskSource(), TrainConfig(output_dir=out + "/z2", ds_config=zero2, **common),
             loss_fn=scaled_b)
 rows = _steps(t, 9)
-try:
-    Trainer(SharedModel(), TwoTaskSource(), TrainConfig(output_dir=out + "/z0", ds_config=zero0, **common))
-    refused = None
-except DsConfigError as e:
-    refused = str(e)
-print("RESULT " + json.dumps({"rows": rows, "zero": t.zero_stage, "refused": refused}))
+
+
+def refusal(name, ds):
+    try:
+        Trainer(SharedModel(), TwoTaskSource(), TrainConfig(output_dir=out + "/" + name, ds_config=ds, **common))
+        return None
+    except DsConfigError as e:
+        return str(e)
+
+
+print("RESULT " + json.dumps({"rows": rows, "zero": t.zero_stage, "refused": refusal("z0", zero0),
+                              "refused_no_norm": refusal("no_norm", no_norm)}))
 """
 
 
 def test_deepspeed_reads_the_engines_norm_and_refuses_an_engine_without_one(tmp_path: Path) -> None:
     """One rank of ZeRO-2 (CPU fp32, its own process: DeepSpeed initialises torch.distributed) takes the factors
-    and norms the plain path takes, from engine.get_global_grad_norm(); fp32 without ZeRO keeps no norm and is
-    refused at start, in one line."""
+    and norms the plain path takes, from engine.get_global_grad_norm(); fp32 without ZeRO keeps no norm, nor does
+    ZeRO with compute_grad_norm false: both are refused at start (building the Trainer), in one line."""
     import subprocess
     import sys
 
     from tests.fixtures.pretrain.helpers import REPO, subprocess_env
 
     base = json.loads((REPO / "ds_configs" / "cpu_fp32.json").read_text())
-    zero2, zero0 = tmp_path / "zero2.json", tmp_path / "zero0.json"
+    zero2, zero0, no_norm = tmp_path / "zero2.json", tmp_path / "zero0.json", tmp_path / "no_norm.json"
     zero2.write_text(json.dumps(base))
     zero0.write_text(json.dumps({**base, "zero_optimization": {"stage": 0}}))
+    # DeepSpeed takes compute_grad_norm false only without clipping
+    no_norm.write_text(json.dumps({**base, "gradient_clipping": 0.0,
+                                   "zero_optimization": {**base["zero_optimization"], "compute_grad_norm": False}}))
     env = {k: v for k, v in subprocess_env().items() if k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE")}
-    r = subprocess.run([sys.executable, "-c", DS_RUN, str(tmp_path), str(zero2), str(zero0)], cwd=REPO, env=env,
+    r = subprocess.run([sys.executable, "-c", DS_RUN, str(tmp_path), str(zero2), str(zero0), str(no_norm)], cwd=REPO,
+                       env=env,
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
     got = json.loads(next(x for x in r.stdout.splitlines() if x.startswith("RESULT "))[7:])
@@ -299,6 +314,8 @@ def test_deepspeed_reads_the_engines_norm_and_refuses_an_engine_without_one(tmp_
         assert [x[key] for x in got["rows"]] == pytest.approx([x[key] for x in plain], rel=1e-5), key
     assert any(abs(x["grad_scale"] - 1) > 0.5 for x in got["rows"])
     assert "keeps no global gradient norm (fp32 without ZeRO)" in (got["refused"] or "")
+    assert "computes no global gradient norm (zero_optimization.compute_grad_norm false)" in (
+        got["refused_no_norm"] or "")
 
 
 def test_the_loss_scale_study_runs_the_ema_arm_beside_a_reduction(tmp_path: Path) -> None:
@@ -327,7 +344,19 @@ def test_the_loss_scale_study_runs_the_ema_arm_beside_a_reduction(tmp_path: Path
         else:
             assert {k.split("/")[0] for r in log for k in r if k.endswith("/grad_scale")} == {"sentiment", "ner",
                                                                                              "qa_match"}
-            assert scales[:3] == [1.0, 1.0, 1.0] and all(abs(v - 1) > 1e-3 for v in scales[3:]), scales
+            # by the definition, whatever order the sampler draws the tasks in: a step's factor is 1 exactly when
+            # it is its task's first step or fewer than two tasks were measured before it (log_every 1: one
+            # step, one task per row)
+            steps = [(k.split("/")[0], v) for r in log for k, v in r.items() if k.endswith("/grad_scale")]
+            assert len(steps) == len([r for r in log if any(k.endswith("/grad_scale") for k in r)]) == 6
+            seen: set[str] = set()
+            for task, v in steps:
+                if task not in seen or len(seen) < 2:
+                    assert v == 1.0, steps
+                else:
+                    assert abs(v - 1) > 1e-3, steps
+                seen.add(task)
+            assert any(v != 1.0 for _, v in steps), steps
     assert "`token_mean+ema` minus `token_mean`" in (out / "loss_scale.md").read_text()
     res = json.loads((out / "loss_scale.json").read_text())
     assert set(res["scores"]["dense_joint"]) == {"token_mean", "token_mean+ema"}
@@ -344,11 +373,17 @@ def test_the_study_names_each_configs_arm_and_refuses_ema_with_accumulation(tmp_
     assert plain["train"] == {"lr": 1e-3} and loss_scale.config_arm(plain) == "sentence_mean"
     assert loss_scale.config_arm(loss_scale.with_arm(plain, "sentence_mean+ema")) == "sentence_mean+ema"
     path = tmp_path / "cfg.json"
-    path.write_text(json.dumps({"tasks": [{"name": "ner", "type": "ner"}], "train": {"grad_accum": 2}}))
-    with pytest.raises(SystemExit):
-        loss_scale.main(["--config", str(path), "--arms", "token_mean", "token_mean+ema", "--out", str(tmp_path / "o")])
-    assert "train.grad_accum 2, but per-task gradient normalisation (+ema arms) needs one micro-batch" in (
-        capsys.readouterr().err)
+    ner = {"name": "ner", "type": "ner", "train": "t.jsonl", "skills": ["s2", "s7"]}
+    # accumulation given, or implied by batch_size over micro_batch_size: refused before any arm runs
+    for train, accum in (({"grad_accum": 2}, 2), ({"batch_size": 16, "micro_batch_size": 8}, 2)):
+        path.write_text(json.dumps({"tasks": [ner], "train": train}))
+        with pytest.raises(SystemExit):
+            loss_scale.main(["--config", str(path), "--arms", "token_mean", "token_mean+ema", "--out",
+                             str(tmp_path / "o")])
+        err = capsys.readouterr().err
+        assert "arm token_mean+ema: " in err and f"task_grad_norm ema needs grad_accum 1 (a step's gradient norm " \
+               f"is then one task's), got {accum}" in err, err
+        assert not (tmp_path / "o" / "token_mean").exists()
 
 
 def test_a_finetune_run_from_before_the_option_is_still_this_configurations_run(tmp_path: Path) -> None:

@@ -161,9 +161,15 @@ class TrainConfig:
         if self.warmup_ratio is not None and self.warmup_steps:
             raise ValueError(f"warmup_steps ({self.warmup_steps}) and warmup_ratio ({self.warmup_ratio}) both set; "
                              f"give one")
-        if self.task_grad_norm != "off" and self.grad_accum not in (None, 1):
-            raise ValueError(f"task_grad_norm {self.task_grad_norm} needs grad_accum 1 (a step's gradient norm is then "
-                             f"one task's), got {self.grad_accum}")
+        if self.task_grad_norm != "off":
+            # the accumulation given, or the one batch_size / micro_batch_size imply (a DeepSpeed JSON's is
+            # checked when the trainer starts)
+            accum = self.grad_accum
+            if accum is None and self.batch_size and self.micro_batch_size:
+                accum = self.batch_size // self.micro_batch_size
+            if accum not in (None, 1):
+                raise ValueError(f"task_grad_norm {self.task_grad_norm} needs grad_accum 1 (a step's gradient norm is "
+                                 f"then one task's), got {accum}")
 
     def resolved_warmup(self) -> int:
         """Warm-up steps: ``warmup_steps``, or ``warmup_ratio`` of ``max_steps``."""
