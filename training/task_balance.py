@@ -108,7 +108,7 @@ TASK_GRAD_NORMS: dict[str, type[EmaTaskGradNorm] | None] = {"off": None, "ema": 
 def build_task_balance(cfg: TrainConfig, engine: Any = None) -> TaskBalance | None:
     """The balancer ``cfg.task_grad_norm`` names for a trainer whose config is resolved (``prepare``), or None
     for "off". DsConfigError (one line) where it cannot work: more than one micro-batch per step, or a
-    DeepSpeed engine that keeps no global gradient norm."""
+    DeepSpeed engine that keeps no global gradient norm (fp32 without ZeRO, or ZeRO told not to compute it)."""
     kind = TASK_GRAD_NORMS[cfg.task_grad_norm]
     if kind is None:
         return None
@@ -127,4 +127,10 @@ def build_task_balance(cfg: TrainConfig, engine: Any = None) -> TaskBalance | No
                 f"task_grad_norm {cfg.task_grad_norm}: this DeepSpeed engine keeps no global gradient norm (fp32 "
                 f"without ZeRO); use a ZeRO stage (e.g. ds_configs/zero2.json), run without DeepSpeed, or use "
                 f"task_grad_norm off")
+        # ZeRO 1/2 with zero_optimization.compute_grad_norm false skips the norm (DeepSpeed 0.19): refused at
+        # start, not at the first step's observe after the whole launch's set-up
+        if getattr(getattr(engine, "optimizer", None), "compute_grad_norm", True) is False:
+            raise DsConfigError(
+                f"task_grad_norm {cfg.task_grad_norm}: this DeepSpeed engine computes no global gradient norm "
+                f"(zero_optimization.compute_grad_norm false); turn it on, or use task_grad_norm off")
     return kind()
