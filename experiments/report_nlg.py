@@ -209,6 +209,13 @@ def correction_tasks(cmp: dict[str, Any]) -> list[str]:
     return [t for t in cmp["tasks"] if first["tasks"].get(t, {}).get("metric") in CORRECTION_METRICS]
 
 
+def f05_zero_rows(cmp: dict[str, Any], task: str) -> list[str]:
+    """The comparison's rows whose test F0.5 on a correction task is 0: the one definition the detection finding
+    and the samples of zero rows share. Scores are non-negative, so a mean of 0 is every seed at 0; the
+    comparison's, not the seed folders', so that a seed folder the comparison does not count changes nothing."""
+    return [m for m, r in cmp["methods"].items() if r.get("tasks", {}).get(task, {}).get("mean") == 0]
+
+
 def _mean(values: list[float]) -> str:
     return f"{sum(values) / len(values):.1f}" if values else "-"
 
@@ -217,7 +224,7 @@ def detection_table(doc: Document, cmp: dict[str, Any], run_dir: Path, findings:
     """Beside a correction task's F0.5, per row: the detection scores of its test outputs (mean over seeds), and a
     finding for the rows whose F0.5 is 0: do they find the wrong characters at all?"""
     for t in correction_tasks(cmp):
-        rows, zero = [], {}
+        rows, zero, zero_rows = [], {}, f05_zero_rows(cmp, t)
         for m in cmp["methods"]:
             det = diagnostics(run_dir, m, t, "det_f0.5")
             if not det:  # a run from before the detection scores
@@ -225,7 +232,7 @@ def detection_table(doc: Document, cmp: dict[str, Any], run_dir: Path, findings:
             f05 = diagnostics(run_dir, m, t, "f0.5")
             cells = [_mean(diagnostics(run_dir, m, t, k)) for k in ("det_p", "det_r", "sent_det_f1", "sent_cor_f1")]
             rows.append([m, _mean(f05), _mean(det), f"{cells[0]} / {cells[1]}", *cells[2:]])
-            if f05 and not any(f05):
+            if m in zero_rows:
                 zero[m] = sum(det) / len(det)
         if not rows:
             continue
@@ -258,8 +265,7 @@ def correction_samples(doc: Document, cmp: dict[str, Any], by_row: dict[str, dic
     each row whose F0.5 is 0 (first seed): where it edits, against where it should (the samples above may all
     be sentences without an error)."""
     for t in correction_tasks(cmp):
-        zero = [m for m in by_row
-                if t in by_row[m] and cmp["methods"].get(m, {}).get("tasks", {}).get(t, {}).get("mean") == 0]
+        zero = [m for m in f05_zero_rows(cmp, t) if t in by_row.get(m, {})]
         if not zero:
             continue
         items = by_row[zero[0]][t]

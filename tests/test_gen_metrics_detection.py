@@ -209,3 +209,32 @@ def test_report_shows_detection_beside_f05_and_the_inputs_with_an_error(tmp_path
     assert rows["csc: F0.5 > 0 (`skillnet`)"][1:] == [
         "0.0", "**missed**", "detection F0.5 25.0, sentence-level detection F1 5.0: it finds wrong characters but "
         "writes the wrong ones"]
+
+
+def test_the_finding_and_the_samples_call_the_same_rows_f05_zero(tmp_path: Path) -> None:
+    """One definition of "F0.5 is 0" (the comparison's): a stale seed folder the comparison does not count (seed 2
+    of `skillnet`, F0.5 12) changes neither which rows the finding counts nor which the samples show."""
+    from skillnet.experiments.report_nlg import correction_samples, detection_table, f05_zero_rows, samples
+    from skillnet.finetune.document import Document
+
+    run_dir = tmp_path / "nlg_main"
+    nlg = _write_csc_runs(run_dir)
+    stale = run_dir / "skillnet" / "seed2"
+    stale.mkdir()
+    test = {"f0.5": 12.0, "det_f0.5": 30.0, "det_p": 30.0, "det_r": 30.0, "sent_det_f1": 5.0, "sent_cor_f1": 5.0}
+    (stale / "results.json").write_text(json.dumps({"tasks": {"csc": {"metric": "f0.5", "test": test}}}),
+                                        encoding="utf-8")
+    assert f05_zero_rows(nlg, "csc") == ["skillnet", "dense_joint"]
+    doc, findings = Document(), []
+    detection_table(doc, nlg, run_dir, findings)
+    correction_samples(doc, nlg, samples(doc, run_dir))
+    text = doc.markdown(lambda p: str(p))
+    assert len(findings) == 1 and findings[0].startswith("csc: F0.5 is 0 in 2 of 2 rows"), findings
+    assert "| skillnet | 我朋有打算去法国 (3 唷→有) |" in text and "| dense_joint | 我们打算去法国 (2 朋唷→们) |" in text
+    # a row above 0 in the comparison is neither
+    nlg["methods"]["skillnet"]["tasks"]["csc"]["mean"] = 0.5
+    assert f05_zero_rows(nlg, "csc") == ["dense_joint"]
+    doc, findings = Document(), []
+    detection_table(doc, nlg, run_dir, findings)
+    correction_samples(doc, nlg, samples(doc, run_dir))
+    assert findings[0].startswith("csc: F0.5 is 0 in 1 of 2 rows") and "(3 唷→有)" not in doc.markdown(str)
