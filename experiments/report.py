@@ -16,7 +16,7 @@ from skillnet.experiments.nlg import nlg_train_tasks
 from skillnet.experiments.nlu import NLU_TASKS
 from skillnet.experiments.report_nlg import nlg_part
 from skillnet.experiments.report_nlu import nlu_part
-from skillnet.experiments.runner import REPO
+from skillnet.experiments.runner import PRETRAIN_RUNS, REPO, paths, tokens_seen
 from skillnet.experiments.tables import load
 from skillnet.experiments.targets import targets_section
 from skillnet.finetune.document import Document, copied_to
@@ -158,6 +158,10 @@ def tail(doc: Document, out: Path, stages: list[Any], records: dict[str, Any], f
         if pic:
             doc.img(pic, caption + ": loss, accuracy and objective mix per step")
     floors = []
+
+    def seen(stage: str) -> float | None:  # from the run's own log, whenever its stage record was written
+        return tokens_seen(paths(out)[PRETRAIN_RUNS[stage]] / "log.jsonl") if stage in PRETRAIN_RUNS else None
+
     for s in stages:
         rec = (records.get(s.name) or {}).get("info") or {}
         if "floor" in rec:
@@ -169,7 +173,7 @@ def tail(doc: Document, out: Path, stages: list[Any], records: dict[str, Any], f
             floors.append([s.name, f"`{rec['floor_key']}`", "-" if v is None else f"{v:.3f}",
                            *([(before_floors or {}).get(s.name, "-")] if before_floors else []),
                            "-" if base is None else f"{base:.3f} ({rec.get('heldout_masked') or 0:,} masked tokens)",
-                           f"{rec['floor']:g}", tokens_text(rec.get("tokens_seen")), verdict])
+                           f"{rec['floor']:g}", tokens_text(seen(s.name)), verdict])
     if floors:
         doc.p("Before any fine-tuning, each pre-trained model is checked against a floor below which it has not "
               "left the initialisation plateau (the derivation is in `skillnet.experiments.runner.FLOORS`): the "

@@ -151,6 +151,10 @@ FLOORS: dict[str, tuple[str, float, str]] = {  # stage -> (what is measured, flo
 }
 
 
+# The pre-training stages' run folders (keys of `paths`): the report reads their logs.
+PRETRAIN_RUNS = {"dense_pt": "dense", "sparse_pt": "sparse", "bart_pt": "bart"}
+
+
 def mlm_heldout(r: Runner, hf: Path, run_dir: Path) -> None:
     """Measure the exported BERT `hf` on the held-out shards into `run_dir`/heldout_mlm.json (check_floor)."""
     P = paths(r.out)
@@ -221,7 +225,6 @@ def check_floor(r: Runner, run_dir: Path) -> dict[str, Any]:
         value = last_logged(run_dir / "log.jsonl", key)
         what += " over the last logged steps"
         source = run_dir / "log.jsonl"
-    rec["tokens_seen"] = tokens_seen(run_dir / "log.jsonl")
     rec.update({"floor": round(floor, 4), "floor_value": value, "floor_passed": value is not None and value >= floor,
                 "floor_enforced": r.p.enforce_floors})
     if not rec["floor_passed"]:

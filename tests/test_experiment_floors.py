@@ -64,12 +64,3 @@ def test_tokens_seen_sums_each_windows_real_tokens_and_counts_a_relogged_step_on
     # windows 0-100, 100-150, 150-200: 100 steps x 1000 tokens, 50 x 500, 50 x 1500
     assert tokens_seen(tmp_path / "log.jsonl") == pytest.approx(100_000 + 25_000 + 75_000)
     assert tokens_seen(tmp_path / "missing.jsonl") is None
-
-
-def test_the_floor_record_carries_the_tokens_seen(tmp_path: Path) -> None:
-    r = Runner(tmp_path / "out", PROFILES["full"])
-    r.stage = "bart_pt"
-    _log(tmp_path / "pt_bart", [0.6, 0.7, 0.8])
-    with (tmp_path / "pt_bart" / "log.jsonl").open("a", encoding="utf-8") as f:
-        f.write(json.dumps({"step": 10, "real_tokens_per_s": 100.0, "seconds_per_step": 2.0, "split": "train"}) + "\n")
-    assert check_floor(r, tmp_path / "pt_bart")["tokens_seen"] == pytest.approx(2000.0)

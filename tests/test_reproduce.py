@@ -540,8 +540,11 @@ def test_a_rerun_shows_each_pretrained_models_value_beside_the_report_it_replace
 
     def record(value: float, tokens: float) -> None:
         info = {"floor_key": "held-out mlm acc", "floor": 0.1429, "floor_value": value, "floor_passed": True,
-                "floor_enforced": True, "heldout_baseline_acc": 0.133, "heldout_masked": 9591, "tokens_seen": tokens}
+                "floor_enforced": True, "heldout_baseline_acc": 0.133, "heldout_masked": 9591}
         (tmp_path / "stages" / "dense_pt.json").write_text(json.dumps({"seconds": 60.0, "commands": [], "info": info}))
+        (tmp_path / "pt_dense").mkdir(exist_ok=True)  # tokens seen: from the run's log (1,000 steps of 1 s)
+        (tmp_path / "pt_dense" / "log.jsonl").write_text(json.dumps(
+            {"step": 1000, "real_tokens_per_s": tokens / 1000, "seconds_per_step": 1.0, "split": "train"}) + "\n")
 
     report = tmp_path / "r.md"
     record(0.148, 11.7e6)
