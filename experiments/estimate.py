@@ -170,6 +170,8 @@ def estimate(p: Profile) -> list[dict[str, Any]]:
     flops = {
         "dense_pt": p.dense_pt_steps * pt_tokens * bert_flops_per_token(bert, p.pt_seq, 1, mlm=True),
         "sparse_pt": p.sparse_pt_steps * pt_tokens * bert_flops_per_token(bert, p.pt_seq, pretrain_ffns(), mlm=True),
+        "nlu_loss_scale": nlu_runs(["dense_joint", "skillnet"] * len(p.loss_scale_arms), p.seeds,
+                                   p.loss_scale_steps or p.nlu_steps),
         "nlu_main": nlu_runs(p.nlu_methods, p.seeds, p.nlu_steps),
         "nlu_ablate": nlu_runs(["skillnet"] * (1 + len(p.ablate)), p.side_seeds, p.nlu_side_steps or p.nlu_steps),
         "nlu_alpha": nlu_runs(["skillnet"] * len(p.alphas), p.side_seeds, p.nlu_side_steps or p.nlu_steps),

@@ -202,30 +202,32 @@ def curve_table(doc: Document, curves: dict[str, dict[str, dict[str, list[list[l
     doc.table(["method", "NER loss", "task", *(f"step {s}" for s in steps), "flat"], rows)
 
 
-def document(summary: dict[str, Any], ner: list[str], seeds: list[int], sources: dict[str, str], command: str,
-             curves: dict[str, dict[str, dict[str, list[list[list[float]]]]]] | None = None) -> Document:
-    doc = Document()
-    doc.h(1, "The CRF loss's scale in joint training")
-    doc.p(f"Written by `{command}`. Test scores, mean ± std over seeds {seeds}, one checkpoint per run (selected by "
-          "the mean dev score over tasks). `token_mean`: the NER loss per word; `sentence_mean`: per sentence, as "
-          "the other heads average theirs (its gradient is `token_mean`'s times the mean words per sentence); "
-          "`+ema`: with per-task gradient normalisation (`train.task_grad_norm` `ema`: each task's loss scaled so "
-          "that its gradient norm meets the mean over tasks).")
+def write_section(doc: Document, study: dict[str, Any], level: int = 1,
+                  title: str = "The CRF loss's scale in joint training") -> None:
+    """The study's tables, from its loss_scale.json (this module's own file, and the reproduction report's)."""
+    ner, seeds, sources = study["ner_tasks"], study["seeds"], study.get("sources", {})
+    doc.h(level, title)
+    budget = f" Every run trains {study['steps']:,} steps." if study.get("steps") else ""
+    doc.p(f"Written by `{study.get('command', 'python -m skillnet.experiments.loss_scale')}`.{budget} Test scores, "
+          f"mean ± std over seeds {seeds}, one checkpoint per run (selected by the mean dev score over tasks). "
+          "`token_mean`: the NER loss per word; `sentence_mean`: per sentence, as the other heads average theirs "
+          "(its gradient is `token_mean`'s times the mean words per sentence); `+ema`: with per-task gradient "
+          "normalisation (`train.task_grad_norm` `ema`: each task's loss scaled so that its gradient norm meets the "
+          "mean over tasks).")
     n = len(seeds)
     head = ["method", "NER loss", *(f"{t} (f1)" for t in ner), "average (all tasks)", "runs"]
     rows = []
-    for m, per in summary["scores"].items():
+    for m, per in study["scores"].items():
         for red, s in per.items():
             rows.append([m, f"`{red}`", *(f"{s[t]['mean']:.1f} ± {s[t]['std']:.1f}" for t in ner),
-                         f"{s['average']['mean']:.1f} ± {s['average']['std']:.1f}", sources[red]])
+                         f"{s['average']['mean']:.1f} ± {s['average']['std']:.1f}", sources.get(red, "-")])
     doc.table(head, rows)
-    ref = summary["reference"]
+    ref = study["reference"]
     doc.p(f"Differences from `{ref}`, paired over seeds:")
     doc.table(["method", "NER loss", *ner, "average"],
               [[m, f"`{red}` minus `{ref}`", *(verdict(d[k]["diff"], d[k]["p"], n) for k in [*ner, "average"])]
-               for m, per in summary["differences"].items() for red, d in per.items()])
-    curve_table(doc, curves or {})
-    return doc
+               for m, per in study["differences"].items() for red, d in per.items()])
+    curve_table(doc, study.get("dev_curves") or {})
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -291,9 +293,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     summary = summarise(aggs, a.methods, ner)
     curves = dev_curves(aggs, a.methods, ner)
     command = "python -m skillnet.experiments.loss_scale " + " ".join(argv if argv is not None else sys.argv[1:])
-    (out / "loss_scale.json").write_text(json.dumps({"seeds": a.seeds, "ner_tasks": ner, **summary,
-                                                     "dev_curves": curves}, indent=2) + "\n", encoding="utf-8")
-    md = document(summary, ner, a.seeds, sources, command, curves).markdown()
+    study = {"seeds": a.seeds, "ner_tasks": ner, "steps": steps, "command": command, "sources": sources, **summary,
+             "dev_curves": curves}
+    (out / "loss_scale.json").write_text(json.dumps(study, indent=2) + "\n", encoding="utf-8")
+    doc = Document()
+    write_section(doc, study)
+    md = doc.markdown()
     (out / "loss_scale.md").write_text(md, encoding="utf-8")
     print(md)
     print(f"[loss_scale] table: {out / 'loss_scale.md'}", file=sys.stderr)

@@ -139,6 +139,24 @@ def nlu_config(r: Runner, tasks: dict[str, dict[str, Any]], steps: int, name: st
     return write_config(r, name, d)
 
 
+def stage_nlu_loss_scale(r: Runner) -> dict[str, Any]:
+    """The NER loss's scale in joint training (issue 49): dense joint from the dense BERT and SkillNet from the
+    sparse one, under each of the profile's arms (CRF loss per word or per sentence, with or without per-task
+    gradient normalisation), over the seeds, at loss_scale_steps; the report gives its table and dev curves."""
+    P = paths(r.out)
+    cfg = nlu_config(r, {n: t for n, (_, _, t) in NLU_TASKS.items()}, r.p.loss_scale_steps or r.p.nlu_steps,
+                     "nlu_loss_scale")
+    out = r.out / "loss_scale"
+    cmd = [PY, "-m", "skillnet.experiments.loss_scale", "--config", str(cfg), "--init", str(P["dense_hf"]),
+           "--init-for", f"skillnet={P['sparse_hf']}", "--methods", "dense_joint", "skillnet",
+           "--arms", *r.p.loss_scale_arms, "--seeds", *map(str, r.p.seeds), "--out", str(out),
+           "--jobs", str(r.p.jobs)]
+    if r.p.threads:
+        cmd += ["--threads", str(r.p.threads)]
+    r.run(cmd, check_file=out / "loss_scale.json")
+    return {}
+
+
 def stage_nlu_main(r: Runner) -> dict[str, Any]:
     """Table 3: the baselines start from the dense BERT (as the paper's), SkillNet from the sparse pre-trained
     model, and its "w/o sparse pre-training" row (skillnet_dense) from the dense BERT."""

@@ -91,6 +91,10 @@ class Profile:
     # The steps of the single-seed NLU side studies (ablation, sampling alpha); default nlu_steps. Each side
     # study compares rows of one method among themselves.
     nlu_side_steps: int | None = None
+    # The NER loss-scale study (experiments/loss_scale.py, stage nlu_loss_scale): its arms, run by dense joint and
+    # SkillNet over `seeds` at loss_scale_steps (default nlu_steps) before Table 3, whose NER loss is the winner's.
+    loss_scale_arms: list[str] = field(default_factory=lambda: ["token_mean", "sentence_mean", "token_mean+ema"])
+    loss_scale_steps: int | None = None
     # max_seq_len of NLU tasks, by name, where it must not be fitted to the data (experiments/nlu.py
     # task_seq_len: the length that holds 95% of a task's training examples, at most the model's positions)
     nlu_seq_len: dict[str, int] = field(default_factory=dict)

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from skillnet.data_prep.tasks.lengths import WARN_CUT_SHARE
+from skillnet.experiments.loss_scale import write_section
 from skillnet.experiments.tables import (
     NLU_ROWS,
     NLU_STAND_INS,
@@ -18,6 +19,7 @@ from skillnet.experiments.tables import (
     differences,
     exported_positions,
     line_plot,
+    load,
     n_seeds,
     same_task_sets,
     score_table,
@@ -82,6 +84,10 @@ def nlu_part(doc: Document, cmps: dict[str, Any], cmp_dir: Path, out: Path, find
         doc.img(cmp_dir / "nlu_main" / "skill_map.png", "The learned task-skill map (learnable, first seed)")
     else:
         doc.p("Not run yet (stage nlu_main).")
+
+    study = load(out / "loss_scale" / "loss_scale.json")
+    if study:  # stage nlu_loss_scale: its winner is the NER loss of every table here
+        write_section(doc, study, 2, "SkillNet-NLU: the NER loss's scale in joint training")
 
     doc.h(2, "Adaptation to a new task (Tables 4 and 5 layout)")
     if cmps["nlu_adapt"]:

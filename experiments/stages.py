@@ -14,6 +14,7 @@ from skillnet.experiments.nlu import (
     stage_nlu_ablate,
     stage_nlu_adapt,
     stage_nlu_alpha,
+    stage_nlu_loss_scale,
     stage_nlu_main,
     stage_nlu_tasks,
     stage_sparse_pt,
@@ -28,6 +29,7 @@ STAGES: list[Stage] = [
     Stage("shards", "WordPiece -> memory-mapped shards", stage_shards),
     Stage("dense_pt", "dense MLM pre-training (BERT)", stage_dense_pt),
     Stage("sparse_pt", "sparse MLM+NSP pre-training, 2 ranks, DeepSpeed", stage_sparse_pt),
+    Stage("nlu_loss_scale", "NER loss scale in joint training (dense joint, SkillNet)", stage_nlu_loss_scale),
     Stage("nlu_main", "NLU methods compared (Table 3)", stage_nlu_main),
     Stage("nlu_ablate", "skill ablation (Table 6)", stage_nlu_ablate),
     Stage("nlu_alpha", "task sampling alpha (Figure 3)", stage_nlu_alpha),
@@ -39,7 +41,8 @@ STAGES: list[Stage] = [
 ]
 
 
-_NLU = ["corpus", "nlu_tasks", "vocab", "shards", "dense_pt", "sparse_pt", "nlu_main", "nlu_ablate", "nlu_alpha", "nlu_adapt"]
+_NLU = ["corpus", "nlu_tasks", "vocab", "shards", "dense_pt", "sparse_pt", "nlu_loss_scale", "nlu_main", "nlu_ablate",
+        "nlu_alpha", "nlu_adapt"]
 _NLG = ["corpus", "nlg_tasks", "vocab", "shards", "bart_pt", "nlg_main", "nlg_temp", "nlg_adapt"]
 PARTS: dict[str, tuple[str, tuple[str, ...], list[str]]] = {  # part -> (report file, report parts, stages)
     "all": ("report.md", ("nlu", "nlg"), [s.name for s in STAGES]),

@@ -146,3 +146,33 @@ def test_a_dev_curve_is_flat_when_its_last_step_moves_less_than_the_seed_spread(
     assert flattened(seeds((1200, [50.0, 52.0]))) is None and flattened(seeds((600, [1.0]), (1200, [2.0]))) is None
     # a seed cut short: the last two steps every seed reached decide (1200 -> 1800 here, not 1800 -> 2400)
     assert flattened(seeds((1200, [50.0, 52.0]), (1800, [51.0, 53.0]), (2400, [60.0]))) is True
+
+
+def test_the_reproduction_runs_the_study_as_a_stage_and_its_report_shows_it(tmp_path):
+    """Stage nlu_loss_scale runs the study before Table 3 (its own config at loss_scale_steps); the report's NLU
+    part renders the study's loss_scale.json: scores per method and arm, the paired differences, the dev curves."""
+    from skillnet.experiments.profiles import PROFILES
+    from skillnet.experiments.report import build
+    from skillnet.experiments.stages import PARTS, STAGES
+
+    names = [s.name for s in STAGES]
+    assert names.index("sparse_pt") < names.index("nlu_loss_scale") < names.index("nlu_main")
+    assert "nlu_loss_scale" in PARTS["nlu"][2] and "nlu_loss_scale" not in PARTS["nlg"][2]
+    ms = {"values": [50.0, 52.0], "mean": 51.0, "std": 1.4}
+    study = {"seeds": [0, 1], "ner_tasks": ["ner"], "steps": 2400, "command": "python -m skillnet.experiments.loss_scale X",
+             "sources": {"token_mean": "`token_mean/`", "sentence_mean": "`sentence_mean/`"}, "reference": "token_mean",
+             "scores": {"skillnet": {a: {"ner": ms, "average": ms} for a in ("token_mean", "sentence_mean")}},
+             "differences": {"skillnet": {"sentence_mean": {"ner": {"diff": 3.0, "p": 0.04},
+                                                            "average": {"diff": 1.0, "p": 0.3}}}},
+             "dev_curves": {"skillnet": {"token_mean": {"ner": [[[600, 40.0], [1200, 50.0]], [[600, 42.0], [1200, 52.0]]]}}}}
+    (tmp_path / "loss_scale").mkdir()
+    (tmp_path / "loss_scale" / "loss_scale.json").write_text(json.dumps(study))
+    stages = [s for s in STAGES if s.name == "nlu_loss_scale"]
+    report = tmp_path / "r.md"
+    build(tmp_path, PROFILES["quick"], stages, report, "t", ("nlu",))
+    md = report.read_text()
+    section = md.split("## SkillNet-NLU: the NER loss's scale in joint training")[1].split("\n## ")[0]
+    assert "Every run trains 2,400 steps." in section and "python -m skillnet.experiments.loss_scale X" in section
+    assert "| skillnet | `sentence_mean` | 51.0 ± 1.4 | 51.0 ± 1.4 | `sentence_mean/` |" in section
+    assert "`sentence_mean` minus `token_mean`" in section
+    assert "| skillnet | `token_mean` | ner | 41.0 ± 1.4 | 51.0 ± 1.4 | no, rising |" in section
