@@ -10,7 +10,7 @@ help:
 	@echo "make test    setup, then run the whole test suite (unit + integration, CPU fp32)"
 	@echo "make slurm   install Debian's slurm-wlm + munge (root on Debian) for the real-Slurm tests (make test does)"
 	@echo "make demo    setup, then the quick reproduction (~4 min): every stage on packaged Chinese data, a report"
-	@echo "make reproduce  setup, then the full CPU reproduction (~5.5 h, resumable): docs/report.md"
+	@echo "make reproduce  setup, then the full CPU reproduction (~6.5 h, estimated; resumable): docs/report.md"
 	@echo "make lint    ruff"
 	@echo "make bench   run the benchmark scripts (slow)"
 

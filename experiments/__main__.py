@@ -54,7 +54,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0],
                                 epilog=__doc__.split("\n\n", 1)[1], formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--profile", choices=list(PROFILES), default="full",
-                   help="sizes and budgets: quick (~4 min, CPU), full (~5.5 h, CPU), scale (BERT-base/BART-base, GPUs)"
+                   help="sizes and budgets: quick (~4 min, CPU), full (~6.5 h, CPU), scale (BERT-base/BART-base, GPUs)"
                         " (default: %(default)s)")
     p.add_argument("--quick", action="store_true", help="same as --profile quick")
     p.add_argument("--part", choices=list(PARTS), default="all",

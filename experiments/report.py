@@ -114,7 +114,7 @@ def build(out: Path, profile: Any, stages: list[Any], report: Path, title: str,
               "runs end to end on real data and writes its outputs and this report, in minutes. Its models are tiny "
               "and trained for a few hundred steps: most scores sit at or near the trivial baseline, some are 0, and "
               "the curves have few points. Read it as a smoke test of the pipeline, not as evidence that anything "
-              "learns or that one method beats another; the full profile (`make reproduce`, about 5.5 hours) is the "
+              "learns or that one method beats another; the full profile (`make reproduce`, about 6.5 hours) is the "
               "run whose numbers mean that (docs/report.md).")
     doc.p("How to read the tables: scores are on the **test** split, as mean ± standard deviation over the seeds "
           f"{profile.seeds} (one model checkpoint for all tasks per run, selected by the mean dev score). A "
