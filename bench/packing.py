@@ -411,8 +411,9 @@ def main(argv: list[str] | None = None) -> int:
         f"batches as the fine-tuning source builds them ({args.finetune_batches} per task, packaged data), packed "
         "by its rule (rows planned 1, 2, 4... times the batch's longest example, up to 4 times the task's limits, "
         "trimmed to the fullest row; the fewest slots). Fine-tuning gains less than its real-token share suggests: "
-        "NER's CRF runs a step per word position over the batch's longest sentence in either layout (packing "
-        "moves the emissions back to one sentence per row), and each step's fixed work (the optimizer, Python "
+        "NER's CRF costs the same in either layout (packing moves the emissions back to one sentence per row; "
+        "its likelihood runs log2 of the longest sentence's words batched steps), the block-masked attention of "
+        "a packed row grows with the square of the row, and each step's fixed work (the optimizer, Python "
         "dispatch of small ops) does not shrink with the slots:"
         "\n\n" + md_table(
             ["arm", "batches", "real share unpacked", "real share packed", "real tok/s unpacked", "real tok/s packed",
