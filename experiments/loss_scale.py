@@ -13,7 +13,7 @@ An arm is a reduction, alone or with ``+ema``: the same with ``train.task_grad_n
 task_balance.py: each task's loss scaled so that its gradient norm meets the mean over tasks). Each arm is one
 `finetune.compare` of the methods in ``<out>/<arm>/`` (resumable: rerun to continue), on the config with every NER
 task's ``head.loss_reduction`` and the run's ``task_grad_norm`` set. With ``--from``, the rows of the arm the
-reproduction's Table 3 ran (its config's, token_mean without normalisation unless it names others) are read from
+reproduction's Table 3 ran (its config's, the head's default without normalisation unless it names others) are read from
 its ``nlu_main`` comparison when that has them at the same seeds and steps, not run again. Writes
 ``<out>/loss_scale.md`` and ``loss_scale.json``: per method and arm, each NER task's test F1 and the average over
 all tasks (mean ± std over seeds), the paired difference of each arm from the first one, and each NER task's dev
@@ -33,7 +33,7 @@ from typing import Any
 
 from skillnet.common.cli import Parser
 from skillnet.finetune.document import Document, paired_test, verdict
-from skillnet.model.heads import CRF_LOSS_REDUCTIONS
+from skillnet.model.heads import CRF_LOSS_REDUCTIONS, DEFAULT_CRF_LOSS_REDUCTION
 from skillnet.training.config import TrainConfig
 
 DEFAULT_METHODS = ["dense_joint", "skillnet"]
@@ -47,10 +47,11 @@ def build_parser() -> argparse.ArgumentParser:
                description="Measure the NER CRF loss's scale in joint training: NER test F1 of each method under "
                            "each head.loss_reduction, with or without per-task gradient normalisation (+ema arms), "
                            "over seeds, paired, with NER's dev curve per arm (has it flattened at this budget?); writes a Markdown "
-                           "table. Why: token_mean (the default) is a loss per "
+                           "table. Why: token_mean is a loss per "
                            "word, so beside per-example losses of other tasks, with one AdamW and one gradient clip for "
                            "all, NER's encoder gradient is several times smaller; "
-                           "sentence_mean averages per sentence like the other heads (docs/finetune.md).")
+                           "sentence_mean (the default, which this study chose) averages per sentence like the other heads "
+                           "(docs/finetune.md).")
     p.add_argument("--from", dest="source", metavar="REPRODUCTION",
                    help="a reproduction folder (scripts/reproduce.py --out): its configs/nlu_main.json, pt_dense/hf "
                         "(every row's init) and pt_sparse/hf (SkillNet's), and its Table 3 runs where they match")
@@ -110,7 +111,8 @@ def with_reduction(cfg: dict[str, Any], reduction: str) -> dict[str, Any]:
 
 def config_reduction(cfg: dict[str, Any]) -> str:
     """The reduction a config's NER tasks train with (the head's default where none names one)."""
-    names = {t.get("head", {}).get("loss_reduction", "token_mean") for t in cfg["tasks"] if t["type"] == "ner"}
+    names = {t.get("head", {}).get("loss_reduction", DEFAULT_CRF_LOSS_REDUCTION) for t in cfg["tasks"]
+             if t["type"] == "ner"}
     return names.pop() if len(names) == 1 else "mixed"
 
 

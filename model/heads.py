@@ -240,8 +240,12 @@ def iob2_allowed_transitions(labels: list[str]) -> tuple[torch.Tensor, torch.Ten
 # one sentence does not grow with its length). "sentence_mean": divided by the number of sentences, like every
 # other head's per-example loss, so its gradient is token_mean's x the batch's mean words per sentence. In joint
 # training the tasks share one AdamW and one gradient clip: a per-word loss gives NER a gradient several times
-# smaller than the other tasks' (issue 49 measured 0.30 against 2.3-3.9 on the shared encoder).
+# smaller than the other tasks' (0.30 against 2.3-3.9 on the shared encoder, measured late in a joint run).
 CRF_LOSS_REDUCTIONS = {"token_mean": "token_mean", "sentence_mean": "mean"}
+# The default, decided by the loss-scale study (experiments/loss_scale.py; full profile, 3 seeds, dense joint and
+# SkillNet at 2,400 steps): per sentence gave NER +4.9 / +4.8 F1 over per word and +1.5 / +1.6 on the five-task
+# average (paired p 0.02-0.05), no task lower. docs/finetune.md has the table.
+DEFAULT_CRF_LOSS_REDUCTION = "sentence_mean"
 
 
 class TokenCRFHead(nn.Module):
@@ -255,7 +259,7 @@ class TokenCRFHead(nn.Module):
     outputs it can never produce. Without `labels` (old specs) the CRF is unconstrained."""
 
     def __init__(self, config: SkillNetBertConfig, num_labels: int, dropout: float,
-                 labels: list[str] | None = None, loss_reduction: str = "token_mean") -> None:
+                 labels: list[str] | None = None, loss_reduction: str = DEFAULT_CRF_LOSS_REDUCTION) -> None:
         super().__init__()
         if loss_reduction not in CRF_LOSS_REDUCTIONS:
             raise ValueError(f"token_crf head: loss_reduction {loss_reduction!r}; valid: {', '.join(CRF_LOSS_REDUCTIONS)}")

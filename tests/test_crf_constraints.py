@@ -8,7 +8,7 @@ import itertools
 import pytest
 import torch
 from skillnet.model import SkillNetBertConfig, SkillNetBertForMultiTask
-from skillnet.model.heads import TokenCRFHead, iob2_allowed_transitions
+from skillnet.model.heads import CRF_LOSS_REDUCTIONS, TokenCRFHead, iob2_allowed_transitions
 
 LABELS = ["O", "B-PER", "I-PER", "B-ORG", "I-ORG"]
 
@@ -90,7 +90,7 @@ def test_model_predictions_are_valid_bio_and_training_is_constrained():
     labels[:, 1:-1] = 0
     loss = m(task="ner", input_ids=x, attention_mask=torch.ones_like(x), labels=labels, word_mask=wm).loss
     em = h.classifier(m.bert(x, torch.ones_like(x), None, task="ner").last_hidden_state)
-    plain = -h.crf(em[:, 1:-1], labels[:, 1:-1], reduction="token_mean")
+    plain = -h.crf(em[:, 1:-1], labels[:, 1:-1], reduction=CRF_LOSS_REDUCTIONS[h.loss_reduction])
     assert torch.isfinite(loss) and float(loss) < float(plain) - 1.0
 
 

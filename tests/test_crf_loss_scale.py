@@ -48,9 +48,9 @@ def test_sentence_mean_is_token_mean_times_the_mean_words_per_sentence():
         torch.testing.assert_close(sen_grads[name], g * words_per_sentence, msg=name)
     # the encoder's gradient, what the tasks share in joint training, scales the same
     torch.testing.assert_close(sen_hidden, tok_hidden * words_per_sentence)
-    # the default is today's: token_mean
+    # the default is the loss-scale study's choice: sentence_mean
     default_loss, _, _ = _loss_and_grads(None)
-    torch.testing.assert_close(default_loss, tok_loss)
+    torch.testing.assert_close(default_loss, sen_loss)
 
 
 def test_a_bad_reduction_is_refused():
@@ -79,11 +79,16 @@ def test_the_built_model_trains_ner_with_the_configured_reduction(tmp_path):
     from skillnet.finetune.build import build_model
 
     d = tiny_config(tmp_path)
-    next(t for t in d["tasks"] if t["name"] == "ner")["head"] = {"loss_reduction": "sentence_mean"}
+    next(t for t in d["tasks"] if t["name"] == "ner")["head"] = {"loss_reduction": "token_mean"}
+    cfg = FinetuneConfig.from_dict(d)
+    model, _ = build_model(cfg, run_cli.load_task_data(cfg, load_tokenizer(None)))
+    assert model.heads["ner"].loss_reduction == "token_mean"
+    assert model.config.task_heads["ner"]["loss_reduction"] == "token_mean"  # exports keep it
+    # without the option: the default the loss-scale study chose, a loss per sentence as every other head's
+    del next(t for t in d["tasks"] if t["name"] == "ner")["head"]
     cfg = FinetuneConfig.from_dict(d)
     model, _ = build_model(cfg, run_cli.load_task_data(cfg, load_tokenizer(None)))
     assert model.heads["ner"].loss_reduction == "sentence_mean"
-    assert model.config.task_heads["ner"]["loss_reduction"] == "sentence_mean"  # exports keep it
 
 
 def test_the_loss_scale_study_runs_at_tiny_size_and_writes_its_table(tmp_path, capsys):
@@ -131,7 +136,7 @@ def test_the_study_reuses_table_3_only_at_the_same_seeds_and_steps(tmp_path):
     assert loss_scale.reusable(main, ["dense_joint", "skillnet"], [0, 1, 2], 4800) is None
     assert loss_scale.reusable(main, ["pals"], [0, 1, 2], 2400) is None
     cfg = {"tasks": [{"name": "ner", "type": "ner"}, {"name": "s", "type": "classification"}]}
-    assert loss_scale.config_reduction(cfg) == "token_mean"
+    assert loss_scale.config_reduction(cfg) == "sentence_mean"  # the head's default
     assert loss_scale.config_reduction(loss_scale.with_reduction(cfg, "sentence_mean")) == "sentence_mean"
 
 

@@ -21,8 +21,8 @@ class NerCodec(TaskCodec):
     kinds = ("tagging",)
     metrics = ("f1", "precision", "recall", "f1_strict", "precision_strict", "recall_strict")
     metric = "f1"
-    # loss_reduction: the CRF loss per word (token_mean, the default) or per sentence (sentence_mean, as the other
-    # heads' per-example losses; its gradient is larger by the mean words per sentence): model/heads.py
+    # loss_reduction: the CRF loss per sentence (sentence_mean, the default, as the other heads' per-example
+    # losses) or per word (token_mean; its gradient is smaller by the mean words per sentence): model/heads.py
     head_options = {"dropout": DROPOUT, "loss_reduction": (
         f"one of {', '.join(CRF_LOSS_REDUCTIONS)}", lambda v: v in CRF_LOSS_REDUCTIONS)}
     labelled = True
