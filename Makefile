@@ -9,7 +9,7 @@ help:
 	@echo "make setup   install SkillNet + dev/data extras into the current Python (torch==2.13.0 pinned)"
 	@echo "make test    setup, then run the whole test suite (unit + integration, CPU fp32)"
 	@echo "make slurm   install Debian's slurm-wlm + munge (root on Debian) for the real-Slurm tests (make test does)"
-	@echo "make demo    setup, then the quick reproduction (~4 min): every stage on packaged Chinese data, a report"
+	@echo "make demo    setup, then the quick reproduction (~6 min): every stage on packaged Chinese data, a report"
 	@echo "make reproduce  setup, then the full CPU reproduction (~6.5 h, estimated; resumable): docs/report.md"
 	@echo "make lint    ruff"
 	@echo "make bench   run the benchmark scripts (slow)"

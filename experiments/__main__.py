@@ -1,7 +1,7 @@
 """Reproduce the papers' experiments at laptop scale on real Chinese data, stage by stage, and write the
 report (Markdown + one self-contained HTML page).
 
-    python scripts/reproduce.py --quick                 # ~4 min on 2 CPU cores: every stage, tiny sizes
+    python scripts/reproduce.py --quick                 # ~6 min on 2 CPU cores: every stage, tiny sizes
     python scripts/reproduce.py                         # the full CPU run (~5.5 h on 2 cores), docs/report.md
     python scripts/reproduce.py --profile scale --gpus 8  # BERT-base / BART-base on GPUs (expected time: docs/scale.md)
     python scripts/reproduce.py --profile scale --estimate  # GPU-hours per stage, from FLOPs
@@ -54,7 +54,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0],
                                 epilog=__doc__.split("\n\n", 1)[1], formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--profile", choices=list(PROFILES), default="full",
-                   help="sizes and budgets: quick (~4 min, CPU), full (~6.5 h, CPU), scale (BERT-base/BART-base, GPUs)"
+                   help="sizes and budgets: quick (~6 min, CPU), full (~6.5 h, CPU), scale (BERT-base/BART-base, GPUs)"
                         " (default: %(default)s)")
     p.add_argument("--quick", action="store_true", help="same as --profile quick")
     p.add_argument("--part", choices=list(PARTS), default="all",

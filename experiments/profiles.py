@@ -1,4 +1,4 @@
-"""Sizes and budgets of a reproduction: `quick` (~4 min, CPU), `full` (~6.5 h, CPU), `scale` (BERT-base /
+"""Sizes and budgets of a reproduction: `quick` (~6 min, CPU), `full` (~6.5 h, CPU), `scale` (BERT-base /
 BART-base on GPUs)."""
 
 from __future__ import annotations
