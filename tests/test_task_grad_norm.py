@@ -368,7 +368,7 @@ def test_the_study_names_each_configs_arm_and_refuses_ema_with_accumulation(tmp_
 
     assert loss_scale.ARMS == ["token_mean", "sentence_mean", "token_mean+ema", "sentence_mean+ema"]
     cfg = {"tasks": [{"name": "ner", "type": "ner"}], "train": {"task_grad_norm": "ema", "lr": 1e-3}}
-    assert loss_scale.config_arm(cfg) == "token_mean+ema"  # a Table 3 run with ema is reused for that arm only
+    assert loss_scale.config_arm(cfg) == "sentence_mean+ema"  # the default reduction; a Table 3 run with ema is reused for that arm only
     plain = loss_scale.with_arm(cfg, "sentence_mean")
     assert plain["train"] == {"lr": 1e-3} and loss_scale.config_arm(plain) == "sentence_mean"
     assert loss_scale.config_arm(loss_scale.with_arm(plain, "sentence_mean+ema")) == "sentence_mean+ema"
