@@ -24,7 +24,7 @@ from typing import Any
 
 from skillnet.experiments.nlg import NLG_FORMATS, NLG_LENGTHS, gen_tasks
 from skillnet.experiments.nlu import NLU_TASKS, NLU_TYPICAL_LEN
-from skillnet.experiments.profiles import Profile
+from skillnet.experiments.profiles import LOSS_SCALE_METHODS, Profile
 
 # Dense tensor-core peaks from the data sheets (SXM parts), FLOP/s.
 GPU_PEAKS = {"V100 fp16": 125e12, "A100 bf16": 312e12}
@@ -170,7 +170,7 @@ def estimate(p: Profile) -> list[dict[str, Any]]:
     flops = {
         "dense_pt": p.dense_pt_steps * pt_tokens * bert_flops_per_token(bert, p.pt_seq, 1, mlm=True),
         "sparse_pt": p.sparse_pt_steps * pt_tokens * bert_flops_per_token(bert, p.pt_seq, pretrain_ffns(), mlm=True),
-        "nlu_loss_scale": nlu_runs(["dense_joint", "skillnet"] * len(p.loss_scale_arms), p.seeds,
+        "nlu_loss_scale": nlu_runs(LOSS_SCALE_METHODS * len(p.loss_scale_arms), p.seeds,
                                    p.loss_scale_steps or p.nlu_steps),
         "nlu_main": nlu_runs(p.nlu_methods, p.seeds, p.nlu_steps),
         "nlu_ablate": nlu_runs(["skillnet"] * (1 + len(p.ablate)), p.side_seeds, p.nlu_side_steps or p.nlu_steps),

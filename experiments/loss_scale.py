@@ -32,11 +32,12 @@ from pathlib import Path
 from typing import Any
 
 from skillnet.common.cli import Parser
+from skillnet.experiments.profiles import LOSS_SCALE_METHODS
 from skillnet.finetune.document import Document, paired_test, verdict
 from skillnet.model.heads import CRF_LOSS_REDUCTIONS, DEFAULT_CRF_LOSS_REDUCTION
 from skillnet.training.config import TrainConfig
 
-DEFAULT_METHODS = ["dense_joint", "skillnet"]
+DEFAULT_METHODS = LOSS_SCALE_METHODS
 # train.task_grad_norm's values that normalise (all but "off"): an arm "<reduction>+<value>" runs with one.
 GRAD_NORMS = [v for v in TrainConfig.__dataclass_fields__["task_grad_norm"].metadata["choices"] if v != "off"]
 ARMS = [*CRF_LOSS_REDUCTIONS, *(f"{r}+{g}" for g in GRAD_NORMS for r in CRF_LOSS_REDUCTIONS)]

@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from skillnet.experiments.profiles import Profile
+from skillnet.experiments.profiles import LOSS_SCALE_METHODS, Profile
 from skillnet.experiments.runner import (
     PY,
     Runner,
@@ -148,7 +148,7 @@ def stage_nlu_loss_scale(r: Runner) -> dict[str, Any]:
                      "nlu_loss_scale")
     out = r.out / "loss_scale"
     cmd = [PY, "-m", "skillnet.experiments.loss_scale", "--config", str(cfg), "--init", str(P["dense_hf"]),
-           "--init-for", f"skillnet={P['sparse_hf']}", "--methods", "dense_joint", "skillnet",
+           "--init-for", f"skillnet={P['sparse_hf']}", "--methods", *LOSS_SCALE_METHODS,
            "--arms", *r.p.loss_scale_arms, "--seeds", *map(str, r.p.seeds), "--out", str(out),
            "--jobs", str(r.p.jobs)]
     if r.p.threads:

@@ -12,6 +12,11 @@ BUDGET_RULE = ("every row gets the same optimizer updates per task: a joint row'
                "joint run's steps (`task_specific_budget: share`)")
 
 
+# The rows of the NER loss-scale study (experiments/loss_scale.py; stage nlu_loss_scale): the joint baseline and
+# SkillNet, each from the BERT its Table 3 row starts from.
+LOSS_SCALE_METHODS = ["dense_joint", "skillnet"]
+
+
 @dataclass
 class Profile:
     """Every size and budget of a reproduction. The full CPU profile takes about 6.5 hours on 2 cores (estimated
