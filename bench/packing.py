@@ -14,8 +14,9 @@ CPU fp32, with the two layouts interleaved so machine load hits them alike. Per 
   ``share_bound_seq{T}``: the most any packing of those samples can reach (each sample longer than half a
   row needs a row of its own, and no row holds more than T tokens);
 * ``gflops_real_seq{T}`` and ``gflops_padded_seq{T}`` (packed, best repetition): matmul GFLOP/s achieved,
-  the FLOPs counted on the samples' own tokens (sum L_i, attention sum L_i^2) and on every row slot (R*T,
-  R*T^2: what the masked CPU kernel computes). No MFU on a CPU: its fp32 peak is not known here (the step's
+  the FLOPs counted on the samples' own tokens (sum L_i, attention sum L_i^2) and on what the step computes:
+  every row slot (R*T), and attention's query-key pairs as the attention seam computes them (the samples'
+  own rows, grouped by length, or the block mask's R*T^2). No MFU on a CPU: its fp32 peak is not known here (the step's
   tall GEMMs run faster than a square 2048^3 ``torch.mm``, so a measured "peak" would give MFU above 1); on a
   GPU, ``scripts/gpu_check.sh`` reports MFU on real tokens against the datasheet.
 
@@ -60,7 +61,9 @@ from skillnet.experiments.benchdoc import (  # noqa: E402
     paired_ratio,
     write_section,
 )
+from skillnet.finetune.tasks import TaskData  # noqa: E402
 from skillnet.model import SkillNetBertConfig, SkillNetBertForPreTraining  # noqa: E402
+from skillnet.model.attention import AttentionMask  # noqa: E402
 from skillnet.pretrain.dataset import PretrainingDataset  # noqa: E402
 from skillnet.pretrain.objectives import ObjectiveSampler, PretrainBatchSource  # noqa: E402
 from skillnet.training.optim import MaskedAdamW, build_param_groups  # noqa: E402
@@ -99,6 +102,14 @@ def share_bound(per_objective: list[np.ndarray], seq: int) -> float:
     """The highest real-token share any packing of these micro-batches (one per objective) can reach."""
     real = sum(int(x.sum()) for x in per_objective)
     return real / (seq * sum(fewest_rows(x, seq) for x in per_objective))
+
+
+def computed_pairs(segment_ids: torch.Tensor) -> int:
+    """The query-key pairs the attention seam computes over these packed rows on the CPU."""
+    mask = AttentionMask.build(None, segment_ids, torch.float32)
+    if mask.per_sample:
+        return sum(b.rows * b.width * b.key_width for b in mask.sample_buckets())
+    return segment_ids.numel() * segment_ids.shape[1]
 
 
 def measure(args: argparse.Namespace, shards: Path, seq: int) -> dict[str, Any]:
@@ -146,7 +157,7 @@ def measure(args: argparse.Namespace, shards: Path, seq: int) -> dict[str, Any]:
         masked = int((b["labels"] != -100).sum()) if o == "mlm" else 0
         R = b["input_ids"].shape[0]
         real_fl += encoder_step_flops(H, L, V, W, int(lens.sum()), int((lens**2).sum()), o, masked, samples)
-        padded_fl += encoder_step_flops(H, L, V, W, R * seq, R * seq * seq, o, masked, samples)
+        padded_fl += encoder_step_flops(H, L, V, W, R * seq, computed_pairs(b["segment_ids"]), o, masked, samples)
     best = min(times["packed"])
     res[f"gflops_real_seq{seq}"] = round(real_fl / best / 1e9, 1)
     res[f"gflops_padded_seq{seq}"] = round(padded_fl / best / 1e9, 1)
@@ -245,7 +256,6 @@ def measure_finetune(args: argparse.Namespace, work: Path, arm: str) -> dict[str
     from skillnet.data_prep.tokenizer import load_tokenizer
     from skillnet.finetune.build import build_model
     from skillnet.finetune.config import FinetuneConfig
-    from skillnet.finetune.tasks import TaskData
 
     tasks = []
     for name, (conv, kind, skills, src, tgt) in FINETUNE_ARMS[arm].items():
@@ -393,7 +403,8 @@ def main(argv: list[str] | None = None) -> int:
         "packing of the same samples does better; at 128 tokens most samples are longer than 64 (NSP pairs fill "
         "their target length), which caps the packed share below 97% there. GFLOP/s counts the step's matmul "
         "FLOPs (forward + backward) per second: *real* on the samples' own tokens, *padded* on every row slot of the "
-        "packed rows (the CPU kernel computes the masked T x T attention of each row); MFU is measured on a GPU "
+        "packed rows, with attention's query-key pairs as the CPU computes them (the samples' own rows, grouped by "
+        "length, or a T x T block mask per row where those would save too little); MFU is measured on a GPU "
         "(`scripts/gpu_check.sh`)."
     )
     arms = [(f"BART denoising, seq {s} (`--arch bart`, {dict(zip(args.seqs, args.bart_samples))[s]} samples)",
@@ -409,12 +420,14 @@ def main(argv: list[str] | None = None) -> int:
         "same samples padded and packed, both sides of BART counted (real tokens and slots of encoder and decoder); "
         f"dense BART `{args.bart_preset}` for denoising as `pretrain/run.py --arch bart` builds it; fine-tuning "
         f"batches as the fine-tuning source builds them ({args.finetune_batches} per task, packaged data), packed "
-        "by its rule (rows planned 1, 2, 4... times the batch's longest example, up to 4 times the task's limits, "
-        "trimmed to the fullest row; the fewest slots). Fine-tuning gains less than its real-token share suggests: "
-        "NER's CRF costs the same in either layout (packing moves the emissions back to one sentence per row; "
-        "its likelihood runs log2 of the longest sentence's words batched steps), the block-masked attention of "
-        "a packed row grows with the square of the row, and each step's fixed work (the optimizer, Python "
-        "dispatch of small ops) does not shrink with the slots:"
+        f"by its rule (rows planned 1, 2, 4... times the batch's longest example, up to {TaskData.PACK_ROW_FACTOR} "
+        "times the task's limits, trimmed to the fullest row; the fewest slots). Packed rows' attention runs on "
+        "the samples' own rows (in groups of similar length), so it costs what the padded batch's does, not the "
+        "square of a packed row. Fine-tuning gains less than its real-token share suggests: NER's CRF costs the "
+        "same in either layout (packing moves the emissions back to one sentence per row; its likelihood runs "
+        "log2 of the longest sentence's words batched steps), attention's scores scale with the samples' "
+        "squared lengths in both, and each step's fixed work (the optimizer, Python dispatch of small ops) does "
+        "not shrink with the slots:"
         "\n\n" + md_table(
             ["arm", "batches", "real share unpacked", "real share packed", "real tok/s unpacked", "real tok/s packed",
              "packed / unpacked"],

@@ -8,9 +8,16 @@ encoder's segment k only (`AttentionMask.packed_pair`). `AttentionMask` describe
 batch once per forward; `attend` picks the kernel:
 
 * padded rows: SDPA with the additive key mask ``[B, 1, 1, T]`` (HF BERT's semantics).
-* packed rows on the CPU, or wherever the variable-length kernel cannot run: SDPA with a block-diagonal
-  boolean mask ``[B, 1, T, T]`` (exact; on CUDA it is the memory-efficient kernel, which takes a mask and
-  dropout and runs on sm70 in fp16).
+* packed rows on the CPU, or wherever the variable-length kernel cannot run: the real tokens gathered
+  into one row per sample (``[N, H, L, d]``, in up to MAX_BUCKETS groups of similar length, L each
+  group's longest sample), SDPA with a key-padding mask (causal: SDPA's own), and scattered back. It
+  computes about sum L_i^2 scores where a block-diagonal mask over the packed rows computes B*T^2, which
+  grows with the square of the row; that block mask ``[B, 1, T, T]`` (exact; on CUDA the memory-efficient
+  kernel, which takes a mask and dropout and runs on sm70 in fp16) runs instead where the samples' rows
+  would not save enough scores to pay for their gathers (a few long samples per row:
+  `AttentionMask.per_sample_pays`), and inside a layer compiled by ``--compile``, whose one graph per shape
+  family cannot follow the groups of every batch. The choice and its layouts are made once per forward,
+  before the layers (`AttentionMask._planned`).
 * packed rows on CUDA (sm80+, fp16/bf16, no attention dropout in this forward, e.g. evaluation or a config
   with ``attention_probs_dropout_prob=0``): torch's variable-length
   flash kernel over the real tokens only (``torch.nn.attention.varlen``): no FLOP is spent on padding or on
@@ -21,6 +28,7 @@ The model files call only `AttentionMask.build` and `attend`; no other place in 
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import torch
@@ -28,21 +36,27 @@ import torch.nn.functional as F
 
 # Off: SDPA with a mask everywhere (for A/B measurements and for a kernel that misbehaves on some card).
 USE_VARLEN = True
+# Off: packed rows without the variable-length kernel always run the block-diagonal mask (A/B measurements).
+USE_PER_SAMPLE = True
 
 
 @dataclass(eq=False)
 class AttentionMask:
-    """One attention's structure in one forward. ``additive`` is what SDPA takes (None: no masking at all);
-    ``segments`` ([B, Tq] ints, 0 = padding) is set for packed rows, with ``key_segments`` ([B, Tk]) for
-    cross-attention between two packed sides (None: the keys are the queries) and ``causal`` for a
-    decoder's self-attention."""
+    """One attention's structure in one forward. ``padding`` is padded rows' additive key mask (None: no
+    masking at all); ``segments`` ([B, Tq] ints, 0 = padding) is set for packed rows, with
+    ``key_segments`` ([B, Tk]) for cross-attention between two packed sides (None: the keys are the
+    queries) and ``causal`` for a decoder's self-attention. Every layout is built on first use and shared
+    by every layer of the forward."""
 
-    additive: torch.Tensor | None
+    padding: torch.Tensor | None
     segments: torch.Tensor | None = None
     key_segments: torch.Tensor | None = None
     causal: bool = False
+    _block: torch.Tensor | None = field(default=None, repr=False)
     _varlen: tuple[torch.Tensor, torch.Tensor, int] | None = field(default=None, repr=False)
     _varlen_k: tuple[torch.Tensor, torch.Tensor, int] | None = field(default=None, repr=False)
+    _samples: list[_SampleBucket] | None = field(default=None, repr=False)
+    per_sample: bool = False  # packed rows off the variable-length kernel: the samples' own rows (decided once)
 
     @staticmethod
     def build(attention_mask_BT: torch.Tensor | None, segment_ids_BT: torch.Tensor | None,
@@ -57,22 +71,62 @@ class AttentionMask:
     @staticmethod
     def packed_self(segment_ids_BT: torch.Tensor, causal: bool = False) -> AttentionMask:
         """Self-attention inside each sample of packed rows (``causal``: a decoder's, token i sees j <= i)."""
-        return AttentionMask(_block_mask(segment_ids_BT, segment_ids_BT, causal)[:, None], segment_ids_BT,
-                             causal=causal)
+        return AttentionMask(None, segment_ids_BT, causal=causal)._planned()
 
     @staticmethod
     def packed_pair(encoder_segments_BS: torch.Tensor, decoder_segments_BT: torch.Tensor
                     ) -> tuple[AttentionMask, AttentionMask, AttentionMask]:
         """The three attentions of an encoder-decoder over packed rows: (encoder self, decoder causal self,
         cross), where the decoder's sample k of a row reads the encoder's sample k of the same row."""
-        cross = AttentionMask(_block_mask(decoder_segments_BT, encoder_segments_BS, False)[:, None],
-                              decoder_segments_BT, key_segments=encoder_segments_BS)
+        cross = AttentionMask(None, decoder_segments_BT, key_segments=encoder_segments_BS)._planned()
         return (AttentionMask.packed_self(encoder_segments_BS),
                 AttentionMask.packed_self(decoder_segments_BT, causal=True), cross)
+
+    def _planned(self) -> AttentionMask:
+        """Packed rows' layouts, built here in the model's forward, before its layers (a layer compiled by
+        ``--compile`` then reads tensors and flags, and builds nothing): the samples' rows, and the choice
+        between them and the block mask, built now where it is the one the CPU path will take."""
+        self.per_sample = USE_PER_SAMPLE and self.per_sample_pays()
+        if not self.per_sample:
+            self.additive  # noqa: B018 (built and kept)
+        return self
 
     @property
     def packed(self) -> bool:
         return self.segments is not None
+
+    @property
+    def additive(self) -> torch.Tensor | None:
+        """What SDPA takes over the rows as they are: padded rows' key mask, or packed rows' block-diagonal
+        boolean mask ``[B, 1, Tq, Tk]``."""
+        if self.segments is None:
+            return self.padding
+        if self._block is None:
+            self._block = self.block_mask()
+        return self._block
+
+    def block_mask(self) -> torch.Tensor:
+        """Packed rows' block-diagonal boolean mask ``[B, 1, Tq, Tk]``, computed afresh."""
+        assert self.segments is not None
+        keys = self.segments if self.key_segments is None else self.key_segments
+        return _block_mask(self.segments, keys, self.causal)[:, None]
+
+    def sample_buckets(self) -> list[_SampleBucket]:
+        """The samples gathered one per row, in buckets of similar size (`_buckets`): the keys' row n of a
+        bucket is its queries' sample n."""
+        if self._samples is None:
+            idx, cu, _ = self.varlen_layout()
+            idx_k, cu_k, _ = self.varlen_key_layout()
+            self._samples = _buckets(idx, cu, idx_k, cu_k)
+        return self._samples
+
+    def per_sample_pays(self) -> bool:
+        """Whether the samples' own rows compute few enough attention scores, against the block mask over the
+        rows, to pay for their gathers (PER_SAMPLE_MAX_SHARE)."""
+        assert self.segments is not None
+        keys = self.segments if self.key_segments is None else self.key_segments
+        scores = sum(b.rows * b.width * b.key_width for b in self.sample_buckets())
+        return 0 < scores <= PER_SAMPLE_MAX_SHARE * self.segments.numel() * keys.shape[1]
 
     def varlen_layout(self) -> tuple[torch.Tensor, torch.Tensor, int]:
         """(flat indices of the real query tokens in sample order, cumulative sample lengths [N+1] int32,
@@ -121,6 +175,73 @@ def _varlen_layout(seg: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, int]:
     return idx, cu, int(counts.max()) if counts.numel() else 0
 
 
+# Per-sample attention groups samples whose score counts (query length x key length) lie within this factor
+# of each other, in at most MAX_BUCKETS groups (one SDPA call each): no sample computes more than about
+# twice its own scores, where one group padded to the longest would cost N * longest^2.
+BUCKET_RATIO = 2.0
+MAX_BUCKETS = 4
+# The samples' own rows run where they compute at most this share of the block mask's scores: gathering the
+# tokens costs time too. BART denoising rows of 128 tokens hold ~1.4 samples and save ~10% of the scores, and
+# ran no faster that way (bench/packing.py); rows of fine-tuning's batches save 80-95%.
+PER_SAMPLE_MAX_SHARE = 0.75
+
+
+@dataclass(eq=False)
+class _SampleBucket:
+    """Some samples of packed rows laid out one per row: queries ``[rows, width]``, keys ``[rows,
+    key_width]`` (the longest of the bucket's; each sample left-aligned, then filler). ``gather`` and
+    ``gather_k``: for every slot, the flat index (into ``B*T``, ``B*S``) of the token it holds (filler: any
+    real token's, masked or never read); ``filled``: the query slots that hold a real token;
+    ``tokens``: their flat indices; ``key_mask``: ``[rows, 1, 1, key_width]`` True at the real keys."""
+
+    gather: torch.Tensor
+    gather_k: torch.Tensor
+    filled: torch.Tensor
+    tokens: torch.Tensor
+    key_mask: torch.Tensor
+    rows: int
+    width: int
+    key_width: int
+
+    def gathered(self, t_BHSd: torch.Tensor, keys: bool) -> torch.Tensor:
+        """``[B, H, S, d]`` -> ``[rows, H, width (key_width), d]``."""
+        B, H, S, d = t_BHSd.shape
+        at, width = (self.gather_k, self.key_width) if keys else (self.gather, self.width)
+        flat = t_BHSd.transpose(1, 2).reshape(B * S, H, d).index_select(0, at)
+        return flat.view(self.rows, width, H, d).transpose(1, 2)
+
+
+def _slots(idx: torch.Tensor, cu: torch.Tensor, samples: torch.Tensor, counts: torch.Tensor, width: int
+           ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(flat token index of every slot of ``samples`` laid out one per row ``width`` wide, [n, width] True
+    where a slot holds a real token)."""
+    j = torch.arange(width, device=idx.device)
+    filled = j[None] < counts[samples, None]
+    at = (cu[:-1].long()[samples, None] + j[None]).clamp(max=max(idx.numel() - 1, 0))
+    return idx[at], filled
+
+
+def _buckets(idx: torch.Tensor, cu: torch.Tensor, idx_k: torch.Tensor, cu_k: torch.Tensor
+             ) -> list[_SampleBucket]:
+    n_q, n_k = (cu[1:] - cu[:-1]).long(), (cu_k[1:] - cu_k[:-1]).long()
+    if n_q.numel() == 0:
+        return []
+    counts = torch.stack([n_q, n_k]).cpu()  # one read-back: the groups are planned on the host
+    scores = (counts[0] * counts[1]).double()
+    group = torch.floor(torch.log(scores.max() / scores) / math.log(BUCKET_RATIO)).clamp(max=MAX_BUCKETS - 1)
+    out = []
+    for g in torch.unique(group).tolist():
+        chosen = torch.nonzero(group == g).flatten()
+        width, key_width = int(counts[0, chosen].max()), int(counts[1, chosen].max())
+        samples = chosen.to(idx.device)
+        gather, filled = _slots(idx, cu, samples, n_q, width)
+        gather_k, real_k = _slots(idx_k, cu_k, samples, n_k, key_width)
+        slot = torch.nonzero(filled.flatten()).flatten()
+        out.append(_SampleBucket(gather.flatten(), gather_k.flatten(), slot, gather.flatten()[slot],
+                                 real_k[:, None, None, :], len(samples), width, key_width))
+    return out
+
+
 def varlen_available(q: torch.Tensor, dropout_p: float) -> bool:
     """Whether `attend` can run the variable-length flash kernel for ``q``: CUDA sm80+, fp16/bf16, no
     attention dropout (the kernel has none)."""
@@ -137,8 +258,17 @@ def attend(q_BHTd: torch.Tensor, k_BHTd: torch.Tensor, v_BHTd: torch.Tensor, mas
            dropout_p: float) -> torch.Tensor:
     """Attention of ``[B, H, T, d]`` queries over ``[B, H, S, d]`` keys and values under ``mask``; returns
     ``[B, H, T, d]``. ``dropout_p``: the attention dropout of this forward (0 in evaluation)."""
-    if mask is not None and mask.packed and varlen_available(q_BHTd, dropout_p):
-        return _varlen(q_BHTd, k_BHTd, v_BHTd, mask)
+    if mask is not None and mask.packed:
+        if varlen_available(q_BHTd, dropout_p):
+            return _varlen(q_BHTd, k_BHTd, v_BHTd, mask)
+        if torch.compiler.is_compiling():
+            # Inside a layer compiled by --compile: the block mask, computed in the graph. A graph that read
+            # the batch's sample groups (their number and widths change with every batch) would recompile
+            # for each; this one compiles once per shape family.
+            return F.scaled_dot_product_attention(q_BHTd, k_BHTd, v_BHTd, attn_mask=mask.block_mask(),
+                                                  dropout_p=dropout_p)
+        if mask.per_sample:
+            return _per_sample(q_BHTd, k_BHTd, v_BHTd, mask, dropout_p)
     attn = None if mask is None else mask.additive
     return F.scaled_dot_product_attention(q_BHTd, k_BHTd, v_BHTd, attn_mask=attn, dropout_p=dropout_p)
 
@@ -157,4 +287,19 @@ def _varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: AttentionMa
     o_NHd = varlen_attn(tokens(q, idx), tokens(k, idx_k), tokens(v, idx_k), cu, cu_k, longest, longest_k,
                         window_size=window)
     out = q.new_zeros(B * T, H, d).index_copy(0, idx, o_NHd)  # padding rows: 0 (never read)
+    return out.view(B, T, H, d).transpose(1, 2)
+
+
+def _per_sample(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: AttentionMask, dropout_p: float
+                ) -> torch.Tensor:
+    """Packed rows' attention computed on the samples' own rows (``AttentionMask.sample_buckets``): each
+    sample's queries over its own keys, left-aligned, so a causal mask is SDPA's own (a sample's filler keys
+    come after all its real queries) and otherwise the key-padding mask hides the filler."""
+    B, H, T, d = q.shape
+    out = q.new_zeros(B * T, H, d)  # padding rows: 0 (never read)
+    for b in mask.sample_buckets():
+        o = F.scaled_dot_product_attention(
+            b.gathered(q, False), b.gathered(k, True), b.gathered(v, True),
+            attn_mask=None if mask.causal else b.key_mask, dropout_p=dropout_p, is_causal=mask.causal)
+        out = out.index_copy(0, b.tokens, o.transpose(1, 2).reshape(b.rows * b.width, H, d).index_select(0, b.filled))
     return out.view(B, T, H, d).transpose(1, 2)

@@ -1,8 +1,9 @@
 """Packed rows (training/packing.py, model/attention.py): several samples per row, each attending only to
 itself, give every sample exactly what it gets alone in its own padded row.
 
-Equality is checked in fp32 with dropout off, to 1e-5 relative / 2e-6 absolute (the packed and padded
-batches sum the same numbers in another order): the loss, NSP logits per pair, MLM logits at each masked
+Equality is checked in fp32 with dropout off, to 1e-5 relative / 5e-6 absolute (the packed and padded
+batches sum the same numbers in another order: attention runs on rows of another width, as in
+tests/test_packing_seq2seq.py): the loss, NSP logits per pair, MLM logits at each masked
 position of each sample, and every parameter's gradient, for MLM and NSP under every router (the MoE gate
 with a binding capacity, where the token order decides what is dropped), for rows of several tasks with
 projected attention layers, and (tests below) for ZeRO-1/2/3 on 2 ranks and the exact resume.
@@ -35,7 +36,7 @@ from skillnet.training.packing import (
 from tests.fixtures.pretrain.helpers import REPO, subprocess_env
 from tests.fixtures.warm import launch_fixture
 
-RTOL, ATOL = 1e-5, 2e-6
+RTOL, ATOL = 1e-5, 5e-6
 ROUTERS = {
     "task": {},
     "dense": {},
@@ -424,7 +425,7 @@ def test_the_start_log_says_per_task_whether_rows_pack_and_the_real_share() -> N
 
 def test_a_packed_row_may_be_longer_than_the_positions() -> None:
     """Positions restart at each sample, so rows of several samples may pass max_position_embeddings (fine-tuning
-    packs rows up to 4 times a task's limit): the same outputs as the padded batch; a padded row that long is
+    packs rows up to PACK_ROW_FACTOR times a task's limit): the same outputs as the padded batch; a padded row that long is
     still refused."""
     torch.manual_seed(0)
     cfg = SkillNetBertConfig.preset("tiny", hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0,
