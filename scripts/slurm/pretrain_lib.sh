@@ -82,6 +82,12 @@ finish_or_requeue() {
   last=$(latest_checkpoint)
   echo "[sbatch] training exited with $status; latest checkpoint: $last (this attempt began at $before)"
   if [ "$last" = "$(printf 'step_%08d' "$MAX_STEPS")" ]; then
+    if [ "$status" = 143 ] && [ -z "$CANCELLED" ]; then
+      # A stop signal (the timer's, or a preemption's) that reached the launcher as the training ended,
+      # after its last save: the run is done, not failed.
+      echo "[sbatch] the stop signal came as the training ended: its final checkpoint $last is complete"
+      exit 0
+    fi
     exit "$status"
   fi
   if [ -n "$CANCELLED" ]; then
