@@ -171,9 +171,24 @@ def _leaks(data: DenoisingDataset) -> tuple[float, float]:
     return float(moved[r][dseg[r] == 2].max()), float(moved[others].max())
 
 
-def test_no_sample_reads_another(data: DenoisingDataset) -> None:
-    """Change one sample's encoder tokens: its own logits move, no other sample's do."""
+@pytest.mark.parametrize("per_sample", [True, False], ids=["samples_rows", "block_mask"])
+def test_no_sample_reads_another(data: DenoisingDataset, per_sample: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Change one sample's encoder tokens: its own logits move, no other sample's do, on either CPU path of
+    the attention seam (the samples' own rows, the block mask)."""
+    from skillnet.model import attention
+    from skillnet.model.attention import AttentionMask
+
+    monkeypatch.setattr(attention, "USE_PER_SAMPLE", per_sample)
+    real, paths = AttentionMask.packed_pair, []
+
+    def watched(enc: torch.Tensor, dec: torch.Tensor) -> tuple[AttentionMask, AttentionMask, AttentionMask]:
+        masks = real(enc, dec)
+        paths.extend(m.per_sample for m in masks)
+        return masks
+
+    monkeypatch.setattr(AttentionMask, "packed_pair", staticmethod(watched))
     own, others = _leaks(data)
+    assert paths and all(p == per_sample for p in paths), paths
     assert own > 1e-4, "the changed sample's own logits did not move"
     assert others == 0, "a sample's encoder leaked into other samples"
 
