@@ -74,6 +74,8 @@ class TaskData:
         # Whether the run packs rows (TrainConfig.packing): training batches in the source, evaluation
         # batches of the types whose outputs are read per example (not beam search) in the codec.
         self.packing = bool(ft.train.packing) if ft is not None else False
+        # Layers compiled by --compile attend through the block mask, whose cost grows with a row's square.
+        self.row_factor = self.COMPILED_PACK_ROW_FACTOR if ft is not None and ft.train.compile else self.PACK_ROW_FACTOR
         if ft is not None:
             self._collect_sources(ft)
         self.kind_note = ""  # how the kind was inferred, for error messages
@@ -216,10 +218,11 @@ class TaskData:
     # micro-batch of 16 generation examples then fits one or two rows: csc + poetry_title real share
     # 90.8% -> 99.4% against 4 times (bench/packing.py's arm).
     PACK_ROW_FACTOR = 16
+    COMPILED_PACK_ROW_FACTOR = 4
 
     def pack(self, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """A padded batch of this task in packed rows where its codec packs and that computes fewer slots
-        (training/packing.py), rows at most PACK_ROW_FACTOR times the longest example this task's rows may
+        (training/packing.py), rows at most ``row_factor`` times the longest example this task's rows may
         have (a generation source may pass max_seq_len by its prefix; its targets are cut at
         max_target_len); else as it is."""
         from skillnet.training.packing import pack_where_it_pays
@@ -228,7 +231,7 @@ class TaskData:
         if not kind:
             return tensors
         pairs = kind == "pairs"
-        k = self.PACK_ROW_FACTOR
+        k = self.row_factor
         return pack_where_it_pays(
             tensors, self.tok.pad_id, row_len=k * max(self.max_len, tensors["input_ids"].shape[1]),
             unpack=kind == "tokens", decoder_start_id=self.tok.sep_id if pairs else None,

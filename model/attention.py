@@ -125,6 +125,8 @@ class AttentionMask:
         rows, to pay for their gathers (PER_SAMPLE_MAX_SHARE)."""
         assert self.segments is not None
         keys = self.segments if self.key_segments is None else self.key_segments
+        if self.key_segments is not None and not _same_samples(self.segments, keys):
+            return False  # the n-th query sample is not the n-th key sample: only the block mask pairs them
         scores = sum(b.rows * b.width * b.key_width for b in self.sample_buckets())
         return 0 < scores <= PER_SAMPLE_MAX_SHARE * self.segments.numel() * keys.shape[1]
 
@@ -176,8 +178,9 @@ def _varlen_layout(seg: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, int]:
 
 
 # Per-sample attention groups samples whose score counts (query length x key length) lie within this factor
-# of each other, in at most MAX_BUCKETS groups (one SDPA call each): no sample computes more than about
-# twice its own scores, where one group padded to the longest would cost N * longest^2.
+# of each other, in at most MAX_BUCKETS groups (one SDPA call each): in self-attention no sample of a group
+# but the last computes more than twice its own scores, where one group padded to the longest would cost
+# N * longest^2 (in cross-attention a group's widths are maxima over its samples' two sides, a looser bound).
 BUCKET_RATIO = 2.0
 MAX_BUCKETS = 4
 # The samples' own rows run where they compute at most this share of the block mask's scores: gathering the
@@ -209,6 +212,17 @@ class _SampleBucket:
         at, width = (self.gather_k, self.key_width) if keys else (self.gather, self.width)
         flat = t_BHSd.transpose(1, 2).reshape(B * S, H, d).index_select(0, at)
         return flat.view(self.rows, width, H, d).transpose(1, 2)
+
+
+def _same_samples(q_seg: torch.Tensor, k_seg: torch.Tensor) -> bool:
+    """Whether both sides hold the same samples, (row, segment id), each with at least one real token."""
+    m = int(max(q_seg.max(), k_seg.max())) + 1
+
+    def ids(seg: torch.Tensor) -> torch.Tensor:
+        at = torch.nonzero(seg > 0)
+        return torch.unique(at[:, 0] * m + seg[at[:, 0], at[:, 1]])
+
+    return bool(q_seg.shape[0] == k_seg.shape[0] and torch.equal(ids(q_seg), ids(k_seg)))
 
 
 def _slots(idx: torch.Tensor, cu: torch.Tensor, samples: torch.Tensor, counts: torch.Tensor, width: int

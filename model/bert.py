@@ -309,7 +309,7 @@ class SkillNetBertModel(SkillNetBertPreTrainedModel):
         routing.aux.clear()  # a routing passed in again: only this forward's losses count
         x = self.embeddings(input_ids, token_type_ids, position_ids)
         mask = AttentionMask.build(attention_mask, segment_ids, x.dtype)
-        hook = self._extras_hook(task, mask.additive, input_ids.device)
+        hook = self._extras_hook(task, mask, input_ids.device)
         hidden = [x] if output_hidden_states else None
         for i, layer in enumerate(self.encoder.layer):
             extra = None
@@ -330,9 +330,12 @@ class SkillNetBertModel(SkillNetBertPreTrainedModel):
     def task_extras(self) -> list[TaskExtras]:
         return [m for m in self.children() if isinstance(m, TaskExtras)]
 
-    def _extras_hook(self, task: str | Sequence[str] | None, mask_B11T: torch.Tensor | None,
+    def _extras_hook(self, task: str | Sequence[str] | None, mask: AttentionMask,
                      device: torch.device) -> LayerHook | None:
-        hooks = [h for m in self.task_extras() if (h := m.layer_hook(task, mask_B11T, device)) is not None]
+        extras = self.task_extras()
+        if not extras:  # packed rows' block mask is built only for task extras that read it
+            return None
+        hooks = [h for m in extras if (h := m.layer_hook(task, mask.additive, device)) is not None]
         return combine_hooks(hooks)
 
     # ---- skill views -----------------------------------------------------------------------------

@@ -112,3 +112,43 @@ def test_dropout_runs_on_the_samples_rows() -> None:
     q, k, v = (torch.randn(2, 2, 48, 8) for _ in range(3))
     train, evaluation = attend(q, k, v, mask, 0.5), attend(q, k, v, mask, 0.0)
     assert torch.isfinite(train).all() and not torch.allclose(train, evaluation)
+
+
+def test_cross_attention_between_other_samples_takes_the_block_mask() -> None:
+    """Decoder and encoder sides that do not hold the same (row, segment) samples cannot be paired by order:
+    the block mask, which pairs them by row and segment id, runs (it errored or read across rows)."""
+    enc = _segments([[2, 2], [3]], 4)  # samples (0,1) (0,2) (1,1)
+    dec = _segments([[2], [1, 1]], 4)  # samples (0,1) (1,1) (1,2)
+    _, _, cross = AttentionMask.packed_pair(enc, dec)
+    assert not cross.per_sample
+    q, k, v = torch.randn(2, 2, 4, 8), torch.randn(2, 2, 4, 8), torch.randn(2, 2, 4, 8)
+    got = attend(q, k, v, cross, 0.0)
+    want = F.scaled_dot_product_attention(q, k, v, attn_mask=cross.block_mask())
+    real = (dec > 0)[:, None, :, None].expand_as(got)
+    torch.testing.assert_close(got[real], want[real])
+
+
+def test_a_packed_forward_builds_no_block_mask_it_does_not_use(monkeypatch: pytest.MonkeyPatch) -> None:
+    """SkillNet-BERT on packed rows that the samples' own rows serve never builds the [B, 1, T, T] mask (the
+    task-extras hook read it on every forward); a model with PALs, which attend over it, still gets it."""
+    from skillnet.model import SkillNetBertConfig, SkillNetBertForMultiTask
+    from skillnet.training.packing import pack_rows
+
+    from tests.test_packing import HEADS
+
+    built = []
+    real = AttentionMask.block_mask
+    monkeypatch.setattr(AttentionMask, "block_mask", lambda self: built.append(1) or real(self))
+    lens = torch.tensor([12, 9, 30, 7, 5, 16])
+    mask = (torch.arange(32)[None, :] < lens[:, None]).long()
+    padded = {"input_ids": torch.randint(1000, 5000, (6, 32)) * mask, "attention_mask": mask,
+              "token_type_ids": torch.zeros(6, 32, dtype=torch.long)}
+    packed, _ = pack_rows(padded, 0, row_len=96)
+    for pals, want in ((False, 0), (True, 1)):
+        built.clear()
+        extra = {"pals_dim": 16, "pals_heads": 4} if pals else {}
+        cfg = SkillNetBertConfig.preset("tiny", task_heads=HEADS, tasks={"a": ["s1", "s7"], "b": ["s2", "s7"]},
+                                        **extra)
+        with torch.no_grad():
+            SkillNetBertForMultiTask(cfg).eval()(task="a", **packed)
+        assert len(built) == want, (pals, built)

@@ -371,7 +371,7 @@ def test_finetuning_rows_pack_every_type_that_pays_with_equal_loss_and_gradients
             continue
         kinds.add(a.task)
         tokens = td.codec.packs == "tokens"
-        want = pack_where_it_pays(a.tensors, tok.pad_id, row_len=td.PACK_ROW_FACTOR * td.max_len, unpack=tokens)
+        want = pack_where_it_pays(a.tensors, tok.pad_id, row_len=td.row_factor * td.max_len, unpack=tokens)
         assert b.tensors.keys() == want.keys() and all(torch.equal(want[k], b.tensors[k]) for k in want)
         # the rows the source chose, or where packing did not pay, rows of the task's max_seq_len
         forced = b.tensors if "segment_ids" in b.tensors else pack_rows(a.tensors, tok.pad_id, row_len=td.max_len,
@@ -551,3 +551,21 @@ def test_the_padding_command_reports_the_shares_a_run_would_see(data: Pretrainin
     assert lines[1].split() == ["objective", "one", "per", "row", "packed", "bound"]
     assert lines[2].split()[0] == "mlm" and lines[2].split()[1] == f"{got['unpacked']:.1%}"
     assert main([str(default_shards / "nope")]) == 2
+
+
+def test_compiled_layers_pack_shorter_rows() -> None:
+    """--compile's layers attend through the block mask, whose cost grows with a row's square: fine-tuning
+    packs their rows up to COMPILED_PACK_ROW_FACTOR times a task's limit, eager runs up to PACK_ROW_FACTOR."""
+    from skillnet.data_prep.tokenizer import load_tokenizer
+    from skillnet.finetune.config import FinetuneConfig
+    from skillnet.finetune.tasks import TaskData
+
+    from tests.test_finetune_e2e import tiny_config
+
+    tok = load_tokenizer(None)
+    for compile_, want in ((False, TaskData.PACK_ROW_FACTOR), (True, TaskData.COMPILED_PACK_ROW_FACTOR)):
+        d = tiny_config(Path("unused"))
+        d["train"] = {**d["train"], "compile": compile_}
+        cfg = FinetuneConfig.from_dict(d)
+        assert {TaskData(t, cfg, tok).row_factor for t in cfg.tasks} == {want}
+    assert TaskData.COMPILED_PACK_ROW_FACTOR < TaskData.PACK_ROW_FACTOR
