@@ -107,9 +107,7 @@ def share_bound(per_objective: list[np.ndarray], seq: int) -> float:
 def computed_pairs(segment_ids: torch.Tensor) -> int:
     """The query-key pairs the attention seam computes over these packed rows on the CPU."""
     mask = AttentionMask.build(None, segment_ids, torch.float32)
-    if mask.per_sample:
-        return sum(b.rows * b.width * b.key_width for b in mask.sample_buckets())
-    return segment_ids.numel() * segment_ids.shape[1]
+    return mask.sample_scores() if mask.per_sample else segment_ids.numel() * segment_ids.shape[1]
 
 
 def measure(args: argparse.Namespace, shards: Path, seq: int) -> dict[str, Any]:

@@ -75,7 +75,8 @@ class TaskData:
         # batches of the types whose outputs are read per example (not beam search) in the codec.
         self.packing = bool(ft.train.packing) if ft is not None else False
         # Layers compiled by --compile attend through the block mask, whose cost grows with a row's square.
-        self.row_factor = self.COMPILED_PACK_ROW_FACTOR if ft is not None and ft.train.compile else self.PACK_ROW_FACTOR
+        compiled = ft is not None and ft.train.compile
+        self.row_factor = self.COMPILED_PACK_ROW_FACTOR if compiled else self.PACK_ROW_FACTOR
         if ft is not None:
             self._collect_sources(ft)
         self.kind_note = ""  # how the kind was inferred, for error messages

@@ -16,8 +16,8 @@ batch once per forward; `attend` picks the kernel:
   kernel, which takes a mask and dropout and runs on sm70 in fp16) runs instead where the samples' rows
   would not save enough scores to pay for their gathers (a few long samples per row:
   `AttentionMask.per_sample_pays`), and inside a layer compiled by ``--compile``, whose one graph per shape
-  family cannot follow the groups of every batch. The choice and its layouts are made once per forward,
-  before the layers (`AttentionMask._planned`).
+  family cannot follow the groups of every batch. The choice and its layouts are made on first use and
+  shared by every layer of the forward.
 * packed rows on CUDA (sm80+, fp16/bf16, no attention dropout in this forward, e.g. evaluation or a config
   with ``attention_probs_dropout_prob=0``): torch's variable-length
   flash kernel over the real tokens only (``torch.nn.attention.varlen``): no FLOP is spent on padding or on
@@ -56,7 +56,7 @@ class AttentionMask:
     _varlen: tuple[torch.Tensor, torch.Tensor, int] | None = field(default=None, repr=False)
     _varlen_k: tuple[torch.Tensor, torch.Tensor, int] | None = field(default=None, repr=False)
     _samples: list[_SampleBucket] | None = field(default=None, repr=False)
-    per_sample: bool = False  # packed rows off the variable-length kernel: the samples' own rows (decided once)
+    _per_sample: bool | None = field(default=None, repr=False)
 
     @staticmethod
     def build(attention_mask_BT: torch.Tensor | None, segment_ids_BT: torch.Tensor | None,
@@ -71,25 +71,16 @@ class AttentionMask:
     @staticmethod
     def packed_self(segment_ids_BT: torch.Tensor, causal: bool = False) -> AttentionMask:
         """Self-attention inside each sample of packed rows (``causal``: a decoder's, token i sees j <= i)."""
-        return AttentionMask(None, segment_ids_BT, causal=causal)._planned()
+        return AttentionMask(None, segment_ids_BT, causal=causal)
 
     @staticmethod
     def packed_pair(encoder_segments_BS: torch.Tensor, decoder_segments_BT: torch.Tensor
                     ) -> tuple[AttentionMask, AttentionMask, AttentionMask]:
         """The three attentions of an encoder-decoder over packed rows: (encoder self, decoder causal self,
         cross), where the decoder's sample k of a row reads the encoder's sample k of the same row."""
-        cross = AttentionMask(None, decoder_segments_BT, key_segments=encoder_segments_BS)._planned()
+        cross = AttentionMask(None, decoder_segments_BT, key_segments=encoder_segments_BS)
         return (AttentionMask.packed_self(encoder_segments_BS),
                 AttentionMask.packed_self(decoder_segments_BT, causal=True), cross)
-
-    def _planned(self) -> AttentionMask:
-        """Packed rows' layouts, built here in the model's forward, before its layers (a layer compiled by
-        ``--compile`` then reads tensors and flags, and builds nothing): the samples' rows, and the choice
-        between them and the block mask, built now where it is the one the CPU path will take."""
-        self.per_sample = USE_PER_SAMPLE and self.per_sample_pays()
-        if not self.per_sample:
-            self.additive  # noqa: B018 (built and kept)
-        return self
 
     @property
     def packed(self) -> bool:
@@ -111,6 +102,19 @@ class AttentionMask:
         keys = self.segments if self.key_segments is None else self.key_segments
         return _block_mask(self.segments, keys, self.causal)[:, None]
 
+    @property
+    def per_sample(self) -> bool:
+        """Whether packed rows off the variable-length kernel attend on the samples' own rows rather than
+        through the block mask: decided on first use, once per forward (never where the varlen kernel runs,
+        nor inside a compiled layer, which computes the block mask in its graph)."""
+        if self._per_sample is None:
+            self._per_sample = USE_PER_SAMPLE and self.per_sample_pays()
+        return self._per_sample
+
+    def sample_scores(self) -> int:
+        """The query-key pairs the samples' own rows compute."""
+        return sum(b.rows * b.width * b.key_width for b in self.sample_buckets())
+
     def sample_buckets(self) -> list[_SampleBucket]:
         """The samples gathered one per row, in buckets of similar size (`_buckets`): the keys' row n of a
         bucket is its queries' sample n."""
@@ -125,10 +129,10 @@ class AttentionMask:
         rows, to pay for their gathers (PER_SAMPLE_MAX_SHARE)."""
         assert self.segments is not None
         keys = self.segments if self.key_segments is None else self.key_segments
-        if self.key_segments is not None and not _same_samples(self.segments, keys):
+        if self.key_segments is not None and not torch.equal(_sample_ids(self.segments, self.varlen_layout()),
+                                                             _sample_ids(keys, self.varlen_key_layout())):
             return False  # the n-th query sample is not the n-th key sample: only the block mask pairs them
-        scores = sum(b.rows * b.width * b.key_width for b in self.sample_buckets())
-        return 0 < scores <= PER_SAMPLE_MAX_SHARE * self.segments.numel() * keys.shape[1]
+        return 0 < self.sample_scores() <= PER_SAMPLE_MAX_SHARE * self.segments.numel() * keys.shape[1]
 
     def varlen_layout(self) -> tuple[torch.Tensor, torch.Tensor, int]:
         """(flat indices of the real query tokens in sample order, cumulative sample lengths [N+1] int32,
@@ -214,15 +218,11 @@ class _SampleBucket:
         return flat.view(self.rows, width, H, d).transpose(1, 2)
 
 
-def _same_samples(q_seg: torch.Tensor, k_seg: torch.Tensor) -> bool:
-    """Whether both sides hold the same samples, (row, segment id), each with at least one real token."""
-    m = int(max(q_seg.max(), k_seg.max())) + 1
-
-    def ids(seg: torch.Tensor) -> torch.Tensor:
-        at = torch.nonzero(seg > 0)
-        return torch.unique(at[:, 0] * m + seg[at[:, 0], at[:, 1]])
-
-    return bool(q_seg.shape[0] == k_seg.shape[0] and torch.equal(ids(q_seg), ids(k_seg)))
+def _sample_ids(seg: torch.Tensor, layout: tuple[torch.Tensor, torch.Tensor, int]) -> torch.Tensor:
+    """[2, N]: the (row, segment id) of each sample of a `_varlen_layout`, in its order."""
+    idx, cu, _ = layout
+    first = idx[cu[:-1].long()]
+    return torch.stack([first // seg.shape[1], seg.flatten()[first]])
 
 
 def _slots(idx: torch.Tensor, cu: torch.Tensor, samples: torch.Tensor, counts: torch.Tensor, width: int
@@ -310,10 +310,13 @@ def _per_sample(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Attenti
     sample's queries over its own keys, left-aligned, so a causal mask is SDPA's own (a sample's filler keys
     come after all its real queries) and otherwise the key-padding mask hides the filler."""
     B, H, T, d = q.shape
-    out = q.new_zeros(B * T, H, d)  # padding rows: 0 (never read)
-    for b in mask.sample_buckets():
+    buckets = mask.sample_buckets()
+    real = []
+    for b in buckets:
         o = F.scaled_dot_product_attention(
             b.gathered(q, False), b.gathered(k, True), b.gathered(v, True),
             attn_mask=None if mask.causal else b.key_mask, dropout_p=dropout_p, is_causal=mask.causal)
-        out = out.index_copy(0, b.tokens, o.transpose(1, 2).reshape(b.rows * b.width, H, d).index_select(0, b.filled))
+        real.append(o.transpose(1, 2).reshape(b.rows * b.width, H, d).index_select(0, b.filled))
+    tokens = torch.cat([b.tokens for b in buckets])
+    out = q.new_zeros(B * T, H, d).index_copy(0, tokens, torch.cat(real))  # padding rows: 0 (never read)
     return out.view(B, T, H, d).transpose(1, 2)

@@ -72,12 +72,12 @@ def test_the_block_mask_path_agrees(monkeypatch: pytest.MonkeyPatch) -> None:
     seg = _segments(ENC, 48)
     q, k, v = (torch.randn(2, 4, 48, 16) for _ in range(3))
     mask = AttentionMask.build(None, seg, torch.float32)
-    assert mask.per_sample and mask._block is None  # the block mask is not built where it is not used
     per_sample = attend(q, k, v, mask, 0.0)
+    assert mask.per_sample and mask._block is None  # the block mask is not built where it is not used
     monkeypatch.setattr(attention, "USE_PER_SAMPLE", False)
     mask = AttentionMask.build(None, seg, torch.float32)
-    assert not mask.per_sample and mask._block is not None
     block = attend(q, k, v, mask, 0.0)
+    assert not mask.per_sample and mask._block is not None
     real = (seg > 0)[:, None, :, None].expand_as(block)
     torch.testing.assert_close(per_sample[real], block[real], rtol=RTOL, atol=ATOL)
 
