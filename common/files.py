@@ -7,6 +7,10 @@ one, never a part, and a failed write removes its temporary file. Each write has
 (``.<name>.<random>.tmp``), so processes that write the same file at once (the jobs of a data_prep array
 copying one vocab) never write into each other's. A process killed mid-write leaves its temporary behind:
 whoever alone writes a file and resumes after such a kill removes them (`remove_temporaries`).
+
+After the rename the folder itself is fsync'ed too (`fsync_dir`): a file's data reaches the disk with its own
+fsync, but its name only with its folder's, so without it a machine crash (power loss, kernel panic) may lose the
+rename while keeping what was written after it. A process crash loses neither: the kernel has both.
 """
 
 from __future__ import annotations
@@ -31,6 +35,8 @@ __all__ = [
     "atomic_write_bytes",
     "atomic_write_json",
     "atomic_write_text",
+    "fsync_dir",
+    "fsync_tree",
     "read_bytes",
     "read_text",
     "remove_temporaries",
@@ -53,7 +59,38 @@ def atomic_write(path: str | os.PathLike[str], write: Callable[[IO[Any]], Any], 
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+    fsync_dir(path.parent)
     return result
+
+
+def fsync_dir(path: str | os.PathLike[str]) -> None:
+    """Make the names in folder `path` (files created, renamed or removed there) durable."""
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    try:
+        os.fsync(fd)
+    except OSError:  # some file systems cannot fsync a folder (they order their metadata themselves)
+        pass
+    finally:
+        os.close(fd)
+
+
+def fsync_tree(path: str | os.PathLike[str]) -> None:
+    """fsync every file under folder `path`, then every folder bottom up (for files that others wrote with a
+    plain open, e.g. DeepSpeed's ``torch.save``): afterwards a machine crash keeps all of them."""
+    folders = []
+    for root, _dirs, files in os.walk(path):
+        folders.append(root)
+        for name in files:
+            try:
+                fd = os.open(os.path.join(root, name), os.O_RDONLY)
+            except FileNotFoundError:  # another writer's temporary, renamed meanwhile: its rename fsyncs it
+                continue
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+    for root in reversed(folders):
+        fsync_dir(root)
 
 
 def remove_temporaries(path: str | os.PathLike[str]) -> int:

@@ -10,6 +10,7 @@ import sys
 from typing import TYPE_CHECKING
 
 from skillnet.common.cli import Parser
+from skillnet.common.safe_load import add_trust_flag
 
 if TYPE_CHECKING:
     from .plain import TaskLoader
@@ -69,6 +70,7 @@ def build_parser() -> Parser:
         help="require a dense checkpoint (pretrain/run.py --dense or --arch bart) and write a plain HF folder; "
         "without it the kind is read from the checkpoint's model config all the same",
     )
+    add_trust_flag(p)
     return p
 
 

@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from skillnet.common.safe_load import load as safe_load
 from skillnet.model.spec import (
     MODEL_FAMILIES,
     ModelSpec,
@@ -112,14 +113,16 @@ def load_checkpoint_state(root: Path, tag: str) -> dict[str, torch.Tensor]:
     """fp32 model state dict of a plain or DeepSpeed checkpoint."""
     d = root / tag
     if (d / "plain.pt").is_file():
-        return torch.load(d / "plain.pt", map_location="cpu", weights_only=False)["model"]
+        return safe_load(d / "plain.pt")["model"]
     if list(d.glob("*zero_pp_rank_*optim_states.pt")) or list(d.glob("zero_pp_rank_*")):
         from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+        from skillnet.training.deepspeed_patches import safe_checkpoint_loads
 
-        return get_fp32_state_dict_from_zero_checkpoint(str(root), tag=tag)
+        with safe_checkpoint_loads():
+            return get_fp32_state_dict_from_zero_checkpoint(str(root), tag=tag)
     states = sorted(d.glob("mp_rank_*_model_states.pt"))
     if states:  # DeepSpeed without ZeRO: the module is saved whole
-        return torch.load(states[0], map_location="cpu", weights_only=False)["module"]
+        return safe_load(states[0])["module"]
     raise FileNotFoundError(f"{d}: neither plain.pt nor DeepSpeed model states found")
 
 
@@ -247,6 +250,9 @@ def export(
     if (Path(checkpoint) / "config.json").is_file() and not (Path(checkpoint) / "checkpoints").is_dir():
         return reexport(checkpoint, out, task, overwrite=overwrite)
     root, tag = locate_checkpoint(checkpoint, tag)
+    from skillnet.training.checkpoint import check_trusted
+
+    check_trusted(root / tag)  # before --out is touched: a refused checkpoint leaves nothing behind
     out = _claim_export(out, root.parent, root / tag,
                         {"init_unused": init_unused, "dense": dense, "task": task}, overwrite)
     cfg_file = root / tag / "model_config.json"
@@ -272,7 +278,7 @@ def export(
     run_dir = root.parent
     tfile = root / tag / "trainer_rank0.pt"
     if tfile.is_file():
-        step = int(torch.load(tfile, map_location="cpu", weights_only=False)["step"])
+        step = int(safe_load(tfile)["step"])
     args_file = run_dir / "run_args.json"
     run_args = json.loads(args_file.read_text()) if args_file.is_file() else {}
     _save_tokenizer(tmp, run_args.get("shards"), saved.config.vocab_size)

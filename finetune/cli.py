@@ -26,6 +26,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from skillnet.common.cli import Parser
+from skillnet.common.safe_load import UntrustedCheckpointError, add_trust_flag
 from skillnet.data_prep.tasks.schema import TaskDataError
 from skillnet.training.config import add_train_flags, check_train_flags, train_overrides
 
@@ -131,6 +132,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--resume", help="'auto' (the newest intact checkpoint in the output dir, if any) or a "
                    "checkpoint directory; default: 'auto' when the output dir holds an unfinished run of the same "
                    "configuration, else start")
+    add_trust_flag(g)
     g.add_argument("--overwrite", action="store_true",
                    help="train into an output dir that holds another run (its results, checkpoints and exports are "
                         "replaced); without it such a dir is refused, and a finished run of the same configuration "
@@ -241,7 +243,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         run(cfg, ds_config=a.ds_config, resume=resume, tensorboard=not a.no_tensorboard,
             progress=not a.no_progress, where=a.config)
     except (ConfigError, TaskDataError, TokenizerError, FileNotFoundError, OutputError, LaunchError,
-            DsConfigError) as e:
+            DsConfigError, UntrustedCheckpointError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     return 0

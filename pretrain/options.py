@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 
 from skillnet.common.cli import Parser
+from skillnet.common.safe_load import add_trust_flag
 from skillnet.pretrain.archs import ARCHS, MASK_RATIO, POISSON_LAMBDA
 from skillnet.pretrain.recipes import PRETRAIN_DEFAULTS, RECIPES, TRAIN_SETTINGS
 from skillnet.training.config import add_train_flags
@@ -171,8 +172,9 @@ def build_parser(description: str | None = None) -> argparse.ArgumentParser:
         default="auto",
         help="'auto' (default): continue from <output_dir>/checkpoints/latest if present; 'none'; or a path. "
         "A DeepSpeed checkpoint may be resumed on another number of ranks (same ZeRO stage): the global batch "
-        "is kept and micro-batch x accumulation re-derived (docs/pretrain.md, 'Requeue on another size')",
+        "is kept and micro-batch x accumulation re-derived (docs/training.md, 'Requeue on another size')",
     )
+    add_trust_flag(t)
     t.add_argument(
         "--overwrite",
         action="store_true",

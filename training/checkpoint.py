@@ -30,7 +30,9 @@ from typing import Any
 
 import numpy as np
 import torch
-from skillnet.common.files import atomic_torch_save, atomic_write_text
+from skillnet.common.files import atomic_torch_save, atomic_write_text, fsync_dir, fsync_tree
+from skillnet.common.safe_load import UntrustedCheckpointError, check_file
+from skillnet.common.safe_load import load as safe_load
 
 from . import dist as D
 from .reshard import (
@@ -46,6 +48,7 @@ __all__ = [
     "CheckpointError",
     "ResumeError",
     "checkpoint_problem",
+    "check_trusted",
     "kind_problem",
     "CheckpointManager",
     "checkpoint_root",
@@ -119,6 +122,8 @@ def checkpoint_problem(tdir: Path) -> str | None:
         return problem
     try:
         world = int(read_trainer_state(tdir)["world_size"])
+    except UntrustedCheckpointError:  # not damaged: refused, and no older checkpoint is silently taken instead
+        raise
     except Exception as e:  # noqa: BLE001 - any unreadable state is a damaged checkpoint
         return f"trainer_rank0.pt cannot be read ({type(e).__name__})"
     for r in range(1, world):
@@ -140,6 +145,15 @@ def checkpoint_problem(tdir: Path) -> str | None:
         if problem:
             return problem
     return None
+
+
+def check_trusted(tdir: Path) -> None:
+    """Refuse checkpoint ``tdir`` (`UntrustedCheckpointError`, naming the file and the global) if any of its
+    files needs a global outside common/safe_load.py's allowlist, unless ``--trust-checkpoint``. Every rank
+    checks every file before any rank loads one, so all refuse together instead of some waiting in a collective
+    for a rank that refused its own file."""
+    for f in sorted(tdir.glob("*.pt")):
+        check_file(f)
 
 
 def kind_problem(tdir: Path, saved_world: int, world_size: int, deepspeed: bool) -> str | None:
@@ -258,7 +272,11 @@ class CheckpointManager:
             atomic_write_text(root / tag / "model_config.json", model_config.to_json_string())
         D.barrier()
         if main:  # every rank has finished writing: the marker goes last
-            mark_complete(root / tag, step)
+            # Durable before anything points at it: every file's data and name, and the tag's name in root
+            # (DeepSpeed writes its files with a plain open; a machine crash could keep `complete` without them).
+            fsync_tree(root / tag)
+            fsync_dir(root)
+            mark_complete(root / tag, step)  # atomic, and its folder fsynced: only then may `latest` name it
             atomic_write_text(root / "latest", tag + "\n")
             rotate(root, self.keep_last)
         D.barrier()
@@ -269,18 +287,24 @@ class CheckpointManager:
         run's checkpoints directory, None when there is none; else a checkpoints directory (its newest
         complete one) or one ``step_*`` directory, and an error when it is neither or incomplete."""
         if resume == "auto":
-            return self._newest_intact(self.root, resume, none_ok=True)
+            return self._trusted(self._newest_intact(self.root, resume, none_ok=True))
         p = Path(resume)
         if (p / "latest").is_file() or complete_tags(p):
-            return self._newest_intact(p, resume, none_ok=False)
+            return self._trusted(self._newest_intact(p, resume, none_ok=False))
         if p.is_dir() and p.name.startswith("step_"):
             # One checkpoint asked for by name: it is that one or none (no silent substitute).
             problem = checkpoint_problem(p)
             if problem:
                 raise CheckpointError(f"--resume {resume}: cannot resume from it: {problem}; resume from an "
                                       f"earlier one or use --resume auto")
-            return p
+            return self._trusted(p)
         raise CheckpointError(f"--resume {resume}: not a checkpoint directory (no 'latest', not step_*)")
+
+    @staticmethod
+    def _trusted(tdir: Path | None) -> Path | None:
+        if tdir is not None:
+            check_trusted(tdir)
+        return tdir
 
     def _newest_intact(self, root: Path, resume: str, none_ok: bool) -> Path | None:
         """The newest complete checkpoint under ``root`` that is intact; each damaged newer one is named in a
@@ -322,7 +346,7 @@ class CheckpointManager:
                 self._load_engine(engine, tdir.parent, tdir)
             else:
                 assert plain is not None, "a plain run loads its model, optimizer and scheduler"
-                saved = torch.load(tdir / "plain.pt", map_location="cpu", weights_only=False)
+                saved = safe_load(tdir / "plain.pt")
                 for k, v in plain.items():
                     v.load_state_dict(saved[k])
             return state
@@ -351,9 +375,12 @@ class CheckpointManager:
 
     @staticmethod
     def _load_engine(engine: Any, load_dir: Path, tdir: Path) -> None:
-        load_path, _ = engine.load_checkpoint(
-            str(load_dir), tag=tdir.name, load_optimizer_states=True, load_lr_scheduler_states=True
-        )
+        from .deepspeed_patches import safe_checkpoint_loads  # noqa: PLC0415
+
+        with safe_checkpoint_loads():
+            load_path, _ = engine.load_checkpoint(
+                str(load_dir), tag=tdir.name, load_optimizer_states=True, load_lr_scheduler_states=True
+            )
         if load_path is None:
             raise RuntimeError(f"DeepSpeed could not load checkpoint {tdir}")
 

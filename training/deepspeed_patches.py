@@ -1,4 +1,5 @@
-"""Every place the trainer reaches into DeepSpeed's internals, in one file.
+"""Every place the trainer reaches into DeepSpeed's internals, in one file (the lock of torch's JIT op builds,
+which DeepSpeed's ops take, is training/op_build.py's).
 
 Each patch below relies on private attributes or on the exact behaviour of one DeepSpeed release series and
 names it (`Patch.written_for`). Where the installed DeepSpeed is another series, a patch that only saves time
@@ -16,28 +17,19 @@ against the new release before widening `written_for` (and pyproject's deepspeed
 * `run_runner_with_node_launcher` + `run_node_launcher_waiting` (a stop's save, refused on another series):
   DeepSpeed's launcher that waits for the ranks' save on TERM/INT instead of killing them 30 s later
   (training/ds_launch.py is its command).
-* `install_op_build_lock` (a launch that would wait forever; written for torch's cpp_extension, skipped on
-  another torch series): the lock of DeepSpeed's JIT op builds records its builder, and a lock whose builder
-  is gone is taken over and the op rebuilt instead of waited on without end.
+* `safe_checkpoint_loads` (refused on another series: loading would run code): DeepSpeed's checkpoint reads,
+  which ask `torch.load` for full pickle, go through common/safe_load.py's weights-only rule.
 """
 
 from __future__ import annotations
 
 import contextlib
-import errno
-import fcntl
-import functools
-import json
 import math
-import os
 import signal
-import socket
 import subprocess
 import sys
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -50,11 +42,11 @@ __all__ = [
     "deepspeed_series",
     "device_overflow_guard",
     "foreach_grad_norm",
-    "install_op_build_lock",
     "installed_series",
     "nonfinite_norm",
     "run_node_launcher_waiting",
     "run_runner_with_node_launcher",
+    "safe_checkpoint_loads",
     "sync_free_clip",
 ]
 
@@ -78,9 +70,9 @@ FOREACH_GRAD_NORM = Patch("foreach_grad_norm", (0, 19), correctness=False)
 # Refused rather than skipped: DeepSpeed's own launcher would cut a stop's save at 30 s again, and a batch job
 # requeued from its previous checkpoint says nothing of it.
 LAUNCHER_WAITS = Patch("launcher_waits_for_ranks", (0, 19), correctness=True)
-# Skipped rather than refused: without it a launch may wait on a dead build's lock, it never trains wrong.
-OP_BUILD_LOCK = Patch("op_build_lock", (2, 13), correctness=False, package="torch")
-PATCHES = (STALE_GRADIENTS, OVERFLOW_GUARD, SYNC_FREE_CLIP, FOREACH_GRAD_NORM, LAUNCHER_WAITS, OP_BUILD_LOCK)
+# Refused rather than skipped: another series may read its files some other way, and a planted pickle would run.
+SAFE_LOADS = Patch("safe_checkpoint_loads", (0, 19), correctness=True)
+PATCHES = (STALE_GRADIENTS, OVERFLOW_GUARD, SYNC_FREE_CLIP, FOREACH_GRAD_NORM, LAUNCHER_WAITS, SAFE_LOADS)
 
 _warned: set[str] = set()
 
@@ -229,23 +221,46 @@ def foreach_grad_norm(zero_optimizer: Any) -> None:
     zero_optimizer.get_grad_norm_direct = get_grad_norm_direct
 
 
-def run_node_launcher_waiting(argv: list[str], grace: float) -> None:
+def safe_checkpoint_loads() -> contextlib.AbstractContextManager[None]:
+    """A block in which DeepSpeed's checkpoint reads (its checkpoint engine's, the universal conversion's and
+    load's, zero_to_fp32's) load weights only, as the project's own do. DeepSpeed 0.19 calls ``torch.load(...,
+    weights_only=False)`` through the module's attribute at each of them, which `guard_torch_load` replaces."""
+    from skillnet.common.safe_load import guard_torch_load  # noqa: PLC0415
+
+    _applies(SAFE_LOADS)
+    return guard_torch_load()
+
+
+def run_node_launcher_waiting(argv: list[str], grace: float,
+                              on_rank_failure: Callable[[list[Any]], Any] | None = None) -> None:
     """``python -m deepspeed.launcher.launch argv``, whose TERM/INT waits up to `grace` s for the ranks.
 
     DeepSpeed 0.19's per-node launcher forwards a stop signal to the ranks and SIGKILLs them 30 s later
     (``terminate_process_tree``), which cuts a longer checkpoint save. Under a scheduler that signals every
     process of a step the ranks got the signal themselves: here they are waited for and killed only past
     `grace`. A rank that fails on its own (no signal) still takes the others down DeepSpeed's way. Exits 0
-    where DeepSpeed exits 1 after a signal although every rank returned 0."""
+    where DeepSpeed exits 1 after a signal although every rank returned 0. `on_rank_failure` gets the ranks'
+    processes (``subprocess.Popen``, their environment as ``skillnet_env``) once, when one failed on its own."""
     _applies(LAUNCHER_WAITS)
     import psutil  # noqa: PLC0415  (DeepSpeed's own dependency)
     from deepspeed.launcher import launch  # noqa: PLC0415
 
     signalled: list[int] = []  # a stop signal that reached launch.main's handler (not a rank failure)
     original = launch.terminate_process_tree
+    spawned: list[Any] = []  # the ranks, as launch.main starts them (it names only its last command on failure)
+    real_popen = subprocess.Popen
+
+    class Popen(real_popen):  # type: ignore[misc, valid-type]
+        def __init__(self, cmd: Any, *a: Any, **kw: Any) -> None:
+            super().__init__(cmd, *a, **kw)
+            self.skillnet_env = kw.get("env")
+            spawned.append(self)
 
     def terminate_process_tree(pid: int) -> None:
         if not signalled:  # a rank failed: DeepSpeed's way (TERM the rest, kill them 30 s later)
+            if on_rank_failure is not None and spawned:
+                on_rank_failure(list(spawned))
+                spawned.clear()  # named once, before the first of the others is stopped
             original(pid)
             return
         # a stop signal: every rank got it as well; wait for them to save and exit, kill only past the grace
@@ -269,6 +284,7 @@ def run_node_launcher_waiting(argv: list[str], grace: float) -> None:
         return real_signal(signum, handler)
 
     launch.terminate_process_tree = terminate_process_tree
+    launch.subprocess.Popen = Popen  # type: ignore[misc]
     signal.signal = install  # type: ignore[assignment]  # launch.main installs its handlers through this
     sys.argv = [launch.__file__, *argv]
     try:
@@ -281,6 +297,7 @@ def run_node_launcher_waiting(argv: list[str], grace: float) -> None:
     finally:
         signal.signal = real_signal
         launch.terminate_process_tree = original
+        launch.subprocess.Popen = real_popen  # type: ignore[misc]
 
 
 def run_runner_with_node_launcher(argv: list[str], node_module: list[str]) -> None:
@@ -311,255 +328,3 @@ def run_runner_with_node_launcher(argv: list[str], node_module: list[str]) -> No
         runner.main()
     finally:
         runner.subprocess.Popen = real_popen  # type: ignore[misc]
-
-
-# ---- the op build lock ----------------------------------------------------------------------------------------
-# torch 2.13's cpp_extension._jit_compile guards each JIT build with FileBaton(<build dir>/lock): the builder
-# creates the file and removes it when done; everyone else polls until it is gone, without end. A build killed
-# by a signal (a preemption at job start, Ctrl-C, SIGKILL) never removes it, so every later launch that builds
-# or loads an op from that folder (a shared home: every job of the user) waits forever. Here the lock records
-# its builder (host, boot, pid), and the builder holds an advisory lock (flock) on it, which the kernel (or the
-# NFS server) drops when the process dies whatever killed it. A waiter that finds the flock free takes the lock
-# over in one rename and rebuilds the op itself; while the builder lives, it says whom it waits for.
-
-OP_LOCK_UNOWNED_STALE_S = 600.0  # a lock without an owner record (torch's own, an older SkillNet): see _gone
-_CHECK_EVERY_S = 1.0  # how often a waiter looks at the lock's owner (torch polls the file every 0.1 s)
-_SAY_AFTER_S = 5.0  # a waiter says whom it waits for once it has waited this long (the usual wait: an up-to-date op)
-_SAY_EVERY_S = 60.0  # and then again this often
-_TAKEN: dict[str, int] = {}  # lock path -> fd of a lock this process took over in wait(), for its rebuild
-
-
-class _Rebuild(Exception):
-    """wait() took over a dead builder's lock: the build must run again, in this process."""
-
-
-def _boot_id() -> str:
-    with contextlib.suppress(OSError), open("/proc/sys/kernel/random/boot_id", encoding="ascii") as f:
-        return f.read().strip()
-    return ""
-
-
-def _started(pid: int) -> str | None:
-    """The start time of process `pid` in clock ticks since boot (tells a reused pid apart); None if none runs."""
-    try:
-        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as f:
-            return f.read().rsplit(")", 1)[1].split()[19]
-    except (OSError, IndexError):
-        return None
-
-
-def _owner_record() -> bytes:
-    pid = os.getpid()
-    return json.dumps({"pid": pid, "host": socket.gethostname(), "boot_id": _boot_id(), "started": _started(pid),
-                       "since": time.time()}).encode()
-
-
-def _try_flock(fd: int) -> bool | None:
-    """Take the flock of `fd` without waiting: True taken, False another process holds it, None unsupported."""
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        return True
-    except BlockingIOError:
-        return False
-    except OSError as e:
-        if e.errno in (errno.EAGAIN, errno.EACCES):
-            return False
-        return None  # ENOLCK, EOPNOTSUPP, EBADF: a filesystem without locks
-
-
-def _lock_file(path: str, place: Callable[[str, str], None]) -> int | None:
-    """A new lock file of this process (owner record written, flock held) put at `path` by ``place(tmp, path)``:
-    os.link (only where nothing is: an acquire) or os.replace (a takeover). The record is complete and the flock
-    held before the name appears, so no one sees an ownerless lock of ours. Returns its fd, None if `path` is
-    taken."""
-    tmp = f"{path}.{socket.gethostname()}.{os.getpid()}.tmp"
-    fd = os.open(tmp, os.O_CREAT | os.O_TRUNC | os.O_RDWR, 0o644)
-    try:
-        _try_flock(fd)
-        os.write(fd, _owner_record())
-        try:
-            place(tmp, path)
-        except FileExistsError:
-            os.close(fd)
-            return None
-        except OSError as e:  # a filesystem without hard links: torch's own O_EXCL create, record written after
-            if e.errno not in (errno.EPERM, errno.EOPNOTSUPP, errno.ENOTSUP) or place is not os.link:
-                raise
-            os.close(fd)
-            try:
-                fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o644)
-            except FileExistsError:
-                return None
-            _try_flock(fd)
-            os.write(fd, _owner_record())
-        return fd
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.close(fd)
-        raise
-    finally:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-
-
-def _held_open_here(path: str) -> bool:
-    """Whether another process on this machine that this user can see has `path` open (torch's own FileBaton
-    keeps its lock open for the whole build)."""
-    target, me = os.path.realpath(path), str(os.getpid())
-    for fd_dir in Path("/proc").glob("[0-9]*/fd"):
-        if fd_dir.parent.name == me:  # this process has it open only to look at it
-            continue
-        with contextlib.suppress(OSError):
-            for fd in fd_dir.iterdir():
-                with contextlib.suppress(OSError):
-                    if os.readlink(fd) == target:
-                        return True
-    return False
-
-
-def _describe(owner: dict[str, Any] | None, st: os.stat_result) -> str:
-    if not owner:
-        return f"a build without an owner record, its lock {(time.time() - st.st_mtime) / 60:.0f} min old"
-    return (f"the build of pid {owner.get('pid')} on {owner.get('host')}, "
-            f"started {(time.time() - float(owner.get('since', st.st_mtime))) / 60:.1f} min ago")
-
-
-def _gone(owner: dict[str, Any] | None, st: os.stat_result, flocked: bool | None, path: str) -> str | None:
-    """Why the builder of the lock at `path` is gone, or None if it may still run. `flocked`: this process just
-    took the lock file's flock (True), found it held (False: never called then), or the filesystem has none."""
-    age = time.time() - st.st_mtime
-    if owner is None:
-        # torch's own lock (or an older SkillNet's): no owner to ask; a local builder still has it open, and a
-        # build on another machine of a shared home takes minutes, not this long
-        if _held_open_here(path) or age < OP_LOCK_UNOWNED_STALE_S:
-            return None
-        return (f"it records no owner, no process on this machine has it open, and it is {age / 60:.0f} min old "
-                "(a build takes minutes)")
-    if flocked:
-        return f"pid {owner.get('pid')} on {owner.get('host')} no longer holds it (killed during the build)"
-    if owner.get("host") == socket.gethostname():  # a filesystem without flock: ask the process table
-        if owner.get("boot_id") != _boot_id():
-            return f"{owner.get('host')} has restarted since pid {owner.get('pid')} took it"
-        if _started(int(owner.get("pid", -1))) != owner.get("started"):
-            return f"pid {owner.get('pid')} on this machine has ended"
-        return None
-    if age >= OP_LOCK_UNOWNED_STALE_S:
-        return f"its builder on {owner.get('host')} cannot be asked (no flock here) and it is {age / 60:.0f} min old"
-    return None
-
-
-def _take_over_if_gone(path: str) -> tuple[int | None, str]:
-    """(fd of this process's lock now at `path`, why the old builder is gone) if it was gone, else
-    (None, whom the lock belongs to). Two waiters never both take one dead lock: each holds the dead file's
-    flock while it checks, and replaces it only while `path` still names that very file."""
-    try:
-        fd = os.open(path, os.O_RDWR)  # flock over NFS needs a file open for writing
-    except FileNotFoundError:
-        return None, "nothing (released)"
-    except OSError as e:
-        return None, f"a lock this user cannot inspect ({e.strerror})"
-    try:
-        st = os.fstat(fd)
-        raw = os.pread(fd, 4096, 0)
-        try:
-            owner = json.loads(raw) if raw.strip() else None
-        except ValueError:
-            owner = None
-        owner = owner if isinstance(owner, dict) else None
-        flocked = _try_flock(fd)
-        if flocked is False:
-            return None, _describe(owner, st)
-        reason = _gone(owner, st, flocked, path)
-        if reason is None:
-            return None, _describe(owner, st)
-        try:
-            now = os.stat(path)
-        except FileNotFoundError:
-            return None, "nothing (released)"
-        if (now.st_dev, now.st_ino) != (st.st_dev, st.st_ino):  # released and taken again meanwhile
-            return None, "a new build"
-        return _lock_file(path, os.replace), reason
-    finally:
-        os.close(fd)
-
-
-def _op_name(path: str) -> str:
-    return Path(path).parent.name
-
-
-def _owned_baton_class() -> type:
-    from torch.utils.file_baton import FileBaton  # noqa: PLC0415
-
-    class OwnedBaton(FileBaton):  # type: ignore[misc]
-        """torch's FileBaton with an owner: see `install_op_build_lock`."""
-
-        def try_acquire(self) -> bool:
-            fd = _TAKEN.pop(self.lock_file_path, None)
-            if fd is None:
-                fd = _lock_file(self.lock_file_path, os.link)
-            if fd is None:
-                return False
-            self.fd = fd
-            return True
-
-        def wait(self) -> None:
-            path, t0, said, checked = self.lock_file_path, time.monotonic(), -math.inf, -math.inf
-            while os.path.exists(path):
-                now = time.monotonic()
-                if now - checked >= _CHECK_EVERY_S:
-                    checked = now
-                    fd, why = _take_over_if_gone(path)
-                    if fd is not None:
-                        _TAKEN[path] = fd
-                        print(f"[skillnet] {path}: the build that held it is gone ({why}): building "
-                              f"{_op_name(path)} here", file=sys.stderr, flush=True)
-                        raise _Rebuild(path)
-                    if now - t0 >= _SAY_AFTER_S and now - said >= _SAY_EVERY_S and os.path.exists(path):
-                        said = now
-                        print(f"[skillnet] op {_op_name(path)}: waiting for {why} ({path}; waited "
-                              f"{now - t0:.0f} s; a lock whose builder dies is taken over)",
-                              file=sys.stderr, flush=True)
-                time.sleep(self.wait_seconds)
-
-        def release(self) -> None:
-            # the name goes before the flock: a waiter that takes the flock then finds another file (or none)
-            if self.fd is not None:
-                with contextlib.suppress(OSError):
-                    if os.path.samestat(os.stat(self.lock_file_path), os.fstat(self.fd)):
-                        os.remove(self.lock_file_path)
-                os.close(self.fd)
-                self.fd = None
-
-    return OwnedBaton
-
-
-def install_op_build_lock() -> bool:
-    """Make torch's JIT op builds (DeepSpeed's ``OpBuilder.load``) use a lock whose dead builder does not block:
-    call before any op is built (training/dist.py's prepare_extensions does, in every rank and in
-    ``python -m skillnet.training.warmup``). Idempotent; False where torch is not the series it was written for.
-
-    torch 2.13's ``_jit_compile`` takes ``FileBaton(<build dir>/lock)`` (a module global), builds when it got
-    it and otherwise ``wait()``\\s until the file is gone, then imports the op. Its versioner builds only the
-    first time a process sees an op, so a waiter that takes a dead lock over raises out of ``wait()`` and
-    ``_jit_compile`` runs again with the op forgotten: the build (ninja redoes only what the dead one left
-    unfinished) happens under the lock it now holds."""
-    if not _applies(OP_BUILD_LOCK):
-        return False
-    from torch.utils import cpp_extension  # noqa: PLC0415
-
-    if getattr(cpp_extension._jit_compile, "_skillnet_op_lock", False):
-        return True
-    original = cpp_extension._jit_compile
-
-    @functools.wraps(original)
-    def _jit_compile(name: str, *args: Any, **kwargs: Any) -> Any:
-        while True:
-            try:
-                return original(name, *args, **kwargs)
-            except _Rebuild:
-                cpp_extension.JIT_EXTENSION_VERSIONER.entries.pop(name, None)
-
-    _jit_compile._skillnet_op_lock = True  # type: ignore[attr-defined]
-    cpp_extension.FileBaton = _owned_baton_class()
-    cpp_extension._jit_compile = _jit_compile
-    return True

@@ -23,9 +23,11 @@ written for); this module is the command and its stop grace.
 from __future__ import annotations
 
 import os
+import shlex
 import sys
 
 from .deepspeed_patches import run_node_launcher_waiting, run_runner_with_node_launcher
+from .rank_death import RESUME_ENV, report_dead_rank
 
 __all__ = ["main"]
 
@@ -39,8 +41,10 @@ def _grace() -> float:
 def main(argv: list[str] | None = None) -> None:
     args = list(sys.argv[1:] if argv is None else argv)
     if args[:1] == [_NODE]:
-        run_node_launcher_waiting(args[1:], _grace())
+        run_node_launcher_waiting(args[1:], _grace(), on_rank_failure=report_dead_rank)
     else:
+        # what a dead rank's line tells to rerun (a job script sets its own); the node launcher inherits it
+        os.environ.setdefault(RESUME_ENV, shlex.join([sys.executable, "-m", "skillnet.training.ds_launch", *args]))
         run_runner_with_node_launcher(args, ["skillnet.training.ds_launch", _NODE])
 
 

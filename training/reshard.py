@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from skillnet.common.safe_load import load as safe_load
 
 from . import dist as D
 
@@ -41,7 +42,7 @@ def read_trainer_state(tdir: Path, rank: int = 0) -> dict[str, Any]:
     tfile = tdir / f"trainer_rank{rank}.pt"
     if not tfile.is_file():
         raise FileNotFoundError(f"{tfile} missing: {tdir} is not a complete trainer checkpoint")
-    return torch.load(tfile, map_location="cpu", weights_only=False)
+    return safe_load(tfile)
 
 
 def saved_geometry(tdir: Path) -> dict[str, Any]:
@@ -100,6 +101,8 @@ def ensure_universal(tdir: Path, rank: int) -> Path:
 def _convert(tdir: Path, tmp: Path, udir: Path, log: io.StringIO) -> None:
     from deepspeed.checkpoint import ds_to_universal  # noqa: PLC0415
 
+    from .deepspeed_patches import safe_checkpoint_loads  # noqa: PLC0415
+
     shutil.rmtree(tmp, ignore_errors=True)
     shutil.rmtree(udir, ignore_errors=True)
     args = argparse.Namespace(
@@ -113,7 +116,7 @@ def _convert(tdir: Path, tmp: Path, udir: Path, log: io.StringIO) -> None:
         # parallelism) need DeepSpeed to fill in the empty default.
         inject_missing_state=True,
     )
-    with contextlib.redirect_stdout(log):
+    with contextlib.redirect_stdout(log), safe_checkpoint_loads():
         ds_to_universal.main(args)
     tmp.rename(udir)
     (udir.parent / "latest_universal").unlink(missing_ok=True)  # names the temp folder; we pass tags
