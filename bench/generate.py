@@ -55,8 +55,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch  # noqa: E402
 from skillnet.experiments.benchdoc import interleaved, machine_line, md_table, paired_ratio, write_section  # noqa: E402
-from skillnet.finetune.tasks import TaskData  # noqa: E402
 from skillnet.model import BART_PRESETS, SkillNetBartConfig, skillnet_bart_from_dense  # noqa: E402
+from skillnet.model.attention import PACK_ROW_FACTOR  # noqa: E402
 from skillnet.training.optim import MaskedAdamW, build_param_groups  # noqa: E402
 from skillnet.training.packing import pack_where_it_pays  # noqa: E402
 from torch import nn  # noqa: E402
@@ -231,7 +231,7 @@ def measure_k(size: str, k: int, skill: nn.Module, s_opt: torch.optim.Optimizer,
     src = {n: v for n, v in inputs.items() if n != "labels"}
     runs = {"skill": (skill, s_opt, choice), "dense": (twin, d_opt, {})}
     # As fine-tuning packs a task's batch: rows up to PACK_ROW_FACTOR times its source and target limits.
-    factor = TaskData.PACK_ROW_FACTOR
+    factor = PACK_ROW_FACTOR
     packed = pack_where_it_pays({k: v.cpu() for k, v in inputs.items()}, cfg.pad_token_id,
                                 decoder_start_id=cfg.decoder_start_token_id,
                                 row_len=factor * inputs["input_ids"].shape[1],

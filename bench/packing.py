@@ -63,7 +63,7 @@ from skillnet.experiments.benchdoc import (  # noqa: E402
 )
 from skillnet.finetune.tasks import TaskData  # noqa: E402
 from skillnet.model import SkillNetBertConfig, SkillNetBertForPreTraining  # noqa: E402
-from skillnet.model.attention import AttentionMask  # noqa: E402
+from skillnet.model.attention import PACK_ROW_FACTOR, AttentionMask  # noqa: E402
 from skillnet.pretrain.dataset import PretrainingDataset  # noqa: E402
 from skillnet.pretrain.objectives import ObjectiveSampler, PretrainBatchSource  # noqa: E402
 from skillnet.training.optim import MaskedAdamW, build_param_groups  # noqa: E402
@@ -418,7 +418,7 @@ def main(argv: list[str] | None = None) -> int:
         "same samples padded and packed, both sides of BART counted (real tokens and slots of encoder and decoder); "
         f"dense BART `{args.bart_preset}` for denoising as `pretrain/run.py --arch bart` builds it; fine-tuning "
         f"batches as the fine-tuning source builds them ({args.finetune_batches} per task, packaged data), packed "
-        f"by its rule (rows planned 1, 2, 4... times the batch's longest example, up to {TaskData.PACK_ROW_FACTOR} "
+        f"by its rule (rows planned 1, 2, 4... times the batch's longest example, up to {PACK_ROW_FACTOR} "
         "times the task's limits, trimmed to the fullest row; the fewest slots). Packed rows' attention runs on "
         "the samples' own rows (in groups of similar length), so it costs what the padded batch's does, not the "
         "square of a packed row. Fine-tuning gains less than its real-token share suggests: NER's CRF costs the "

@@ -29,6 +29,7 @@ from skillnet.data_prep.tasks.schema import (
     dataset_splits,
     load_task_file,
 )
+from skillnet.model.attention import pack_row_factor
 
 from .config import FinetuneConfig, TaskConfig
 from .task_types import Encoded, TaskCodec, codec_for
@@ -74,9 +75,8 @@ class TaskData:
         # Whether the run packs rows (TrainConfig.packing): training batches in the source, evaluation
         # batches of the types whose outputs are read per example (not beam search) in the codec.
         self.packing = bool(ft.train.packing) if ft is not None else False
-        # Layers compiled by --compile attend through the block mask, whose cost grows with a row's square.
-        compiled = ft is not None and ft.train.compile
-        self.row_factor = self.COMPILED_PACK_ROW_FACTOR if compiled else self.PACK_ROW_FACTOR
+        # how long a packed row may grow is the attention seam's cost rule, by the kernel --compile leaves
+        self.row_factor = pack_row_factor(ft is not None and ft.train.compile)
         if ft is not None:
             self._collect_sources(ft)
         self.kind_note = ""  # how the kind was inferred, for error messages
@@ -212,14 +212,6 @@ class TaskData:
             log.warning("%s/%s: %d of %d %s truncated at %s=%d", self.name, "input" if split == "__predict__" else split,
                         n, len(recs), what, limit, self.limit(limit))
         return feats
-
-    # A packed row may hold this many times the task's longest example. Positions restart at each example,
-    # so a row is not bound by the model's positions; nor by attention's cost, which the attention seam
-    # computes on each sample's own rows (model/attention.py), so a longer row costs no more scores. A
-    # micro-batch of 16 generation examples then fits one or two rows: csc + poetry_title real share
-    # 90.8% -> 99.4% against 4 times (bench/packing.py's arm).
-    PACK_ROW_FACTOR = 16
-    COMPILED_PACK_ROW_FACTOR = 4
 
     def pack(self, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """A padded batch of this task in packed rows where its codec packs and that computes fewer slots

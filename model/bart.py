@@ -21,8 +21,8 @@ through the two routings; the router reduces and weights them, and the weighted 
 every beam at every decoding step, in evaluation mode: its evaluation capacity factor, by default here
 None, drops no token, so cached decoding equals decoding without a cache.
 
-Packed rows (training/packing.py `pack_pairs`): a forward given ``segment_ids`` (and the decoder side's
-``decoder_segment_ids``, ``decoder_input_ids``, positions and token orders) runs both stacks over rows that
+Packed rows (training/packing.py `pack_pairs`): a forward given both sides' `PackedLayout` (model/packed.py)
+and ``decoder_input_ids`` runs both stacks over rows that
 hold several samples each, through the attention seam (model/attention.py): encoder self-attention inside
 a sample, decoder self-attention causal inside a sample, cross-attention from the decoder's sample k to
 the encoder's sample k, and learned positions that restart at each sample. Generation never packs.
@@ -30,10 +30,8 @@ the encoder's sample k, and learned positions that restart at each sample. Gener
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -59,9 +57,9 @@ from transformers.utils.deprecation import deprecate_kwarg
 
 from .attention import AttentionMask
 from .bart_packed import packed_attention, packed_model_forward
-from .bart_routing import SkillRoutingMixin, _batch_size, _seq_len, start_routings
-from .hub import has_tokenizer, save_tokenizer, write_remote_code
+from .packed import PackedLayout
 from .registry import build_router
+from .routing import SkillRoutingMixin, _rows, start_routings
 from .skill_ffn import Skill, SkillFFN, SkillRouting
 from .skill_layout import SkillLayoutMixin, layer_ids_from_spec
 
@@ -308,10 +306,8 @@ class SkillNetBartEncoder(SkillRoutingMixin, BartEncoder):
         **kwargs: Any,
     ) -> BaseModelOutput:
         if routing is None:
-            batch, device = _batch_size(input_ids, inputs_embeds)
-            routing = self.stack_routing(
-                task, skill_ids, attention_mask, _seq_len(input_ids, inputs_embeds), device, batch
-            )
+            batch, device, seq_len = _rows(input_ids, inputs_embeds)
+            routing = self.stack_routing(task, skill_ids, attention_mask, seq_len, device, batch)
         return super().forward(
             input_ids=input_ids, attention_mask=attention_mask, inputs_embeds=inputs_embeds, routing=routing,
             **kwargs,
@@ -344,10 +340,8 @@ class SkillNetBartDecoder(SkillRoutingMixin, BartDecoder):
         **kwargs: Any,
     ) -> Any:
         if routing is None:
-            batch, device = _batch_size(input_ids, inputs_embeds)
-            routing = self.stack_routing(
-                task, skill_ids, attention_mask, _seq_len(input_ids, inputs_embeds), device, batch
-            )
+            batch, device, seq_len = _rows(input_ids, inputs_embeds)
+            routing = self.stack_routing(task, skill_ids, attention_mask, seq_len, device, batch)
         return super().forward(
             input_ids=input_ids, attention_mask=attention_mask, encoder_hidden_states=encoder_hidden_states,
             encoder_attention_mask=encoder_attention_mask, cache=cache,
@@ -360,18 +354,6 @@ class SkillNetBartPreTrainedModel(SkillRoutingMixin, BartPreTrainedModel):
     config_class = SkillNetBartConfig
     config: SkillNetBartConfig
     _no_split_modules = [r"SkillNetBartEncoderLayer", r"SkillNetBartDecoderLayer"]
-
-    def save_pretrained(self, save_directory: str | os.PathLike, *args: Any, **kwargs: Any) -> None:
-        """HF save, plus the modeling code and ``auto_map`` (plain transformers loads the folder with
-        ``trust_remote_code=True``) and the tokenizer of the checkpoint this model came from, if it had one
-        (as SkillNet-BERT)."""
-        super().save_pretrained(save_directory, *args, **kwargs)
-        if not kwargs.get("is_main_process", True):
-            return
-        write_remote_code(save_directory, self.config.model_type)
-        src = getattr(self.config, "_name_or_path", "") or ""
-        if src and Path(src).is_dir() and has_tokenizer(src) and not has_tokenizer(save_directory):
-            save_tokenizer(save_directory, source=src)
 
     def skill_banks(self) -> list[SkillFFN]:
         """The skill FFN bank of every skill layer: encoder bottom to top, then decoder bottom to top."""
@@ -428,12 +410,8 @@ class SkillNetBartModel(SkillNetBartPreTrainedModel, BartModel):
         routing: SkillRouting | None = None,
         decoder_token_mask: torch.Tensor | None = None,
         routings_out: list[SkillRouting] | None = None,
-        segment_ids: torch.Tensor | None = None,
-        position_ids: torch.Tensor | None = None,
-        token_order: torch.Tensor | None = None,
-        decoder_segment_ids: torch.Tensor | None = None,
-        decoder_position_ids: torch.Tensor | None = None,
-        decoder_token_order: torch.Tensor | None = None,
+        packed: PackedLayout | None = None,
+        decoder_packed: PackedLayout | None = None,
         **kwargs: Any,
     ) -> Seq2SeqModelOutput:
         """HF `BartModel.forward` plus the skill choice (`task=` or `skill_ids=`), one routing for both
@@ -442,21 +420,23 @@ class SkillNetBartModel(SkillNetBartPreTrainedModel, BartModel):
         used are appended to `routings_out`: what the layers returned through them (auxiliary losses) is
         there after the forward (a stack that did not run, such as a cached encoder, added nothing).
 
-        Packed rows (module docstring): ``segment_ids``/``position_ids``/``token_order`` of the encoder
-        side and their ``decoder_*`` twins, with ``decoder_input_ids`` built per sample."""
-        if segment_ids is not None:
+        Packed rows (module docstring): the encoder side's ``packed`` layout and the decoder side's
+        ``decoder_packed``, or the batch's keys that carry them (`PackedLayout.take`), with ``decoder_input_ids``
+        built per sample."""
+        packed = PackedLayout.take(kwargs) if packed is None else packed
+        decoder_packed = PackedLayout.take(kwargs, "decoder_") if decoder_packed is None else decoder_packed
+        if packed is not None:
             return packed_model_forward(
-                self, input_ids, attention_mask, decoder_input_ids, decoder_attention_mask, task, skill_ids,
-                routings_out, segment_ids, position_ids, token_order, decoder_segment_ids, decoder_position_ids,
-                decoder_token_order, cache=cache, encoder_outputs=encoder_outputs, use_cache=use_cache,
+                self, input_ids, attention_mask, decoder_input_ids, decoder_attention_mask, packed, decoder_packed,
+                task=task, skill_ids=skill_ids, routings_out=routings_out, cache=cache,
+                encoder_outputs=encoder_outputs, use_cache=use_cache,
             )
         enc_routing = dec_routing = routing
         if routing is None:
-            batch, device = _batch_size(decoder_input_ids, decoder_inputs_embeds, input_ids, inputs_embeds)
+            batch, device, dec_len = _rows(decoder_input_ids, decoder_inputs_embeds, input_ids, inputs_embeds)
             router = self.router
             if router.routes_tokens:
-                dec_len = _seq_len(decoder_input_ids, decoder_inputs_embeds, input_ids, inputs_embeds)
-                enc_len = _seq_len(input_ids, inputs_embeds)
+                enc_len = _rows(input_ids, inputs_embeds)[2]
                 dec_mask = decoder_token_mask if decoder_token_mask is not None else decoder_attention_mask
                 enc_routing = self.stack_routing(task, skill_ids, attention_mask, enc_len, device, batch)
                 dec_routing = self.stack_routing(None, None, dec_mask, dec_len, device, batch)

@@ -19,7 +19,8 @@ from torch import nn
 from transformers.modeling_outputs import Seq2SeqModelOutput
 
 from .attention import AttentionMask, attend
-from .bart_routing import start_routings
+from .packed import PackedLayout
+from .routing import start_routings
 from .skill_ffn import SkillRouting
 
 __all__ = ["packed_attention", "packed_model_forward", "packed_stack"]
@@ -55,35 +56,31 @@ def packed_stack(stack: nn.Module, input_ids_BT: torch.Tensor, position_ids_BT: 
 
 def packed_model_forward(
     model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor, decoder_input_ids: torch.Tensor | None,
-    decoder_attention_mask: torch.Tensor | None, task: str | Sequence[str] | None, skill_ids: Any,
-    routings_out: list[SkillRouting] | None, segment_ids: torch.Tensor, position_ids: torch.Tensor | None,
-    token_order: torch.Tensor | None, decoder_segment_ids: torch.Tensor | None,
-    decoder_position_ids: torch.Tensor | None, decoder_token_order: torch.Tensor | None, *,
-    cache: Any, encoder_outputs: Any, use_cache: bool | None,
+    decoder_attention_mask: torch.Tensor | None, enc: PackedLayout, dec: PackedLayout | None, *,
+    task: str | Sequence[str] | None, skill_ids: Any, routings_out: list[SkillRouting] | None, cache: Any,
+    encoder_outputs: Any, use_cache: bool | None,
 ) -> Seq2SeqModelOutput:
-    """`SkillNetBartModel.forward` over packed rows (module docstring): both stacks' layouts given, no cache."""
-    missing = [n for n, v in [("position_ids", position_ids), ("decoder_input_ids", decoder_input_ids),
-                              ("decoder_segment_ids", decoder_segment_ids),
-                              ("decoder_position_ids", decoder_position_ids)] if v is None]
-    if missing or cache is not None or encoder_outputs is not None or use_cache:
-        raise ValueError(f"packed rows need both sides' layout (missing: {missing or 'none'}) and no cache "
-                         "or encoder outputs: pack with training.packing.pack_pairs, generate unpacked")
-    enc_mask, dec_mask, cross_mask = AttentionMask.packed_pair(segment_ids, decoder_segment_ids)
+    """`SkillNetBartModel.forward` over packed rows (module docstring): both sides' layouts, no cache."""
+    missing = [n for n, v in [("decoder_input_ids", decoder_input_ids), ("the decoder's layout", dec)] if v is None]
+    if dec is None or decoder_input_ids is None or cache is not None or encoder_outputs is not None or use_cache:
+        raise ValueError(f"packed rows need both sides' layout (missing: {', '.join(missing) or 'none'}) and no "
+                         "cache or encoder outputs: pack with training.packing.pack_pairs, generate unpacked")
+    enc_mask, dec_mask, cross_mask = AttentionMask.packed_pair(enc.segment_ids, dec.segment_ids)
     batch, device = input_ids.shape[0], input_ids.device
     router = model.router
     if router.routes_tokens:
         # Experts fill their capacity in the samples' order, as for the padded batch.
-        dec_keep = decoder_attention_mask if decoder_attention_mask is not None else decoder_segment_ids > 0
+        dec_keep = decoder_attention_mask if decoder_attention_mask is not None else dec.segment_ids > 0
         enc_routing = dataclasses.replace(
             model.stack_routing(task, skill_ids, attention_mask, input_ids.shape[1], device, batch),
-            token_order=token_order)
+            token_order=enc.token_order)
         dec_routing = dataclasses.replace(
             model.stack_routing(None, None, dec_keep, decoder_input_ids.shape[1], device, batch),
-            token_order=decoder_token_order)
+            token_order=dec.token_order)
     else:
         enc_routing = dec_routing = router.route(model, task, skill_ids, device=device, batch_size=batch)
     start_routings(routings_out, enc_routing, dec_routing)
-    h = packed_stack(model.encoder, input_ids, position_ids, enc_mask, enc_routing)
-    d = packed_stack(model.decoder, decoder_input_ids, decoder_position_ids, dec_mask, dec_routing,
+    h = packed_stack(model.encoder, input_ids, enc.position_ids, enc_mask, enc_routing)
+    d = packed_stack(model.decoder, decoder_input_ids, dec.position_ids, dec_mask, dec_routing,
                       encoder_hidden_states=h, encoder_attention_mask=cross_mask, cache=None, use_cache=False)
     return Seq2SeqModelOutput(last_hidden_state=d, encoder_last_hidden_state=h)

@@ -9,11 +9,8 @@ layer without skills (see ``config.skill_layers``) keeps HF's ``intermediate.den
 from __future__ import annotations
 
 import dataclasses
-import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Any
 
 import torch
 from torch import nn
@@ -25,10 +22,10 @@ from transformers.utils import ModelOutput
 from .attention import AttentionMask, attend
 from .config import SkillNetBertConfig
 from .extras import LayerHook, TaskExtras, combine_hooks
-from .hub import has_tokenizer, save_tokenizer, write_remote_code
 from .learned_map import LearnedSkillMap
+from .packed import PackedLayout
 from .registry import Router, build_extras, build_router
-from .routers import task_routing
+from .routing import SkillRoutingMixin
 from .skill_ffn import Skill, SkillFFN, SkillRouting
 
 
@@ -196,7 +193,7 @@ class EncoderOutput(ModelOutput):
     aux_loss: torch.Tensor | None = None
 
 
-class SkillNetBertPreTrainedModel(PreTrainedModel):
+class SkillNetBertPreTrainedModel(SkillRoutingMixin, PreTrainedModel):
     config_class = SkillNetBertConfig
     config: SkillNetBertConfig
     base_model_prefix = "bert"
@@ -224,36 +221,6 @@ class SkillNetBertPreTrainedModel(PreTrainedModel):
             module.bias.zero_()
         elif isinstance(module, LearnedSkillMap):
             module.reset_parameters()
-
-    def save_pretrained(self, save_directory: str | os.PathLike, *args: Any, **kwargs: Any) -> None:
-        """HF save, plus the modeling code and ``auto_map`` (plain transformers loads the folder with
-        ``trust_remote_code=True``) and the tokenizer of the checkpoint this model came from, if it had one.
-        The router first brings the config up to date (a learned task-skill map is written into
-        ``config.tasks``, so the saved config names exactly the skills the map selects now)."""
-        self.router.before_save(self.base_model)
-        super().save_pretrained(save_directory, *args, **kwargs)
-        if not kwargs.get("is_main_process", True):
-            return
-        write_remote_code(save_directory, self.config.model_type)
-        src = getattr(self.config, "_name_or_path", "") or ""
-        if src and Path(src).is_dir() and has_tokenizer(src) and not has_tokenizer(save_directory):
-            save_tokenizer(save_directory, source=src)
-
-    # ---- routing ---------------------------------------------------------------------------------
-    @property
-    def router(self) -> Router:
-        """The config's router (routers.py): routing, auxiliary losses, counts."""
-        return build_router(self.config)
-
-    def routing(
-        self,
-        task: str | Sequence[str] | None = None,
-        skill_ids: Sequence[int] | Sequence[Sequence[int]] | torch.Tensor | None = None,
-        device: torch.device | str = "cpu",
-    ) -> SkillRouting:
-        """Skill routing from a task name, one task per row (by the config's task map), or explicit skill
-        ids ([k] or [B, k], -1 pads). A forward routes through its router (`router.route`)."""
-        return task_routing(self.config, task, skill_ids, device, None, self.config.skill_ids)
 
 
 class SkillNetBertModel(SkillNetBertPreTrainedModel):
@@ -285,17 +252,15 @@ class SkillNetBertModel(SkillNetBertPreTrainedModel):
         skill_ids: Sequence[int] | Sequence[Sequence[int]] | torch.Tensor | None = None,
         routing: SkillRouting | None = None,
         output_hidden_states: bool = False,
-        position_ids: torch.Tensor | None = None,
-        segment_ids: torch.Tensor | None = None,
-        cls_positions: torch.Tensor | None = None,
-        token_order: torch.Tensor | None = None,
+        packed: PackedLayout | None = None,
         **unused: object,
     ) -> EncoderOutput:
-        """Padded rows (one sample each) or packed rows (training/packing.py): ``segment_ids`` [B, T] numbers
-        the samples of each row (0 = padding), each attends only to itself; ``position_ids`` restart at 0 per
-        sample; ``cls_positions`` [N] (flat indices) are the samples' first tokens, whose pooled outputs come
-        back in that order ([N, D]); ``token_order`` lists the real tokens in the samples' order, which a token
-        gate fills its capacity in."""
+        """Padded rows (one sample each) or packed rows (training/packing.py), whose layout is ``packed`` or
+        rides in the batch's keys (`PackedLayout.take`): each sample attends only to itself, its positions
+        restart at 0, the pooled outputs are the samples' first tokens in the samples' order ([N, D]), and a
+        token gate fills its capacity in the samples' token order."""
+        if packed is None:
+            packed = PackedLayout.take(unused)
         if task is not None and not isinstance(task, str) and len(task) != input_ids.shape[0]:
             raise ValueError(f"{len(task)} tasks given for a batch of {input_ids.shape[0]} rows")
         if task is None and skill_ids is None:
@@ -304,11 +269,11 @@ class SkillNetBertModel(SkillNetBertPreTrainedModel):
         if routing is None:
             keep = attention_mask.bool() if attention_mask is not None and router.routes_tokens else None
             routing = router.route(self, task, skill_ids, token_mask_BT=keep, device=input_ids.device)
-            if token_order is not None and routing.token_mask is not None:
-                routing = dataclasses.replace(routing, token_order=token_order)
+            if packed is not None and packed.token_order is not None and routing.token_mask is not None:
+                routing = dataclasses.replace(routing, token_order=packed.token_order)
         routing.aux.clear()  # a routing passed in again: only this forward's losses count
-        x = self.embeddings(input_ids, token_type_ids, position_ids)
-        mask = AttentionMask.build(attention_mask, segment_ids, x.dtype)
+        x = self.embeddings(input_ids, token_type_ids, None if packed is None else packed.position_ids)
+        mask = AttentionMask.build(attention_mask, None if packed is None else packed.segment_ids, x.dtype)
         hook = self._extras_hook(task, mask, input_ids.device)
         hidden = [x] if output_hidden_states else None
         for i, layer in enumerate(self.encoder.layer):
@@ -319,7 +284,7 @@ class SkillNetBertModel(SkillNetBertPreTrainedModel):
             x = layer(x, mask, routing, extra)
             if hidden is not None:
                 hidden.append(x)
-        pooled = self.pooler(x, cls_positions) if self.pooler is not None else None
+        pooled = self.pooler(x, None if packed is None else packed.cls_positions) if self.pooler is not None else None
         aux = router.aux_losses(self, [routing])
         weighted = router.weighted(aux)
         return EncoderOutput(

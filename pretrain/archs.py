@@ -154,17 +154,19 @@ def _check_bart(args: argparse.Namespace) -> None:
 def _routing(args: argparse.Namespace) -> str:
     """How the skill layers of the run's model route: SkillNet's task map (each objective its skills) unless
     --model-config names another router; ValueError for one that does not exist."""
-    overrides = {} if args.init_from_dense else _model_overrides(args)
-    router = overrides.get("router", "task")
-    if router == "task":
-        return "skill FFNs, each objective activates its skills"
     from skillnet.model.routers import router_class
 
-    if router_class(router).routes_tokens:
-        cfg = ARCHS[args.arch].family.load("config").preset(args.preset, **overrides)
-        return (f"skill FFNs under router {router!r}: a token gate picks {cfg.moe_top_k} of the {cfg.num_skills} "
+    overrides = {} if args.init_from_dense else _model_overrides(args)
+    config_class = ARCHS[args.arch].family.load("config")
+    name = overrides.get("router", config_class.router)
+    router = router_class(name)
+    if router.uses_task_skills:
+        return "skill FFNs, each objective activates its skills"
+    if router.routes_tokens:
+        cfg = config_class.preset(args.preset, **overrides)
+        return (f"skill FFNs under router {name!r}: a token gate picks {cfg.moe_top_k} of the {cfg.num_skills} "
                 f"for each token, whatever the objective (which picks only its head)")
-    return f"skill FFNs under router {router!r}"
+    return f"skill FFNs under router {name!r}"
 
 
 def _describe_bert(args: argparse.Namespace) -> str:

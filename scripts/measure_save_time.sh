@@ -2,7 +2,7 @@
 # How long the stop-signal checkpoint of a pre-training run takes to write: one step of BERT `base` (7 skills,
 # 443 M parameters) on one DeepSpeed ZeRO-2 rank, then SIGTERM (tests/faults.py SigtermAt), and the trainer's
 # own line "checkpoint ... saved in X s" (weights + Adam moments + fp32 master: 6.6 GB). Compare X with the
-# kill window (docs/pretrain.md, "Running on Slurm"): SIGNAL_LEAD, Slurm's KillWait, a launcher's grace.
+# kill window (docs/training.md, "Running on Slurm"): SIGNAL_LEAD, Slurm's KillWait, a launcher's grace.
 #
 #   scripts/measure_save_time.sh [OUT_DIR] [PRESET]     # ~1 min and ~10 GB of memory on 2 cores; OUT_DIR is removed
 #

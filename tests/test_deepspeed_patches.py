@@ -23,14 +23,16 @@ from torch import nn
 
 def test_the_installed_deepspeed_is_the_series_every_patch_was_written_for() -> None:
     """A DeepSpeed (or torch) upgrade fails here first: re-check each patch (the tests below) before widening
-    `written_for` and pyproject's pin."""
+    `written_for` and pyproject's pin. The op-build lock patch (training/op_build.py) is torch's."""
+    from skillnet.training import op_build
+
     assert {(p.package, p.written_for) for p in dsp.PATCHES} == {
         (p.package, dsp.installed_series(p.package)) for p in dsp.PATCHES}
-    assert {p.package for p in dsp.PATCHES} == {"deepspeed", "torch"}
+    assert dsp.installed_series("torch") == op_build.PATCH_WRITTEN_FOR
 
 
 def test_torch_still_builds_ops_under_the_lock_the_op_build_patch_replaces() -> None:
-    """install_op_build_lock assumes torch 2.13's JIT build: DeepSpeed's OpBuilder.load goes through
+    """training/op_build.py install_op_build_lock assumes torch 2.13's JIT build: DeepSpeed's OpBuilder.load goes through
     cpp_extension.load -> _jit_compile (module globals, so replacing them reaches it), which takes
     ``FileBaton(<build dir>/lock)``, builds when ``try_acquire`` succeeds and otherwise ``wait()``s and imports,
     and whose versioner builds only when a process first sees the op (``entries`` keyed by the op's name)."""
@@ -76,14 +78,6 @@ def test_another_series_skips_the_speed_patches_and_refuses_the_correctness_one(
         dsp.run_runner_with_node_launcher(["script.py"], ["node"])
     with pytest.raises(dsp.UnsupportedDeepSpeed, match="launcher_waits_for_ranks.*0.19.*0.99"):
         dsp.run_node_launcher_waiting(["script.py"], 1.0)
-
-
-def test_another_torch_series_skips_the_op_build_lock_with_a_note(
-        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
-    monkeypatch.setattr(torch, "__version__", "2.99.0")
-    monkeypatch.setattr(dsp, "_warned", set())
-    assert not dsp.install_op_build_lock()
-    assert "torch 2.99 is not 2.13.x, which op_build_lock was written for" in capsys.readouterr().err
 
 
 def test_clear_stale_gradients_zeroes_the_buffers_deepspeed_keeps() -> None:

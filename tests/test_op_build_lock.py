@@ -1,7 +1,8 @@
 """A JIT op build killed by a signal never makes a later build or launch wait on its lock (issue 50, item 7).
 
 torch's FileBaton leaves ``<TORCH_EXTENSIONS_DIR>/<op>/lock`` behind when its builder is killed, and every later
-build of that op polls for it without end. training/deepspeed_patches.py install_op_build_lock records the
+build of that op polls for it without end. training/op_build.py install_op_build_lock (the fallback where the
+ops are not prebuilt) records the
 builder in the lock and takes a dead builder's lock over (tests/test_deepspeed_patches.py checks that torch
 still builds the way it assumes). Every test here builds into its own TORCH_EXTENSIONS_DIR: the user's cache is
 only read, to copy DeepSpeed's already compiled objects so that a rebuild is a link, not minutes of compiling.
@@ -99,7 +100,7 @@ def test_a_build_killed_at_random_points_never_blocks_the_next(tmp_path: Path) -
 
 def _hold(path: Path, then: str = "time.sleep(120)") -> subprocess.Popen[str]:
     """A process that takes the op lock as torch's build does (patch installed), says so, then runs `then`."""
-    code = ("import sys, time\nfrom skillnet.training.deepspeed_patches import install_op_build_lock\n"
+    code = ("import sys, time\nfrom skillnet.training.op_build import install_op_build_lock\n"
             "install_op_build_lock()\nfrom torch.utils import cpp_extension\n"
             f"b = cpp_extension.FileBaton({str(path)!r})\nassert b.try_acquire()\nprint('held', flush=True)\n"
             f"{then}\nb.release()\n")
@@ -111,7 +112,7 @@ def _hold(path: Path, then: str = "time.sleep(120)") -> subprocess.Popen[str]:
 
 def test_a_live_builder_is_named_and_waited_for_a_killed_one_is_taken_over(
         tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
-    from skillnet.training import deepspeed_patches as dsp
+    from skillnet.training import op_build as dsp
 
     assert dsp.install_op_build_lock()
     monkeypatch.setattr(dsp, "_SAY_AFTER_S", 0.0)  # named at once, not after the seconds an up-to-date op takes
@@ -146,7 +147,7 @@ def test_a_lock_without_an_owner_is_waited_for_while_open_here_or_young_and_take
         tmp_path: Path) -> None:
     """torch's own FileBaton (or an older SkillNet) writes no owner: a process of this machine that has it open
     is its live builder; otherwise it is taken as dead once older than any build."""
-    from skillnet.training import deepspeed_patches as dsp
+    from skillnet.training import op_build as dsp
 
     lock = tmp_path / "op" / "lock"
     lock.parent.mkdir()

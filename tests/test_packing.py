@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 import torch
 from skillnet.model import SkillNetBertConfig, SkillNetBertForMultiTask, SkillNetBertForPreTraining
-from skillnet.model.attention import AttentionMask
+from skillnet.model.attention import COMPILED_PACK_ROW_FACTOR, PACK_ROW_FACTOR, AttentionMask
 from skillnet.model.routers import router_class
 from skillnet.pretrain.dataset import PretrainingDataset
 from skillnet.pretrain.objectives import ObjectiveSampler, PretrainBatchSource
@@ -529,7 +529,7 @@ def test_token_heads_read_each_sample_back_in_its_own_row() -> None:
             with torch.no_grad():
                 wrong = model(task=task, **layout_only)
             assert wrong.loss.item() != pytest.approx(out_p.loss.item(), rel=RTOL)
-    assert sample_rows({"input_ids": ids}) == ({"input_ids": ids}, None)  # padded batches pass through
+    assert sample_rows({"input_ids": ids}, None) == ({"input_ids": ids}, None)  # padded batches pass through
 
 
 def test_the_padding_command_reports_the_shares_a_run_would_see(data: PretrainingDataset, default_shards: Path,
@@ -563,9 +563,9 @@ def test_compiled_layers_pack_shorter_rows() -> None:
     from tests.test_finetune_e2e import tiny_config
 
     tok = load_tokenizer(None)
-    for compile_, want in ((False, TaskData.PACK_ROW_FACTOR), (True, TaskData.COMPILED_PACK_ROW_FACTOR)):
+    for compile_, want in ((False, PACK_ROW_FACTOR), (True, COMPILED_PACK_ROW_FACTOR)):
         d = tiny_config(Path("unused"))
         d["train"] = {**d["train"], "compile": compile_}
         cfg = FinetuneConfig.from_dict(d)
         assert {TaskData(t, cfg, tok).row_factor for t in cfg.tasks} == {want}
-    assert TaskData.COMPILED_PACK_ROW_FACTOR < TaskData.PACK_ROW_FACTOR
+    assert COMPILED_PACK_ROW_FACTOR < PACK_ROW_FACTOR

@@ -1,4 +1,4 @@
-"""The stop path against a kill window (docs/pretrain.md, "Running on Slurm"): on SIGTERM the trainer saves at
+"""The stop path against a kill window (docs/training.md, "Running on Slurm"): on SIGTERM the trainer saves at
 once, and a save slower than the window the scheduler (KillWait) or a launcher grants is cut by SIGKILL without
 losing the previous checkpoint: the log says, before the save, which checkpoint stays the resume point, and
 after it (when it finished) that the new one is; the resumed run names the cut save it skipped.

@@ -10,6 +10,7 @@ import os
 import socket
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -62,16 +63,17 @@ def check_master_port() -> None:
             ) from None
 
 
-def prepare_extensions() -> Path:
+def prepare_extensions(ops: Sequence[str] | None = None) -> Path:
     """Where DeepSpeed/torch build their C++ ops: one folder per Python environment (unless
-    TORCH_EXTENSIONS_DIR says otherwise), so a build in another venv cannot block this one; and the build lock
-    there that a killed build would leave forever (torch waits for it without end) taken over instead
-    (training/deepspeed_patches.py install_op_build_lock). Call before any op is built."""
-    from .deepspeed_patches import install_op_build_lock  # noqa: PLC0415
+    TORCH_EXTENSIONS_DIR says otherwise), so a build in another venv cannot block this one; and no launch left
+    waiting forever on the lock a killed build leaves there (training/op_build.py guard_op_builds: prebuilt
+    ops, else the lock patch, else a notice; `ops`: those the run builds, default the launch's). Call before any
+    op is built."""
+    from .op_build import LAUNCH_OPS, guard_op_builds  # noqa: PLC0415
 
     d = extensions_dir()
     os.environ["TORCH_EXTENSIONS_DIR"] = str(d)
-    install_op_build_lock()
+    guard_op_builds(d, tuple(LAUNCH_OPS) if ops is None else ops)
     return d
 
 

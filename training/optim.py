@@ -9,7 +9,7 @@ lazy: where ``grad == 0`` exactly, the parameter, ``exp_avg`` and ``exp_avg_sq``
 That gives the same semantics for a standalone tensor (plain PyTorch, ``None`` grads skipped) and
 for a slice of a ZeRO flat partition, so pre-training and fine-tuning share one mechanism.
 
-Semantic consequences (documented in docs/pretrain.md):
+Semantic consequences (documented in docs/training.md):
   * lazy Adam: embedding rows of tokens absent from a step also stay untouched (as TF's LazyAdam);
   * an element whose true gradient underflows to exactly 0.0 (e.g. a dead ReLU unit) is frozen
     for that step instead of coasting on its momentum;

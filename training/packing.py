@@ -6,20 +6,15 @@ the same tokens, token types, labels and sample-level labels, in a layout the mo
 
     input_ids, token_type_ids, labels, ... [R, T]   the samples one after another, padding at the end
     attention_mask  [R, T]  1 on real tokens (what tokens/s counts and a token gate routes)
-    segment_ids     [R, T]  1, 2, ... for the samples of a row, 0 on padding (attention stays inside one)
-    position_ids    [R, T]  each token's position in its own sample (0 at its [CLS])
-    cls_positions   [B]     flat index (into R*T) of each sample's first token, in the samples' order
-    token_order     [N]     flat indices of the N real tokens in the samples' order (a token gate's order)
 
-Sample-level tensors ([B], e.g. ``next_sentence_label``) keep their order, which ``cls_positions`` matches.
-Rows are filled first-fit by decreasing length (stable, so the layout is a pure function of the batch),
-and a row only takes samples of one group (``groups``: a task per sample) so that a row has one skill set.
-With ``unpack=True`` the batch also carries
-
-    unpack_index    [B, W]  flat index (into R*T) of token t of sample b, -1 past its length
-
-for heads that read every token of a sample (a CRF, span logits): the model moves the encoder's output
-back to one sample per row after the encoder, and the head then sees exactly the padded batch's layout.
+and the rows' `PackedLayout` (model/packed.py: segment and position ids, the samples' first tokens
+``cls_positions``, the real tokens' order), carried in the batch under its field names. Sample-level tensors
+([B], e.g. ``next_sentence_label``) keep their order, which ``cls_positions`` matches. Rows are filled
+first-fit by decreasing length (stable, so the layout is a pure function of the batch), and a row only takes
+samples of one group (``groups``: a task per sample) so that a row has one skill set. With ``unpack=True``
+the layout also holds ``unpack_index``, for heads that read every token of a sample (a CRF, span logits):
+the model moves the encoder's output back to one sample per row after the encoder, and the head then sees
+exactly the padded batch's layout.
 
 An encoder-decoder batch (`pack_pairs`: ``input_ids``/``attention_mask`` for the encoder, ``labels`` for
 the decoder, -100 past each target) packs both sides into the same rows: sample k of a row is segment k on
@@ -27,10 +22,10 @@ both sides, so cross-attention pairs them. The decoder side carries
 
     decoder_input_ids       [R, Td]  each sample's labels shifted right behind the decoder start token
                                      (never the previous sample's last token)
-    labels, decoder_attention_mask, decoder_segment_ids, decoder_position_ids, decoder_token_order
-                                     as the encoder side's, over the targets
+    labels, decoder_attention_mask   as the encoder side's, over the targets
 
-and ``cls_positions`` is left out (no pooled output). The loss over ``labels`` is then the padded
+and its own `PackedLayout` under ``decoder_`` + the field names, without ``cls_positions`` (no pooled
+output). The loss over ``labels`` is then the padded
 batch's: the same label tokens, counted once each, under the same normaliser.
 """
 
@@ -41,6 +36,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from skillnet.model.packed import PackedLayout
 
 __all__ = ["best_pair_rows", "best_rows", "fewest_rows", "pack_pairs", "pack_rows", "pack_where_it_pays", "plan_rows", "real_token_share"]
 
@@ -136,10 +132,11 @@ class _Layout:
         flat[torch.from_numpy(self.dst)] = value[torch.from_numpy(self.src_b), torch.from_numpy(self.src_t)]
         return flat.view(self.R, self.T, *value.shape[2:])
 
-    def tensors(self, prefix: str = "") -> dict[str, torch.Tensor]:
-        return {f"{prefix}segment_ids": torch.from_numpy(self.seg.reshape(self.R, self.T)),
-                f"{prefix}position_ids": torch.from_numpy(self.pos.reshape(self.R, self.T)),
-                f"{prefix}token_order": torch.from_numpy(self.dst)}
+    def layout(self, first_tokens: bool = False, unpack_width: int | None = None) -> PackedLayout:
+        return PackedLayout(
+            torch.from_numpy(self.seg.reshape(self.R, self.T)), torch.from_numpy(self.pos.reshape(self.R, self.T)),
+            torch.from_numpy(self.dst), torch.from_numpy(self.row_of * self.T + self.offset) if first_tokens else None,
+            None if unpack_width is None else self.unpack_index(unpack_width))
 
     def unpack_index(self, width: int) -> torch.Tensor:
         idx = np.full(len(self.lens) * width, -1, np.int64)
@@ -168,10 +165,7 @@ def pack_rows(batch: dict[str, torch.Tensor], pad_id: int, *, groups: Sequence[A
             out[key] = value  # one value per sample, in sample order
         else:
             raise ValueError(f"pack_rows: {key!r} of shape {tuple(value.shape)} is neither [B, T, ...] nor [B, ...]")
-    out.update(lay.tensors())
-    out["cls_positions"] = torch.from_numpy(lay.row_of * T + lay.offset)
-    if unpack:
-        out["unpack_index"] = lay.unpack_index(width)
+    out.update(lay.layout(first_tokens=True, unpack_width=width if unpack else None).to_batch())
     return out, rows
 
 
@@ -201,9 +195,9 @@ def pack_pairs(batch: dict[str, torch.Tensor], pad_id: int, decoder_start_id: in
     shifted = torch.cat([labels.new_full((B, 1), decoder_start_id), labels[:, :-1]], 1).masked_fill(
         torch.cat([labels.new_zeros((B, 1), dtype=torch.bool), labels[:, :-1] == -100], 1), pad_id)
     out = {"input_ids": enc.scatter(batch["input_ids"], pad_id),
-           "attention_mask": enc.scatter(batch["attention_mask"], 0), **enc.tensors(),
+           "attention_mask": enc.scatter(batch["attention_mask"], 0), **enc.layout().to_batch(),
            "labels": dec.scatter(labels, -100), "decoder_input_ids": dec.scatter(shifted, pad_id),
-           "decoder_attention_mask": dec.scatter(torch.ones_like(labels), 0), **dec.tensors("decoder_")}
+           "decoder_attention_mask": dec.scatter(torch.ones_like(labels), 0), **dec.layout().to_batch("decoder_")}
     return out, rows
 
 

@@ -48,7 +48,7 @@ Evaluator = Callable[[nn.Module, int], dict[str, float]]
 
 
 class Trainer(LoggingWindow):
-    """Generic trainer; see docs/pretrain.md ("Trainer API") for the contract.
+    """Generic trainer; see docs/training.md ("Trainer API") for the contract.
 
     Args:
         model: ``model(task=..., **tensors)`` returns an object with ``.loss`` (and ``.logits``).

@@ -6,7 +6,7 @@ On a CPU machine DeepSpeed compiles ``deepspeed_shm_comm`` (intra-node collectiv
 into a folder of this Python environment's own (~/.cache/skillnet/torch_extensions/py<ver>-<env>, or
 TORCH_EXTENSIONS_DIR; training/dist.py's prepare_extensions) on first use (1.5-6 min on 2 cores); on GPU machines it builds the
 accelerator's variants. A build killed midway (Ctrl-C here) leaves no lock that blocks the next one
-(training/deepspeed_patches.py install_op_build_lock, installed by prepare_extensions). A build failure only warns (exit code 0): training still works where DeepSpeed
+(training/op_build.py, through prepare_extensions). A build failure only warns (exit code 0): training still works where DeepSpeed
 falls back, and setup must not fail on machines without a compiler.
 """
 
@@ -19,8 +19,9 @@ import time
 import warnings
 
 from skillnet.common.cli import Parser
+from skillnet.training.op_build import LAUNCH_OPS
 
-OPS = ("ShareMemCommBuilder", "FusedAdamBuilder")
+OPS = tuple(LAUNCH_OPS.values())
 
 
 def warm(ops: tuple[str, ...] = OPS) -> dict[str, str]:

@@ -1,5 +1,5 @@
 # Sourced by scripts/slurm/pretrain_multinode.sbatch and pretrain_v100x32.sbatch (not a job of its own): the
-# stop signal before the time limit, and the requeue rule. docs/pretrain.md, "Running on Slurm", explains both.
+# stop signal before the time limit, and the requeue rule. docs/training.md, "Running on Slurm", explains both.
 #
 # Environment (defaults):
 #   SIGNAL_LEAD (600)     seconds between the stop signal and the time limit: the ranks save in this window.

@@ -1,22 +1,41 @@
-"""Routing of SkillNet-BART: task names or skill ids -> a `SkillRouting` per stack, through the config's
-router, for the model and for its encoder and decoder run alone (as `generate` runs the encoder)."""
+"""Routing of a SkillNet model, BERT or BART: task names or skill ids -> a `SkillRouting` through the config's
+router, for a whole model and for a BART encoder or decoder run alone (as `generate` runs the encoder); and the
+save that lets the router write what it learnt into the config first."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import torch
 
+from .hub import has_tokenizer, save_tokenizer, write_remote_code
 from .registry import Router, build_router
 from .routers import task_routing
 from .skill_ffn import SkillRouting
 
 
 class SkillRoutingMixin:
-    """Task names / skill ids -> `SkillRouting`, for any module with a `SkillNetBartConfig` at `.config`."""
+    """Task names / skill ids -> `SkillRouting`, for any module with a SkillNet config at `.config`. Put before
+    transformers' `PreTrainedModel` in the bases, so that its `save_pretrained` runs first."""
 
     config: Any
+
+    def save_pretrained(self, save_directory: str | os.PathLike, *args: Any, **kwargs: Any) -> None:
+        """HF save, plus the modeling code and ``auto_map`` (plain transformers loads the folder with
+        ``trust_remote_code=True``) and the tokenizer of the checkpoint this model came from, if it had one.
+        The router first brings the config up to date (a learned task-skill map is written into
+        ``config.tasks``, so the saved config names exactly the skills the map selects now)."""
+        self.router.before_save(self.base_model)
+        super().save_pretrained(save_directory, *args, **kwargs)  # type: ignore[misc]
+        if not kwargs.get("is_main_process", True):
+            return
+        write_remote_code(save_directory, self.config.model_type)
+        src = getattr(self.config, "_name_or_path", "") or ""
+        if src and Path(src).is_dir() and has_tokenizer(src) and not has_tokenizer(save_directory):
+            save_tokenizer(save_directory, source=src)
 
     @property
     def router(self) -> Router:
@@ -31,9 +50,8 @@ class SkillRoutingMixin:
         batch_size: int | None = None,
     ) -> SkillRouting:
         """Skill routing from a task name, one task per row (by the config's task map), or skill ids ([k] or
-        [B, k], -1 pads). `batch_size`, when given, must equal the number of rows of a per-row choice."""
-        if task is None and skill_ids is None:
-            task = self.config.default_task  # an export's default task; None keeps the routing's error
+        [B, k], -1 pads); neither: the config's ``default_task``. `batch_size`, when given, must equal the number
+        of rows of a per-row choice. A forward routes through its router (`router.route`)."""
         return task_routing(self.config, task, skill_ids, device, batch_size, self.config.skill_ids)
 
     def stack_routing(
@@ -62,18 +80,10 @@ class SkillRoutingMixin:
         return out
 
 
-def _batch_size(*tensors: torch.Tensor | None) -> tuple[int | None, torch.device]:
-    for t in tensors:
-        if t is not None:
-            return t.shape[0], t.device
-    return None, torch.device("cpu")
-
-
-def _seq_len(*tensors: torch.Tensor | None) -> int:
-    for t in tensors:
-        if t is not None:
-            return t.shape[1]
-    return 0
+def _rows(*tensors: torch.Tensor | None) -> tuple[int | None, torch.device, int]:
+    """(rows, device, tokens per row) of the first tensor given ([B, T, ...] ids or embeddings)."""
+    t = next((t for t in tensors if t is not None), None)
+    return (None, torch.device("cpu"), 0) if t is None else (t.shape[0], t.device, t.shape[1])
 
 
 def _token_mask(mask: torch.Tensor | None, seq_len: int) -> torch.Tensor | None:
