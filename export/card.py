@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from skillnet.model.span_qa import settings_from_meta, write_settings
 from skillnet.model.spec import skillnet_family
 
 CARD_FACTS = "model_card.json"
@@ -137,6 +138,8 @@ def finish_export(model: torch.nn.Module, folder: str | os.PathLike, *, final: s
         else:  # no labels of an earlier default task may stay behind
             cfg.pop("id2label", None)
             cfg.pop("label2id", None)
+        # where fine-tuning and predict cut each task's input: the pipelines cut there too (model/hf_tasks.py)
+        cfg["task_max_seq_len"] = {n: int(m["max_seq_len"]) for n, m in meta.items() if m.get("max_seq_len")}
         if model_type == "skillnet-bart":
             cfg["task_prefixes"] = {n: m.get("prefix", "") for n, m in meta.items() if m.get("type") == "generation"}
             gen_path = folder / "generation_config.json"
@@ -144,6 +147,10 @@ def finish_export(model: torch.nn.Module, folder: str | os.PathLike, *, final: s
             if task in meta and meta[task].get("type") == "generation":
                 write_json(gen_path, task_generation(gen, meta[task], folder))
         write_json(cfg_path, cfg)
+        spans = {n: settings_from_meta(m, (cfg.get("task_heads") or {}).get(n) or {})
+                 for n, m in meta.items() if m.get("type") == "span"}
+        if spans:  # predict's windows and answer rule, for AutoModelForQuestionAnswering (docs/hf.md)
+            write_settings(folder, spans)
     run_dir = Path(run_dir) if run_dir is not None else run_dir_of(final)
     if training is None and run_dir is not None:
         training = _finetune_training(run_dir)
@@ -162,7 +169,10 @@ def finish_export(model: torch.nn.Module, folder: str | os.PathLike, *, final: s
                                           "decoder_layers", "max_position_embeddings", "vocab_size") if k in cfg},
     }
     write_json(folder / CARD_FACTS, facts)
-    scores = (read_json(run_dir / "results.json") or {}).get("tasks") if run_dir is not None else None
+    res = (read_json(run_dir / "results.json") or {}) if run_dir is not None else {}
+    scores = None
+    if res.get("tasks") and run_dir is not None and final.resolve().is_relative_to(run_dir.resolve()):
+        scores = own_scores(final.resolve().relative_to(run_dir.resolve()).as_posix(), res["tasks"], res.get("steps"))[0]
     (folder / "README.md").write_text(render_card(facts, scores), encoding="utf-8")
     return task
 
@@ -177,14 +187,17 @@ def _task_facts(cfg: dict[str, Any], meta: dict[str, Any], task: str) -> dict[st
     m = meta.get(task) or {}
     head = (cfg.get("task_heads") or {}).get(task) or {}
     return {"skills": _skills(cfg, task), "type": m.get("type") or head.get("type") or "pre-training objective",
-            "labels": m.get("labels") or head.get("labels"), "metric": m.get("metric"), "prefix": m.get("prefix")}
+            "labels": m.get("labels") or head.get("labels"), "metric": m.get("metric"), "prefix": m.get("prefix"),
+            **({"span": settings_from_meta(m, head)} if m.get("type") == "span" else {})}
 
 
 def _finetune_training(run_dir: Path) -> dict[str, Any]:
     cfg = read_json(run_dir / "finetune_config.json") or {}
     tasks = {}
     for t in cfg.get("tasks", []):
-        files = {k: Path(str(t[k])).name for k in ("train", "dev", "test") if t.get(k)}
+        # a task given by a data_prep task.json ('spec') or a dataset folder names that instead of split files
+        files = {k: Path(str(t[k])).name for k in ("train", "dev", "test", "spec", "dataset")
+                 if isinstance(t.get(k), str) and t.get(k)}
         tasks[t.get("name")] = files
     res = read_json(run_dir / "results.json") or {}
     train = cfg.get("train", {})
@@ -198,10 +211,34 @@ def refresh_model_cards(run_dir: str | os.PathLike) -> None:
     res = read_json(run_dir / "results.json") or {}
     for facts_file in [*run_dir.glob(f"*/{CARD_FACTS}"), *run_dir.glob(f"best_per_task/*/{CARD_FACTS}")]:
         facts = read_json(facts_file)
-        if res.get("steps") is not None:
-            facts.setdefault("training", {})["steps"] = res["steps"]
-            write_json(facts_file, facts)
-        (facts_file.parent / "README.md").write_text(render_card(facts, res.get("tasks")), encoding="utf-8")
+        held = facts_file.parent.relative_to(run_dir).as_posix()
+        scores, step = own_scores(held, res.get("tasks") or {}, res.get("steps"))
+        facts.setdefault("training", {})["steps"] = step
+        facts["weights"] = held
+        write_json(facts_file, facts)
+        (facts_file.parent / "README.md").write_text(render_card(facts, scores), encoding="utf-8")
+
+
+def own_scores(held: str, tasks: dict[str, Any], final_step: int | None) -> tuple[dict[str, Any], int | None]:
+    """The scores of the weights in the run's folder `held` (``export``: the final step; ``best``: the mean-dev
+    checkpoint; ``best_per_task/T``: T's), and their step, from results.json's `tasks` (whose dev and test are
+    the selected checkpoint's, ``final`` the last step's). A task whose score at these weights was not measured
+    shows none."""
+    out: dict[str, Any] = {}
+    step: int | None = final_step
+    for t, r in tasks.items():
+        if held == "export":
+            if r.get("checkpoint") == "final":
+                out[t] = {**r, "best_step": final_step}
+            else:
+                out[t] = {**r, **(r.get("final") or {"dev": None, "test": None}), "checkpoint": "final",
+                          "best_step": final_step, "selected": {"checkpoint": r.get("checkpoint"),
+                                                                "step": r.get("best_step")}}
+        elif r.get("checkpoint") == "best (mean dev)" and held == "best" or r.get("checkpoint") == held:
+            out[t], step = dict(r), r.get("best_step")
+        else:
+            out[t] = {**r, "dev": None, "test": None, "checkpoint": f"not measured on {held}/", "best_step": None}
+    return out, step
 
 
 def _fmt(n: int | None) -> str:
@@ -247,14 +284,29 @@ def render_card(facts: dict[str, Any], scores: dict[str, Any] | None = None) -> 
         lines.append(f"Pre-training, step {tr.get('step')}; objectives {tr.get('objectives')}; data "
                      f"`{tr.get('data')}`.")
     if scores:
-        lines += ["", "## Scores it was selected with", "",
+        lines += ["", "## Scores of these weights", "",
                   "| task | metric | dev | test | checkpoint |", "|---|---|---|---|---|"]
         for t, r in scores.items():
             m = r.get("metric")
             dev, test = (r.get("dev") or {}).get(m), (r.get("test") or {}).get(m)
             step = f" (step {r['best_step']})" if r.get("best_step") is not None else ""
             lines.append(f"| `{t}` | {m} | {_num(dev)} | {_num(test)} | {r.get('checkpoint')}{step} |")
-    lines += ["", "## Use", "", "```python", *usage_lines(facts), "```", ""]
+        chosen = {(r["selected"]["checkpoint"], r["selected"]["step"]) for r in scores.values() if r.get("selected")}
+        if chosen:  # export/ holds the last step: say where the dev-selected weights are
+            where = ", ".join(f"`{'best' if c == 'best (mean dev)' else c}/` (step {s})"
+                              for c, s in sorted(chosen, key=str))
+            lines += ["", f"These are the run's last weights. The checkpoint selected on dev is {where}: its card "
+                      "has its scores, and `predict --model` on that folder uses it."]
+    lines += ["", "## Use", ""]
+    spans = {t: f["span"] for t, f in tasks.items() if f.get("span")}
+    if spans:
+        lines += ["Span tasks read a long context in windows, as `predict` does: `qa/span_qa.py` (numpy and the "
+                  "tokenizer only) with the settings in `qa/span_qa.json`: "
+                  + "; ".join(f"`{t}` rows of {s['max_seq_len']} tokens, question cut at {s['max_question_len']} "
+                              f"pieces, stride {s['doc_stride'] or 'half a window'}, answers of at most "
+                              f"{s['max_answer_len']} tokens" for t, s in spans.items())
+                  + " (docs/finetune.md, \"Span settings\"). Give it the model, and `task=` for one of several.", ""]
+    lines += ["```python", *usage_lines(facts), "```", ""]
     return "\n".join(lines)
 
 
@@ -263,10 +315,16 @@ def _num(x: Any) -> str:
 
 
 def usage_lines(facts: dict[str, Any]) -> list[str]:
-    """Three lines that load this export and use it for its default task."""
+    """The lines that load this export and use it for its default task."""
     mt, default = facts.get("model_type"), facts.get("default_task")
     kind = (facts.get("tasks") or {}).get(default, {}).get("type")
     p = '"path/to/this/folder"'
+    if kind == "span":
+        return ['import sys; sys.path.insert(0, "path/to/this/folder/qa")',
+                "from span_qa import SpanQA  # predict's windows and answer rule (qa/span_qa.json)",
+                "from transformers import AutoModelForQuestionAnswering",
+                f"qa = SpanQA({p}, AutoModelForQuestionAnswering.from_pretrained({p}, trust_remote_code=True))",
+                'print(qa("中国的首都是哪里？", "北京是中国的首都。"))']
     if mt == "skillnet-bart":
         return ["from transformers import pipeline",
                 f'gen = pipeline("text2text-generation", model={p}, trust_remote_code=True)',

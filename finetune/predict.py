@@ -174,6 +174,22 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def other_tasks_reading(pred: Predictor, obj: Any, task: str | None) -> list[str]:
+    """The model's tasks other than `task` whose format (kind and ``columns``) reads `obj` without error."""
+    if not isinstance(obj, dict):
+        return []
+    out = []
+    for t in pred.tasks:
+        if t == task:
+            continue
+        try:
+            pred.check(obj, t)
+        except ValueError:
+            continue
+        out.append(t)
+    return out
+
+
 def predict_file(pred: Predictor, inp: str, out: str, default_task: str | None = None, batch_size: int = 32,
                  skip_bad: bool = False, progress: bool = True) -> dict[str, Any]:
     """Label `inp` into `out`; returns counts {"written", "skipped", "per_task"}, and with records that name no
@@ -199,6 +215,9 @@ def predict_file(pred: Predictor, inp: str, out: str, default_task: str | None =
             rows.append((line_no, obj, task, pred.check(obj, task)))
         except ValueError as e:
             msg = str(e) + (f" ({columns_hint(pred.tasks[task])})" if task in pred.tasks else "")
+            fits = other_tasks_reading(pred, obj, task) if isinstance(obj, dict) and "task" not in obj else []
+            if fits:  # the record is in another task's format: the task was picked for it, not given
+                msg += f"; it reads as a record of task {fits[0]!r}: pass --task {fits[0]}"
             if not skip_bad:
                 raise TaskDataError(inp, line_no, msg) from None
             skipped[str(e).split(":")[0]] = skipped.get(str(e).split(":")[0], 0) + 1

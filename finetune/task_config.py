@@ -115,6 +115,12 @@ class TaskConfig:
     prefix: str | None = None  # prepended to every source; default "<task name>: " (SkillNet-NLG's prefix)
     num_beams: int = 4  # beam search in evaluation and prediction (Appendix C.1: 4)
     lang: str = "zh"  # metric tokenisation: "zh" = per character (Latin runs as words), "en" = words
+    # span: a long context is read in windows of max_seq_len; each window starts doc_stride pieces after the
+    # last (default: half a window, so every answer up to half a window long lies whole in some window), and
+    # the question keeps max_question_len pieces (default: a third of max_seq_len); the answer cap is
+    # head.max_answer_len (default 64 tokens). docs/finetune.md, "Span settings".
+    doc_stride: int | None = None
+    max_question_len: int | None = None
 
     def __post_init__(self) -> None:
         if self.type not in _task_types():
@@ -142,6 +148,10 @@ class TaskConfig:
                 raise ValueError(f"{key} must be an integer >= 1 (or null for all), got {v!r}")
         if not _int(self.num_negatives) or self.num_negatives < 1:
             raise ValueError(f"num_negatives must be an integer >= 1, got {self.num_negatives!r}")
+        for key in ("doc_stride", "max_question_len"):
+            v = getattr(self, key)
+            if v is not None and (not _int(v) or v < 1):
+                raise ValueError(f"{key} must be an integer >= 1 (or null for the default), got {v!r}")
         for key in ("max_target_len", "num_beams"):
             v = getattr(self, key)
             if not _int(v) or v < 1:

@@ -25,6 +25,8 @@ from .bert import SkillNetBertModel, SkillNetBertPreTrainedModel
 from .config import HEAD_TYPES, SkillNetBertConfig
 from .crf import crf_log_likelihood
 from .extras import TaskExtras
+from .packed import PackedLayout
+from .span_qa import MAX_ANSWER_LEN  # one default for training's head and served windows
 
 
 @dataclass
@@ -112,7 +114,7 @@ class SkillNetBertForPreTraining(SkillNetBertPreTrainedModel):
         if task not in ("mlm", "nsp"):
             raise ValueError(f"pre-training task must be 'mlm' or 'nsp', got {task!r}")
         # Packed rows (training/packing.py) carry their layout; NSP then reads each pair's own [CLS].
-        enc = self.bert(input_ids, attention_mask, token_type_ids, task=task, **packed_layout(unused))
+        enc = self.bert(input_ids, attention_mask, token_type_ids, task=task, packed=PackedLayout.take(unused))
         if task == "mlm":
             if labels is None:
                 logits = self.cls.predictions.decoder(self.cls.predictions.transform(enc.last_hidden_state))
@@ -143,25 +145,16 @@ class SkillNetBertForPreTraining(SkillNetBertPreTrainedModel):
         )
 
 
-# What a packed batch carries beside the usual inputs (training/packing.py writes them), for the encoder.
-PACKED_LAYOUT = ("position_ids", "segment_ids", "cls_positions", "token_order")
-
-
-def packed_layout(batch: dict[str, Any]) -> dict[str, torch.Tensor]:
-    """The packed-row layout a batch carries, taken out of it for the encoder; {} for padded rows."""
-    return {k: batch.pop(k) for k in PACKED_LAYOUT if isinstance(batch.get(k), torch.Tensor)}
-
-
-def sample_rows(batch: dict[str, Any], hidden_RTD: torch.Tensor | None = None
+def sample_rows(batch: dict[str, Any], layout: PackedLayout | None, hidden_RTD: torch.Tensor | None = None
                 ) -> tuple[dict[str, Any], torch.Tensor | None]:
-    """A packed batch whose head reads every token (``unpack_index`` [B, W]: training/packing.py) back in
-    one sample per row: its [R, T] token tensors as [B, W] (-100 / 0 past a sample's end, as padding) and
-    the encoder's ``hidden_RTD`` as [B, W, D] (0 there). The head then sees exactly the padded batch.
-    Anything else is returned as it is."""
-    index = batch.get("unpack_index")
-    if not isinstance(index, torch.Tensor):
+    """A packed batch whose head reads every token (a `layout` with ``unpack_index`` [B, W]) back in one
+    sample per row: its [R, T] token tensors as [B, W] (-100 / 0 past a sample's end, as padding) and the
+    encoder's ``hidden_RTD`` as [B, W, D] (0 there). The head then sees exactly the padded batch. Anything
+    else is returned as it is."""
+    index = None if layout is None else layout.unpack_index
+    if index is None:
         return batch, hidden_RTD
-    out = {k: v for k, v in batch.items() if k != "unpack_index"}
+    out = dict(batch)
     keep, at = index >= 0, index.clamp(min=0)
     rows = (hidden_RTD if hidden_RTD is not None else batch["input_ids"]).shape[:2]
     for k, v in out.items():
@@ -348,7 +341,7 @@ class SpanHead(nn.Module):
     """Start/end vectors dotted with each token, softmax over the passage (T6, §3.2)."""
 
     def __init__(
-        self, config: SkillNetBertConfig, num_labels: int, dropout: float, max_answer_len: int = 64
+        self, config: SkillNetBertConfig, num_labels: int, dropout: float, max_answer_len: int = MAX_ANSWER_LEN
     ) -> None:
         super().__init__()
         self.qa_outputs = nn.Linear(config.hidden_size, 2)  # rows = v_start, v_end
@@ -482,8 +475,9 @@ class SkillNetBertForMultiTask(SkillNetBertPreTrainedModel):
             token_type_ids = token_type_ids.flatten(0, 1) if token_type_ids is not None else None
         elif isinstance(head, MatchingHead):
             raise ValueError(f"task {task!r} is a matching task: input_ids must be [groups, candidates, T]")
-        enc = self.bert(input_ids, attention_mask, token_type_ids, task=task, **packed_layout(batch))
-        batch, hidden = sample_rows(batch, enc.last_hidden_state)
+        layout = PackedLayout.take(batch)
+        enc = self.bert(input_ids, attention_mask, token_type_ids, task=task, packed=layout)
+        batch, hidden = sample_rows(batch, layout, enc.last_hidden_state)
         if hidden is not enc.last_hidden_state:
             enc.last_hidden_state = hidden
         out = head(enc, batch)
@@ -496,5 +490,5 @@ class SkillNetBertForMultiTask(SkillNetBertPreTrainedModel):
         out = self.forward(task=task, **batch)
         if batch["input_ids"].dim() == 3:
             batch["group_shape"] = batch["input_ids"].shape[:2]
-        view = {k: v for k, v in batch.items() if k not in PACKED_LAYOUT}
-        return self._head(task).predict(out, sample_rows(view)[0])
+        view = dict(batch)
+        return self._head(task).predict(out, sample_rows(view, PackedLayout.take(view))[0])

@@ -65,6 +65,13 @@ def serving_task(config: SkillNetBertConfig, kind: str) -> str | None:
     return fits[0] if len(fits) == 1 else None
 
 
+def task_max_len(config: Any, task: str | None) -> int | None:
+    """The task's max_seq_len as fine-tuning cut its inputs (``config.task_max_seq_len``, written by the
+    export), or None where the export does not say (the tokenizer's ``model_max_length`` then cuts)."""
+    limit = (getattr(config, "task_max_seq_len", None) or {}).get(task)
+    return int(limit) if limit else None
+
+
 def task_labels(config: SkillNetBertConfig, task: str) -> list[str] | None:
     labels = (config.task_heads or {}).get(task, {}).get("labels")
     return [str(x) for x in labels] if labels else None
@@ -189,6 +196,7 @@ class _TaskPipeline:
     task it runs. ``heads``: the head types it can use; None: any task of the model (for its skills)."""
 
     heads: tuple[str, ...] | None = None
+    cuts = False  # whether its preprocess takes the tokenizer's truncation arguments (text classification)
 
     def _sanitize_parameters(self, task: str | None = None, task_name: str | None = None,
                              **kwargs: Any) -> tuple[dict, dict, dict]:
@@ -203,6 +211,10 @@ class _TaskPipeline:
                 raise ValueError(f"task={chosen!r}: this {self.task} pipeline runs tasks with {kind}: "  # type: ignore[attr-defined]
                                  f"{', '.join(fits) or 'none'}")
             fwd["task"] = post["task"] = chosen
+        limit = task_max_len(self.model.config, chosen or getattr(self.model, "serving", None))  # type: ignore[attr-defined]
+        if self.cuts and limit is not None and "max_length" not in pre:
+            # predict cuts a text (a pair: longest first) at the task's max_seq_len: so does this pipeline
+            pre.update(truncation=True, max_length=limit)
         return pre, fwd, post
 
     def _forward(self, model_inputs: dict[str, Any], task: str | None = None) -> Any:
@@ -226,6 +238,7 @@ class _TaskPipeline:
 
 class SkillNetTextClassificationPipeline(_TaskPipeline, TextClassificationPipeline):
     heads = SERVES["sequence_classification"]
+    cuts = True
 
 
 class SkillNetTokenClassificationPipeline(_TaskPipeline, TokenClassificationPipeline):
@@ -261,7 +274,12 @@ class SkillNetText2TextPipeline(Pipeline):
     def preprocess(self, text: str, task: str | None = None) -> dict[str, torch.Tensor]:
         task = task or self.model.config.default_task
         prefix = (getattr(self.model.config, "task_prefixes", None) or {}).get(task, "")
-        enc = self.tokenizer(prefix + text, return_tensors="pt", truncation=True)
+        # fine-tuning and predict cut the source at the task's max_seq_len with the prefix on top
+        # (finetune/task_types/generation.py): the same cut here, not the tokenizer's model_max_length
+        limit = task_max_len(self.model.config, task)
+        cut = {} if limit is None else {
+            "max_length": limit + len(self.tokenizer(prefix, add_special_tokens=False)["input_ids"] if prefix else [])}
+        enc = self.tokenizer(prefix + text, return_tensors="pt", truncation=True, **cut)
         return {k: v for k, v in enc.items() if k != "token_type_ids"}  # BART has no segments
 
     def _forward(self, inputs: dict[str, torch.Tensor], **generate_kwargs: Any) -> dict[str, torch.Tensor]:

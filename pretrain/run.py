@@ -201,6 +201,23 @@ def write_run_args(path: Path, settings: dict[str, Any], first_step: int) -> Non
     atomic_write_text(path, json.dumps({**settings, "segments": segments}, indent=2))
 
 
+def settings_in_effect(args: argparse.Namespace, cfg: Any, data_workers: int) -> dict[str, Any]:
+    """run_args.json's settings: the flags, with every one left unset that the run resolved filled in with the
+    value in effect (the trainer's from the DeepSpeed JSON, recipe or defaults after the batch geometry is
+    derived; BART's noise from its defaults), so the record says what ran, not only what was typed. A setting
+    that does not apply (BART's noise in a BERT run) stays null."""
+    from skillnet.pretrain.archs import MASK_RATIO, POISSON_LAMBDA
+
+    out = {**vars(args), "data_workers": data_workers}
+    for name in options.FLAGS:
+        if out.get(name) is None and getattr(cfg, name, None) is not None:
+            out[name] = getattr(cfg, name)
+    if args.arch == "bart":
+        out["mask_ratio"] = MASK_RATIO if args.mask_ratio is None else args.mask_ratio
+        out["poisson_lambda"] = POISSON_LAMBDA if args.poisson_lambda is None else args.poisson_lambda
+    return out
+
+
 def _what_ran(settings: dict[str, Any]) -> dict[str, Any]:
     """A segment's settings without the launch's wiring (how the segment was started, not what it trained)."""
     return {k: v for k, v in settings.items() if k not in ("resume", "overwrite", "dry_run", "local_rank")}
@@ -388,7 +405,8 @@ def main(argv: list[str] | None = None) -> int:
         )
         Path(cfg.output_dir).mkdir(parents=True, exist_ok=True)
         if resumed_at < cfg.max_steps:  # a finished run started again trains nothing: its record stays
-            write_run_args(Path(cfg.output_dir) / "run_args.json", vars(args), resumed_at + 1)
+            write_run_args(Path(cfg.output_dir) / "run_args.json", settings_in_effect(args, cfg, workers),
+                           resumed_at + 1)
 
     try:
         result = trainer.train()

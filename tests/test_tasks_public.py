@@ -89,12 +89,12 @@ def test_cmrc2018_squad_json(tmp_path: Path) -> None:
     conv = convert_squad({"dev": FIX / "cmrc2018_dev.json"}, skip_bad=True)
     assert conv.stats == {"answer not in context": 2, "answer re-anchored": 1, "question without answer": 1}
     recs = {r["id"]: r for r in conv.splits["dev"]}
-    assert len(recs) == 5
-    assert recs["dev-DEV_0_QUERY_0"]["answers"] == [{"text": "山海关", "start": 17}]  # duplicate answer kept once
-    fixed = recs["dev-DEV_0_QUERY_1"]
+    assert len(recs) == 5 and "DEV_0_QUERY_0" in recs  # the dataset's ids, not "dev-DEV_0_QUERY_0"
+    assert recs["DEV_0_QUERY_0"]["answers"] == [{"text": "山海关", "start": 17}]  # duplicate answer kept once
+    fixed = recs["DEV_0_QUERY_1"]
     a = fixed["answers"][0]
     assert fixed["context"][a["start"]:a["start"] + len(a["text"])] == "两万多千米"
-    assert recs["dev-DEV_0_QUERY_2"]["answers"] == [{"text": "嘉峪关", "start": 23}]
+    assert recs["DEV_0_QUERY_2"]["answers"] == [{"text": "嘉峪关", "start": 23}]  # ids kept as given
     write_task_dir(conv, tmp_path)
     ds, _ = load_task_file(tmp_path / "dev.jsonl", "span")
     assert ds[4]["answers"] == [{"text": "2011年", "start": 29}]

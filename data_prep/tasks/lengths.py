@@ -96,3 +96,32 @@ def cut_warning(name: str, lengths_by_split: dict[str, list[int]], max_seq_len: 
             f"are longer than max_seq_len {max_seq_len} tokens and would be cut"
             + (f" ({others})" if others else "")
             + f"; 95% fit in {fit} (give the task that max_seq_len, or --max-seq-len to check another)")
+
+
+def span_window_line(name: str, records_by_split: dict[str, list[dict[str, Any]]], tok: Any,
+                     max_seq_len: int) -> str | None:
+    """A span task's line instead of `cut_warning`: its contexts are read in windows of `max_seq_len`
+    (model/span_qa.py's, with the default stride and question cut), nothing is cut; per split, how many
+    examples span several windows and how many answers lie whole in no window (training skips those).
+    A ``warning:`` when train loses answers, else a note; None without records."""
+    from skillnet.model.span_qa import window_counts
+
+    parts, lost = [], 0
+    for split, recs in records_by_split.items():
+        if not recs:
+            continue
+        q = _counts(tok, [r["question"] for r in recs])
+        offs = [e.offsets for e in tok.backend.encode_batch([r["context"] for r in recs], add_special_tokens=False)]
+        ans = [(r["answers"][0]["start"], r["answers"][0]["start"] + len(r["answers"][0]["text"]))
+               if r.get("answers") else None for r in recs]
+        c = window_counts(q, offs, ans, max_seq_len)
+        lost += c["answer_in_no_window"] if split == "train" else 0
+        parts.append(f"{split} {c['several_windows']:,} of {c['examples']:,} in several windows, "
+                     f"{c['answer_in_no_window']:,} answers in none")
+    if not parts:
+        return None
+    return (f"{'warning' if lost else 'note'}: {name}: span contexts are read in windows of max_seq_len {max_seq_len} "
+            f"tokens, not cut: {'; '.join(parts)}"
+            + ("; training skips examples whose answer lies in no window: a longer max_seq_len keeps them" if lost
+               else ""))
+

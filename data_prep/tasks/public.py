@@ -177,6 +177,12 @@ def convert_squad(inputs: dict[str, str | Path] | str | Path, *, name: str = "cm
                         # SQuAD JSON is usually one line: point at the record by its JSON path instead.
                         _fail_or_count(path, _line_of(text, qa), b, skip_bad, stats)
         per_input[split] = recs
+    seen: Counter[str] = Counter(r["id"] for recs in per_input.values() for r in recs)
+    for split, recs in per_input.items():
+        for r in recs:
+            if seen[r["id"]] > 1:  # the same id in two files (or twice in one): the split tells them apart
+                r["id"] = f"{split}-{r['id']}"
+                stats["id shared, prefixed by its split"] += 1
     splits = _arrange(per_input, lambda r: r["id"], seed=seed, ratios=ratios, max_examples=max_examples,
                       max_eval_examples=max_eval_examples)
     return Converted(TaskSpec(name=name, kind="span", source="SQuAD-style JSON (CMRC 2018)"), splits, stats)
@@ -223,7 +229,9 @@ def _squad_qa(qa: Any, context: str, where: str, split: str, stats: Counter[str]
         answers.append({"text": text, "start": start})
     if not answers:
         raise _Bad("question without answer", f"{where} (id {qid}): no answer found in its context")
-    rec: Record = {"id": f"{split}-{qid}", "context": context, "question": q, "answers": answers}
+    # the dataset's own id, as given (a question without one is named by its split and JSON path)
+    rec: Record = {"id": str(qid) if "id" in qa else f"{split}-{where}", "context": context, "question": q,
+                   "answers": answers}
     return validate_record(rec, "span")
 
 

@@ -12,6 +12,7 @@ import csv
 import json
 import logging
 import os
+import re
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -323,6 +324,10 @@ def _json_syntax_error(p: Path, display: str, is_array: bool) -> TaskDataError |
     return None
 
 
+# The start of a SQuAD-style file: {"version": ..., "data": [{... "paragraphs": [...]}]} (version optional).
+_NESTED_SQUAD = re.compile(r'\{\s*(?:"version"\s*:\s*"[^"]*"\s*,\s*)?"data"\s*:\s*\[')
+
+
 def _json_stream(p: Path, display: str) -> _Stream:
     import datasets
 
@@ -332,6 +337,12 @@ def _json_stream(p: Path, display: str) -> _Stream:
     if not head:
         raise TaskDataError(display, 1, "file is empty: no records")
     is_array = head.startswith("[")
+    if _NESTED_SQUAD.match(head) and '"paragraphs"' in head:
+        # a nested dataset file, not records: its converter writes the records (and keeps their ids)
+        raise TaskDataError(display, 1, "SQuAD / CMRC 2018 JSON ({data: [{paragraphs: [{context, qas}]}]}), not "
+                            "records: convert it first: python -m skillnet.data_prep.tasks convert cmrc2018 "
+                            f"--input train={p.name} --out DIR (add dev=, test= files), then give the task "
+                            "\"spec\": \"DIR/task.json\"")
     if is_array and head[1:].lstrip()[:1] not in ("{", "]", ""):
         raise TaskDataError(display, 1, "expected a JSON array of objects (one per record)")
     ds = _hf_call(display, p, "JSON", lambda: datasets.load_dataset("json", data_files=str(p), split="train"),
