@@ -3,14 +3,15 @@ PYTHON ?= python3
 PIP ?= $(PYTHON) -m pip
 STAMP := .setup.stamp
 
-.PHONY: setup slurm test test-fast demo reproduce reproduce-quick lint bench clean help
+.PHONY: setup slurm test test-fast demo reproduce reproduce-quick reproduce-parts reproduce-part reproduce-report lint bench clean help
 
 help:
 	@echo "make setup   install SkillNet + dev/data extras into the current Python (torch==2.13.0 pinned)"
 	@echo "make test    setup, then run the whole test suite (unit + integration, CPU fp32)"
 	@echo "make slurm   install Debian's slurm-wlm + munge (root on Debian) for the real-Slurm tests (make test does)"
 	@echo "make demo    setup, then the quick reproduction (~6 min): every stage on packaged Chinese data, a report"
-	@echo "make reproduce  setup, then the full CPU reproduction (~6.5 h, estimated; resumable): docs/report.md"
+	@echo "make reproduce  setup, then the full CPU reproduction (~10 h, estimated; resumable): docs/report.md"
+	@echo "make reproduce-parts / reproduce-part PART=NAME / reproduce-report  the same in parts of <= 2.5 h, committed"
 	@echo "make lint    ruff"
 	@echo "make bench   run the benchmark scripts (slow)"
 
@@ -51,8 +52,21 @@ demo: reproduce-quick
 reproduce-quick: setup
 	$(PYTHON) scripts/reproduce.py --quick --out runs/reproduce-quick --check
 
+# End to end on one machine, resumable (rerun to continue); it ends by printing, per table cell, your score beside
+# the committed one (results/full). PART=NAME runs one part and commits it (docs/reproduce.md).
 reproduce: setup
 	$(PYTHON) scripts/reproduce.py --check
+
+reproduce-parts: setup
+	$(PYTHON) scripts/reproduce.py --profile full --list-parts
+
+reproduce-part: setup
+	@test -n "$(PART)" || { echo "make reproduce-part PART=NAME (make reproduce-parts lists them)"; exit 2; }
+	$(PYTHON) scripts/reproduce.py --profile full --part $(PART)
+
+# docs/report.md, docs/comparison.md, docs/nlg.md and their pictures from the committed parts alone
+reproduce-report: setup
+	$(PYTHON) scripts/reproduce.py --profile full --report results/full
 
 lint: setup
 	$(PYTHON) -m ruff check .

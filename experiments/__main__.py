@@ -2,33 +2,42 @@
 report (Markdown + one self-contained HTML page).
 
     python scripts/reproduce.py --quick                 # ~6 min on 2 CPU cores: every stage, tiny sizes
-    python scripts/reproduce.py                         # the full CPU run (~5.5 h on 2 cores), docs/report.md
+    python scripts/reproduce.py                         # the full CPU run (~10 h on 2 cores), docs/report.md
+    python scripts/reproduce.py --list-parts            # the full run in parts of <= 2.5 h, with their status
+    python scripts/reproduce.py --part nlu_tune         # one part, committed with provenance to results/full
+    python scripts/reproduce.py --report results/full   # docs/report.md, comparison.md, nlg.md from those alone
     python scripts/reproduce.py --profile scale --gpus 8  # BERT-base / BART-base on GPUs (expected time: docs/scale.md)
     python scripts/reproduce.py --profile scale --estimate  # GPU-hours per stage, from FLOPs
-    make reproduce / make reproduce-quick
+    make reproduce / make reproduce-quick / make reproduce-part PART=NAME
     skillnet-reproduce --quick                          # the same command, installed with the package
 
-Stages (each writes <out>/stages/<name>.json when it finished; a rerun skips finished stages and the
-commands inside a stage resume where they stopped, so the run can be spread over several sittings):
+Stages, in the order they run (each writes <out>/stages/<name>.json when it finished; a rerun skips finished
+stages and the commands inside a stage resume where they stopped, so the run can be spread over several sittings;
+the parts that group them, and what each commits: docs/reproduce.md):
 
-  corpus      raw Chinese text from the installed packages (People's Daily 1998, insuranceqa answers)
-  shards      data_prep build: WordPiece (bert-base-chinese vocab) -> memory-mapped shards
-  dense_pt    dense MLM pre-training of a small BERT, exported as a plain HF BERT
-  sparse_pt   sparse MLM+NSP pre-training from it: `deepspeed pretrain/run.py --ds_config ...` on 2 ranks
-  nlu_tasks   sentiment, NER, insurance domain, QA matching, span extraction; held back: answer selection
-  nlu_main    every method of Table 3 on the same tasks, budget and seeds (finetune.compare)
-  nlu_ablate  Table 6: SkillNet with one skill removed
-  nlu_alpha   Figure 3: task sampling alpha in {0, 0.5, 1}
-  nlu_adapt   Table 5: the held-back task from each seed's multi-task model: existing skills, new s8 with old
-              skills frozen, s8 with every skill updated, task-specific
-  bart_pt     BART denoising pre-training (text infilling) of a small Chinese BART
-  nlg_tasks   spelling correction (SIGHAN-2015), insurance answer / question generation, poetry; held back:
-              next line of a poem
-  nlg_main    NLG Table 3: SkillNet-NLG against dense joint, task-specific and MoE
-  nlg_temp    NLG §3.4: sampling temperature T
-  nlg_adapt   NLG Table 4: the held-back task from each seed's multi-task model
-  report      docs/report.md (+ .html and pictures) from everything above; every number is read from
-              the stages' outputs
+  nlu_tasks      sentiment, NER, insurance domain, QA matching, span extraction; held back: answer selection
+  nlg_tasks      spelling correction (SIGHAN-2015), insurance answer / question generation, poetry; held back:
+                 next line of a poem
+  corpus         raw Chinese text from the installed packages, less every document that shares text with any
+                 task's dev or test data (so after both task stages, whichever half runs)
+  vocab          the bert-base-chinese entries the corpus and every task's training files use
+  shards         data_prep build: WordPiece -> memory-mapped shards
+  dense_pt       dense MLM pre-training of a small BERT, exported as a plain HF BERT
+  sparse_pt      sparse MLM+NSP pre-training from it, one run per seed, 2 ranks, DeepSpeed
+  dense_ctrl_pt  its dense control: the same MLM+NSP steps without skills, one run per seed
+  nlu_loss_scale the NER loss scale in joint training, decided on dev
+  nlu_tune       each Table 3 row's lr chosen on dev (one seed, reduced budget)
+  nlu_main       every method of Table 3 on the same tasks, budget and seeds (finetune.compare)
+  nlu_ablate     Table 6: SkillNet with one skill removed
+  nlu_alpha      Figure 3: task sampling alpha
+  nlu_adapt      Table 5: the held-back task from each seed's dev-selected multi-task model
+  bart_pt        BART denoising pre-training (text infilling) of a small Chinese BART
+  nlg_tune       each NLG Table 3 row's lr chosen on dev
+  nlg_main       NLG Table 3: SkillNet-NLG against dense joint, task-specific and MoE
+  nlg_temp       NLG §3.4: sampling temperature T
+  nlg_adapt      NLG Table 4: the held-back task from each seed's dev-selected multi-task model
+  report         docs/report.md (+ .html and pictures) from everything above; every number is read from
+                 the stages' outputs
 """
 
 from __future__ import annotations
@@ -54,18 +63,39 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0],
                                 epilog=__doc__.split("\n\n", 1)[1], formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--profile", choices=list(PROFILES), default="full",
-                   help="sizes and budgets: quick (~6 min, CPU), full (~6.5 h, CPU), scale (BERT-base/BART-base, GPUs)"
+                   help="sizes and budgets: quick (~6 min, CPU), full (~10 h, CPU), scale (BERT-base/BART-base, GPUs)"
                         " (default: %(default)s)")
     p.add_argument("--quick", action="store_true", help="same as --profile quick")
-    p.add_argument("--part", choices=list(PARTS), default="all",
+    p.add_argument("--part", default="all", metavar="PART",
                    help="nlu: the SkillNet-NLU half (docs/comparison.md with the full profile); nlg: the SkillNet-NLG "
-                        "half (docs/nlg.md); all: both and the whole report (docs/report.md)")
+                        "half (docs/nlg.md); all: both and the whole report (docs/report.md); or one named part "
+                        "(--list-parts), run in --out and committed with its provenance to --results "
+                        "(docs/reproduce.md) (default: %(default)s)")
+    p.add_argument("--list-parts", action="store_true",
+                   help="print the profile's parts, each with its time (measured where committed, else estimated), "
+                        "status (done, missing, stale) and what it needs; runs nothing")
+    p.add_argument("--part-limit", type=float, default=None, metavar="HOURS",
+                   help="split a by-seed group into one part per seed when its estimate exceeds this (default: "
+                        "parts.PART_LIMIT_S, 2.5 h on 2 cores)")
+    p.add_argument("--results", default=None, metavar="DIR",
+                   help="the committed parts (default: results/<profile> in the repository)")
+    p.add_argument("--docs", default=None, metavar="DIR",
+                   help="with --report RESULTS: where report.md, comparison.md and nlg.md go (default: docs/ for the "
+                        "full profile, RESULTS/report otherwise)")
+    p.add_argument("--allow-mixed-protocols", action="store_true",
+                   help="with --report RESULTS: build a report that marks parts of another protocol version instead "
+                        "of refusing")
+    p.add_argument("--allocator", choices=["glibc", "tcmalloc", "glibc-tuned"], default="glibc",
+                   help="the memory allocator of every command: tcmalloc (LD_PRELOAD of libtcmalloc_minimal, where "
+                        "installed) or glibc with its mmap/trim thresholds raised (bench/allocator.py measures them; "
+                        "docs/reproduce.md) (default: %(default)s)")
     p.add_argument("--out", default=None,
                    help="where every stage writes (default: runs/reproduce-<profile>): new or empty, or an earlier "
                         "reproduction of the same profile (continued); anything else is refused")
     p.add_argument("--report", default=None,
                    help="the report's Markdown path (.html beside it; default: docs/report.md for the full profile, "
-                        "<out>/report.md otherwise)")
+                        "<out>/report.md otherwise); a folder of committed parts (results/full): rebuild the reports "
+                        "and pictures from them alone, run nothing")
     p.add_argument("--stages", nargs="+", default=None, metavar="STAGE",
                    help="run only these stages (their inputs must exist); default: all, in order")
     p.add_argument("--redo", nargs="+", default=[], metavar="STAGE",
@@ -93,7 +123,24 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def claim_outputs(a: argparse.Namespace, profile_name: str, out: Path, report: Path) -> None:
+def rebuild(a: argparse.Namespace, profile: Profile) -> int:
+    """--report RESULTS: the reports from committed parts alone."""
+    from skillnet.experiments import part_run
+
+    results = Path(a.report).resolve()
+    docs = Path(a.docs) if a.docs else (REPO / "docs" if profile.name == "full" else results / "report")
+    try:
+        problems = part_run.rebuild_report(profile, results, docs, a.allow_mixed_protocols, part_run.limit_s(a))
+    except part_run.PartError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(f"[reproduce] reports rebuilt from {results} in {docs}", flush=True)
+    for msg in problems:
+        print(f"{'error' if a.check else 'warning'}: report incomplete: {msg}", file=sys.stderr)
+    return 1 if a.check and problems else 0
+
+
+def claim_outputs(a: argparse.Namespace, profile_name: str, out: Path, report: Path | None) -> None:
     """--out and the report files (common/outputs.py), before any stage runs, a dry run included (it
     writes the stages' configs). A reproduction continues in a folder of the same profile; anything else is
     refused: with no list of what every stage writes, nothing there can be removed safely."""
@@ -102,6 +149,8 @@ def claim_outputs(a: argparse.Namespace, profile_name: str, out: Path, report: P
 
     claim_output(out, option="--out", command="reproduce", identity={"profile": profile_name}, overwrite=None,
                  adopt=lambda d: any((d / "stages").glob("*.json")), ignore=(LOCK,))
+    if report is None:  # a named part writes no report
+        return
     claim_file(report, option="--report", overwrite=a.overwrite, own=starts_with(MARK))
     claim_file(report.with_suffix(".html"), option="--report (its .html twin)", overwrite=a.overwrite,
                own=starts_with(MARK.replace("`scripts/reproduce.py`", "<code>scripts/reproduce.py</code>")))
@@ -120,6 +169,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     a = parser.parse_args(argv)
     check_options(parser, a, {"gpus": at_least(1), "threads": at_least(1), "jobs": at_least(1)})
+    if a.part_limit is not None and a.part_limit <= 0:
+        parser.error(f"--part-limit {a.part_limit}: must be above 0 hours")
     overrides = {"ranks": a.gpus, "threads": a.threads, "jobs": a.jobs,
                  "in_process": False if a.subprocesses else None, "enforce_floors": False if a.no_enforce_floors else None}
     profile = dataclasses.replace(PROFILES["quick" if a.quick else a.profile],
@@ -136,7 +187,29 @@ def main(argv: list[str] | None = None) -> int:
                 return 2
         print(write_estimate(profile, Path(a.write) if a.write else None), end="")
         return 0
+    from skillnet.experiments import part_run
+
+    results = Path(a.results).resolve() if a.results else part_run.default_results(profile)
+    if a.list_parts:
+        from skillnet.experiments.parts import list_parts
+        from skillnet.experiments.provenance import committed, profile_hash
+
+        print(list_parts(profile, committed(results), profile_hash(profile), part_run.limit_s(a)), end="")
+        return 0
+    if a.report and Path(a.report).is_dir():
+        return rebuild(a, profile)
+    from skillnet.experiments.allocator import reexec_with
+
+    reexec_with(a.allocator, argv)  # returns only when this process already runs under it
     out = Path(a.out or f"runs/reproduce-{profile.name}").resolve()
+    if a.part not in PARTS:
+        try:
+            claim_outputs(a, profile.name, out, None)
+            with exclusive(out, option="--out", command="reproduction") as lock_fd:
+                return part_run.run_part(a, profile, a.part, out, results, lock_fd, _run_stages)
+        except (OutputError, part_run.PartError) as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
     doc_name, parts, part_stages = PARTS[a.part]
     report = Path(a.report or (REPO / "docs" / doc_name if profile.name == "full" else out / doc_name))
     names = [s.name for s in STAGES]
@@ -248,6 +321,9 @@ def _run_stages(a: argparse.Namespace, r: Runner, profile: Profile, out: Path, r
           f"{time.time() - t_all:.0f} s", flush=True)
     for msg in problems:
         print(f"{'error' if a.check else 'warning'}: report incomplete: {msg}", file=sys.stderr)
+    from skillnet.experiments.part_run import default_results, print_beside_committed
+
+    print_beside_committed(out, Path(a.results).resolve() if a.results else default_results(profile))
     return 1 if a.check and problems else 0
 
 
