@@ -207,6 +207,16 @@ def build_parser() -> Parser:
                    "measure a model pre-trained on --out with")
     c.add_argument("--held-out-every", type=int, default=100, help="with --held-out: hold out one document in N "
                    "(default: %(default)s)")
+    c.add_argument("--decontaminate", nargs="+", default=[], metavar="TASK_DIR",
+                   help="converted task folders (with task.json), or folders of them: drop every document of --out "
+                        "and --held-out that shares a --ngram-character string with a dev or test example of any of "
+                        "those tasks (docs/data_prep.md#decontamination), and write what was dropped to --report (default: "
+                        "no decontamination)")
+    c.add_argument("--ngram", type=int, default=None,
+                   help="with --decontaminate: characters of text shared, after normalisation, that make a document "
+                        "contaminated (default: 20, chosen on the packaged data's measurements)")
+    c.add_argument("--report", default=None,
+                   help="with --decontaminate: the JSON report (default: decontamination.json beside --out)")
     c.add_argument("--overwrite", action="store_true",
                    help="replace an --out file this command did not write; without it such a file is refused")
 
@@ -221,7 +231,7 @@ def main(argv: list[str] | None = None) -> int:
     rules = {
         "build": {"workers": at_least(1), "num_shards": at_least(1), "shard_index": at_least(0),
                   "unit_bytes": positive(), "max_doc_bytes": positive()},
-        "sample-corpus": {"max_docs": at_least(1), "held_out_every": at_least(2)},
+        "sample-corpus": {"max_docs": at_least(1), "held_out_every": at_least(2), "ngram": at_least(8)},
         "vocab": {"min_count": at_least(1)},
         "train-tokenizer": {"vocab_size": at_least(6), "min_frequency": at_least(1), "max_bytes": positive(),
                             "max_doc_bytes": positive()},
@@ -256,6 +266,15 @@ def _is_bad_input_report(path: Path) -> bool:
     return isinstance(d, dict) and set(d) == {"counts", "bytes", "examples"}
 
 
+def _is_decontamination_report(path: Path) -> bool:
+    """A decontamination.json of an earlier sample-corpus run: a JSON object with its rule and n-gram."""
+    try:
+        d = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return isinstance(d, dict) and {"rule", "ngram", "corpus"} <= set(d)
+
+
 def _claim_folder(a: argparse.Namespace, identity: dict) -> None:
     """--out of a command that writes a few files into a folder: its own earlier output is redone, anything
     else is refused without --overwrite (common/outputs.py)."""
@@ -278,19 +297,27 @@ def _run(a: argparse.Namespace) -> int:
               f"--vocab {Path(a.out) / 'vocab.txt'}")
         return 0
     if a.cmd == "sample-corpus":
-        from skillnet.common.outputs import claim_file, starts_with
-        from skillnet.data_prep.sample_corpus import packaged_chinese_docs, write_sample_corpus
+        from skillnet.common.outputs import claim_file
+        from skillnet.data_prep.sample_corpus import report_path, write_sample_corpus, written_here
 
-        docs = packaged_chinese_docs()
-        claim_file(a.out, option="--out", overwrite=a.overwrite, own=starts_with(docs[0] + "\n") if docs else None)
+        if (a.ngram is not None or a.report) and not a.decontaminate:
+            raise ValueError("--ngram and --report go with --decontaminate TASK_DIR ...")
+        claim_file(a.out, option="--out", overwrite=a.overwrite, own=written_here)
         every = a.held_out_every
         if a.held_out:
-            first = docs[every - 1] if len(docs) >= every else None
-            claim_file(a.held_out, option="--held-out", overwrite=a.overwrite,
-                       own=starts_with(first + "\n") if first else None)
-        path, n = write_sample_corpus(a.out, a.max_docs, a.held_out, every)
+            claim_file(a.held_out, option="--held-out", overwrite=a.overwrite, own=written_here)
+        report = Path(a.report) if a.report else report_path(Path(a.out))
+        if a.decontaminate:
+            claim_file(report, option="--report", overwrite=a.overwrite, own=_is_decontamination_report)
+        path, n = write_sample_corpus(a.out, a.max_docs, a.held_out, every, against=a.decontaminate, ngram=a.ngram,
+                                      report=report)
         print(f"{n:,} documents, {path.stat().st_size / 1e6:.1f} MB -> {path}"
               + (f"; one in {every} held out -> {a.held_out}" if a.held_out else ""))
+        if a.decontaminate:
+            from skillnet.data_prep.decontaminate import summary_lines
+
+            print("\n".join(summary_lines(json.loads(report.read_text(encoding="utf-8")))))
+            print(f"decontamination report -> {report}")
         return 0
     if a.cmd == "build":
         from skillnet.data_prep.bad_input import BadInputReport

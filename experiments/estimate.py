@@ -22,7 +22,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-from skillnet.experiments.nlg import NLG_FORMATS, NLG_LENGTHS, gen_tasks
+from skillnet.experiments.nlg import NLG_FORMATS, NLG_LENGTHS, gen_tasks, nlg_test_cap, nlg_train_tasks
 from skillnet.experiments.nlu import NLU_TASKS, NLU_TYPICAL_LEN
 from skillnet.experiments.profiles import LOSS_SCALE_METHODS, Profile
 
@@ -145,6 +145,7 @@ def _method(row: str) -> str:
 def estimate(p: Profile) -> list[dict[str, Any]]:
     """FLOPs of every stage of profile `p` from its sizes, steps and batches (sequences counted at their
     maximum length: an upper bound), then GPU-hours at each assumed peak and MFU."""
+    from skillnet.experiments.tune import search
     from skillnet.model import SkillNetBartConfig, SkillNetBertConfig
 
     bert = SkillNetBertConfig.preset("base" if not p.bert else "tiny", **p.bert).to_dict()
@@ -169,15 +170,21 @@ def estimate(p: Profile) -> list[dict[str, Any]]:
     pt_tokens = p.pt_batch * p.ranks * p.pt_seq
     flops = {
         "dense_pt": p.dense_pt_steps * pt_tokens * bert_flops_per_token(bert, p.pt_seq, 1, mlm=True),
-        "sparse_pt": p.sparse_pt_steps * pt_tokens * bert_flops_per_token(bert, p.pt_seq, pretrain_ffns(), mlm=True),
+        # one continuation of pt_dense per seed, sparse and its dense control (experiments/nlu.py)
+        "sparse_pt": len(p.seeds) * p.sparse_pt_steps * pt_tokens
+        * bert_flops_per_token(bert, p.pt_seq, pretrain_ffns(), mlm=True),
+        "dense_ctrl_pt": len(p.seeds) * p.sparse_pt_steps * pt_tokens * bert_flops_per_token(bert, p.pt_seq, 1, mlm=True),
         "nlu_loss_scale": nlu_runs(LOSS_SCALE_METHODS * len(p.loss_scale_arms), p.seeds,
                                    p.loss_scale_steps or p.nlu_steps),
+        # the lr search (experiments/tune.py): every main-table row at every grid lr, one seed
+        "nlu_tune": nlu_runs(p.nlu_methods * len(p.nlu_lr_grid), p.seeds[:1], search(p, "nlu").steps),
         "nlu_main": nlu_runs(p.nlu_methods, p.seeds, p.nlu_steps),
         "nlu_ablate": nlu_runs(["skillnet"] * (1 + len(p.ablate)), p.side_seeds, p.nlu_side_steps or p.nlu_steps),
         "nlu_alpha": nlu_runs(["skillnet"] * len(p.alphas), p.side_seeds, p.nlu_side_steps or p.nlu_steps),
         "nlu_adapt": nlu_runs(["skillnet"] * 3 + ["task_specific"], p.seeds, p.adapt_steps),
         "bart_pt": p.bart_pt_steps * (p.bart_pt_batch or p.pt_batch) * p.ranks
         * bart_flops_per_pair(bart, p.pt_seq, p.pt_seq, 1),
+        "nlg_tune": nlg_runs(p.nlg_methods * len(p.nlg_lr_grid), p.seeds[:1], search(p, "nlg").steps),
         "nlg_main": nlg_runs(p.nlg_methods, p.seeds, p.nlg_steps),
         "nlg_temp": nlg_runs(["skillnet"] * len(p.temperatures), p.side_seeds, p.nlg_steps),
         "nlg_adapt": nlg_runs(["skillnet", "skillnet", "task_specific"], p.seeds, p.nlg_adapt_steps or p.adapt_steps),
@@ -212,6 +219,8 @@ def write_estimate(p: Profile, path: Path | None) -> str:
         lines.append(f"| {r['stage']} | {_num(r['pflop'])} | " + " | ".join(_num(r[g]) for g in gpus) + " |")
     lines.append("| **total** | " + f"{_num(sum(r['pflop'] for r in rows))} | "
                  + " | ".join(f"**{_num(sum(r[g] for r in rows))}**" for g in gpus) + " |")
+    if p.ds_config.startswith("ds_configs/cpu"):  # a CPU profile: also its wall time where it is meant to run
+        lines += ["", *cpu_lines(p)]
     text = "\n".join(lines) + "\n"
     if path is not None and path.is_file():
         from skillnet.experiments.benchdoc import write_section
@@ -220,6 +229,125 @@ def write_estimate(p: Profile, path: Path | None) -> str:
     elif path is not None:
         path.write_text(text, encoding="utf-8")
     return text
+
+
+# ------------------------------------------------------------------------------------------- CPU wall time
+# The committed full reproduction (docs/report.md: 2026-11-27, 2 cores, rows not yet packed) measured every
+# stage's wall time. Beside it, the work each stage did then, in the unit its time scales with: optimizer steps
+# summed over its runs, read from that report's commands and settings (a task-specific row's task models by their
+# own steps: then 1,200 per NLU task and 400 per NLG task, not yet their share). None: a data stage, whose time
+# does not depend on the steps.
+MEASURED_CPU: dict[str, tuple[float, float | None]] = {  # stage -> (seconds then, work then)
+    "corpus": (4, None), "nlu_tasks": (23, None), "nlg_tasks": (18, None), "vocab": (77, None), "shards": (6, None),
+    "dense_pt": (19.2 * 60, 4000),
+    "sparse_pt": (4.8 * 60, 500),  # one run (launch, export and held-out check included)
+    "nlu_main": (126.0 * 60, 3 * (7 * 2400 + 5 * 1200)),  # 3 seeds x (7 joint rows + 5 task models)
+    "nlu_ablate": (19.3 * 60, 1 * 8 * 1200),
+    "nlu_alpha": (10.2 * 60, 1 * 3 * 1200),
+    "nlu_adapt": (9.1 * 60, 3 * 4 * 600),
+    "bart_pt": (31.8 * 60, 1600),
+    "nlg_main": (71.4 * 60, 3 * (3 * 800 + 4 * 400)),
+    "nlg_temp": (19.4 * 60, 1 * 3 * 800),
+    "nlg_adapt": (7.4 * 60, 3 * 3 * 600),
+}
+# Stages that the committed run did not have, priced at the cost per unit of a measured one: the dense control at
+# the sparse run's (a dense step is the cheaper, so an upper bound), the loss-scale study at Table 3's.
+PRICED_AS = {"dense_ctrl_pt": "sparse_pt", "nlu_loss_scale": "nlu_main", "nlu_tune": "nlu_main",
+             "nlg_tune": "nlg_main"}
+# NLG test examples those runs decoded per task (nlg_eval 50; csc its whole test half, 334 sentences).
+MEASURED_NLG_TEST = {"nlg_eval": 50, "csc": 334}
+# What packed rows (every stage's default since 2026-12-02) gain per step over those unpacked times, measured on
+# the same 2 cores: BERT pre-training 0.29 -> 0.15 s per step (the full profile's dense run, experiments/profiles.py);
+# the rest real tokens/s packed over unpacked at 128 tokens (docs/speed.md, bench/packing.py, 2026-12-02): BART
+# denoising 1.65, generation fine-tuning 1.48, NER fine-tuning 1.36 (the least of the NLU tasks' gains, as the
+# CRF costs the same in either layout). Data stages and beam search (one source per row) gain nothing.
+PACKED_SPEEDUP = {"dense_pt": 0.29 / 0.15, "sparse_pt": 0.29 / 0.15, "bart_pt": 1.65,
+                  **dict.fromkeys(("nlu_main", "nlu_ablate", "nlu_alpha", "nlu_adapt"), 1.36),
+                  **dict.fromkeys(("nlg_main", "nlg_temp", "nlg_adapt"), 1.48)}
+# Beam-4 decoding of one test example by the full profile's BART (d_model 128, 2+2 layers), one thread, each
+# generation task at its full target length (an untrained model's worst case): 0.10-0.16 s, 0.13 s on average
+# (measured 2026-12-07 on the 2-core machine, shared). Test is decoded once per run.
+DECODE_S_PER_EXAMPLE = 0.13
+
+
+def cpu_work(p: Profile) -> dict[str, float]:
+    """Each stage's work under profile `p`, in MEASURED_CPU's unit: optimizer steps summed over its runs (every
+    row of a table trains the joint run's steps in all: the budget rule)."""
+    side = p.nlu_side_steps or p.nlu_steps
+    return {
+        "dense_pt": p.dense_pt_steps,
+        "sparse_pt": len(p.seeds) * p.sparse_pt_steps,
+        "dense_ctrl_pt": len(p.seeds) * p.sparse_pt_steps,
+        "nlu_loss_scale": len(p.seeds) * len(p.loss_scale_arms) * len(LOSS_SCALE_METHODS)
+        * (p.loss_scale_steps or p.nlu_steps),
+        # the lr search: every row of the main table at every lr of the grid, one seed (profiles.Profile)
+        "nlu_tune": len(p.nlu_lr_grid) * len(p.nlu_methods) * (p.nlu_tune_steps or side),
+        "nlu_main": len(p.seeds) * len(p.nlu_methods) * p.nlu_steps,
+        "nlu_ablate": len(p.side_seeds) * (1 + len(p.ablate)) * side,
+        "nlu_alpha": len(p.side_seeds) * len(p.alphas) * side,
+        "nlu_adapt": len(p.seeds) * 4 * p.adapt_steps,
+        "bart_pt": p.bart_pt_steps,
+        "nlg_tune": len(p.nlg_lr_grid) * len(p.nlg_methods) * (p.nlg_tune_steps or p.nlg_steps),
+        "nlg_main": len(p.seeds) * len(p.nlg_methods) * p.nlg_steps,
+        "nlg_temp": len(p.side_seeds) * len(p.temperatures) * p.nlg_steps,
+        "nlg_adapt": len(p.seeds) * 3 * (p.nlg_adapt_steps or p.adapt_steps),
+    }
+
+
+def extra_test_decoding(p: Profile) -> dict[str, float]:
+    """Seconds of beam search on test examples that profile `p` decodes beyond what the measured run decoded
+    (per NLG stage, on p.jobs runs at once); a task tested on its whole split both times adds nothing."""
+    def more(tasks: list[str]) -> int:
+        then = {t: MEASURED_NLG_TEST.get(t, MEASURED_NLG_TEST["nlg_eval"]) for t in tasks}
+        now = {t: nlg_test_cap(p, t) for t in tasks}
+        return sum(max(0, n - then[t]) for t, n in now.items() if n is not None)
+
+    train, new = nlg_train_tasks(), [n for n, i in gen_tasks().items() if i.held_out and n in NLG_FORMATS]
+    runs = {"nlg_main": (len(p.seeds) * len(p.nlg_methods), train), "nlg_temp": (len(p.side_seeds)
+            * len(p.temperatures), train), "nlg_adapt": (len(p.seeds) * 3, new)}
+    return {st: n * more(tasks) * DECODE_S_PER_EXAMPLE / max(1, p.jobs) for st, (n, tasks) in runs.items()}
+
+
+def cpu_estimate(p: Profile, packed: bool = True) -> dict[str, float | None]:
+    """Each stage's wall time (seconds) on the 2 cores of the committed run, for profile `p`: its measured time
+    scaled by its work now over its work then, divided by what packed rows gain per step (PACKED_SPEEDUP; not
+    with `packed=False`: the unpacked times scaled, an upper bound), plus the test decoding it adds. None: a
+    stage neither measured nor priced (a new one: add it to PRICED_AS)."""
+    work, decode = cpu_work(p), extra_test_decoding(p)
+    out: dict[str, float | None] = {}
+    from skillnet.experiments.stages import STAGES
+
+    for st in (s.name for s in STAGES):
+        like = PRICED_AS.get(st, st)
+        sec, then = MEASURED_CPU.get(like, (None, None))
+        if sec is None:
+            out[st] = None
+        elif then is None:
+            out[st] = sec
+        else:
+            gain = PACKED_SPEEDUP.get(like, 1.0) if packed else 1.0
+            out[st] = sec * work[st] / then / gain + decode.get(st, 0.0)
+    return out
+
+
+def cpu_lines(p: Profile) -> list[str]:
+    """Markdown of `cpu_estimate`: each stage's estimated wall time on 2 cores, packed and as an upper bound."""
+    packed, bound = cpu_estimate(p), cpu_estimate(p, packed=False)
+
+    def minutes(v: float | None) -> str:
+        return "-" if v is None else f"{v / 60:.1f}"
+
+    unpriced = [st for st, v in packed.items() if v is None]
+    lines = [f"## Expected wall time of the `{p.name}` profile on 2 CPU cores", "",
+             "Each stage's wall time in the committed reproduction (docs/report.md, 2026-11-27), times its optimizer "
+             "steps summed over its runs now over then, divided by what packed rows gain per step (measured since), "
+             "plus the beam search of the test examples added since (`experiments/estimate.py`: MEASURED_CPU, "
+             "PACKED_SPEEDUP, DECODE_S_PER_EXAMPLE). *Upper bound*: without the packing gain." + (
+                 f" Not priced (no measured stage to scale): {', '.join(unpriced)}." if unpriced else ""), "",
+             "| stage | minutes | upper bound |", "|---|---|---|"]
+    lines += [f"| {st} | {minutes(v)} | {minutes(bound[st])} |" for st, v in packed.items()]
+    total = (sum(v for v in packed.values() if v), sum(v for v in bound.values() if v))
+    return lines + [f"| **total** | **{total[0] / 3600:.1f} h** | {total[1] / 3600:.1f} h |"]
 
 
 # ------------------------------------------------------------------------------------------- the paper's recipe

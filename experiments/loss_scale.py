@@ -1,6 +1,9 @@
-"""The CRF loss's scale in joint training, measured (issue 49, item 2): NER test F1 of dense joint and SkillNet
-under each `loss_reduction` of the NER head (token_mean: per word; sentence_mean: per sentence, like the other
-heads' per-example losses), with or without per-task gradient normalisation, over several seeds, paired.
+"""The CRF loss's scale in joint training, measured and decided on dev (issues 49 and 55): dense joint, SkillNet
+and task-specific models under each `loss_reduction` of the NER head (token_mean: per word; sentence_mean: per
+sentence, like the other heads' per-example losses), with or without per-task gradient normalisation, over several
+seeds, paired. The winner is the arm with the best mean dev score (the average over tasks of the dev-selected
+checkpoint, as checkpoint selection reads it), averaged over the rows and seeds; test scores are shown, never read
+by the decision. The reproduction trains every NLU table with the winner (experiments/nlu.py `nlu_config`).
 
     # on a finished (or at least pre-trained) reproduction: its NLU tasks, BERTs and Table 3 config
     python -m skillnet.experiments.loss_scale --from runs/reproduce-full
@@ -15,7 +18,8 @@ task_balance.py: each task's loss scaled so that its gradient norm meets the mea
 task's ``head.loss_reduction`` and the run's ``task_grad_norm`` set. With ``--from``, the rows of the arm the
 reproduction's Table 3 ran (its config's, the head's default without normalisation unless it names others) are read from
 its ``nlu_main`` comparison when that has them at the same seeds and steps, not run again. Writes
-``<out>/loss_scale.md`` and ``loss_scale.json``: per method and arm, each NER task's test F1 and the average over
+``<out>/loss_scale.md`` and ``loss_scale.json``: the decision (``winner``, ``decision``: the rule and each arm's
+dev score), per method and arm each NER task's dev (``dev_scores``) and test F1 (``scores``) and the average over
 all tasks (mean ± std over seeds), the paired difference of each arm from the first one, and each NER task's dev
 curve (``dev_curves``: every seed's score at every evaluation; in the table, mean ± std per step and whether the
 curve has flattened: its last two evaluations that every seed reached within the seed spread), the budget question.
@@ -25,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import statistics
 import sys
 from collections.abc import Sequence
@@ -45,14 +50,14 @@ ARMS = [*CRF_LOSS_REDUCTIONS, *(f"{r}+{g}" for g in GRAD_NORMS for r in CRF_LOSS
 
 def build_parser() -> argparse.ArgumentParser:
     p = Parser("skillnet.experiments.loss_scale",
-               description="Measure the NER CRF loss's scale in joint training: NER test F1 of each method under "
-                           "each head.loss_reduction, with or without per-task gradient normalisation (+ema arms), "
-                           "over seeds, paired, with NER's dev curve per arm (has it flattened at this budget?); writes a Markdown "
-                           "table. Why: token_mean is a loss per "
-                           "word, so beside per-example losses of other tasks, with one AdamW and one gradient clip for "
-                           "all, NER's encoder gradient is several times smaller; "
-                           "sentence_mean (the default, which this study chose) averages per sentence like the other heads "
-                           "(docs/finetune.md).")
+               description="Measure the NER CRF loss's scale in joint training and decide it on dev: dev and test "
+                           "scores of each method under each head.loss_reduction, with or without per-task gradient "
+                           "normalisation (+ema arms), over seeds, paired, with NER's dev curve per arm (has it "
+                           "flattened at this budget?); the winner is the arm with the best mean dev score over rows "
+                           "and seeds (test scores are shown, never decide). Why: token_mean is a loss per word, so "
+                           "beside per-example losses of other tasks, with one AdamW and one gradient clip for all, "
+                           "NER's encoder gradient is several times smaller; sentence_mean (the head's default) "
+                           "averages per sentence like the other heads (docs/finetune.md).")
     p.add_argument("--from", dest="source", metavar="REPRODUCTION",
                    help="a reproduction folder (scripts/reproduce.py --out): its configs/nlu_main.json, pt_dense/hf "
                         "(every row's init) and pt_sparse/hf (SkillNet's), and its Table 3 runs where they match")
@@ -61,6 +66,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--init", help="initial weights of every row (default with --from: its pt_dense/hf)")
     p.add_argument("--init-for", dest="init_for", action="append", default=[], metavar="LABEL=DIR",
                    help="initial weights of one row (default with --from: skillnet=its pt_sparse/hf, as Table 3)")
+    p.add_argument("--args-for", dest="args_for", action="append", default=[], metavar="LABEL=ARGS",
+                   help="fine-tuning options of one row in every arm (finetune.compare --args-for), e.g. its lr")
     p.add_argument("--methods", nargs="+", default=DEFAULT_METHODS, help="rows (finetune methods)")
     p.add_argument("--arms", "--reductions", dest="reductions", nargs="+", default=list(CRF_LOSS_REDUCTIONS),
                    choices=ARMS, metavar="ARM",
@@ -155,6 +162,23 @@ def summarise(aggs: dict[str, dict[str, Any]], methods: list[str], ner: list[str
     return {"reference": first, "scores": scores, "differences": diffs}
 
 
+# How the study picks its winner: what the reproduction's tables then train with, so said once, here.
+DECISION_RULE = ("the arm with the highest mean dev score (each run's average over tasks at its dev-selected "
+                 "checkpoint), averaged over the rows and seeds; ties go to the arm listed first")
+
+
+def decide(dev: dict[str, Any], arms: list[str]) -> dict[str, Any]:
+    """The winner by DECISION_RULE from the dev summary (`summarise` of the dev aggregates): per arm the mean over
+    rows of each row's mean dev average."""
+    by_arm: dict[str, float] = {}
+    for arm in arms:
+        vals = [per[arm]["average"]["mean"] for per in dev["scores"].values() if arm in per]
+        vals = [v for v in vals if v == v]  # a row without a dev score (nan) does not vote
+        by_arm[arm] = statistics.fmean(vals) if vals else None
+    winner = max(arms, key=lambda a: (-math.inf if by_arm[a] is None else by_arm[a], -arms.index(a)))
+    return {"rule": DECISION_RULE, "split": "dev", "by_arm": by_arm, "winner": winner}
+
+
 def dev_curves(aggs: dict[str, dict[str, Any]], methods: list[str], ner: list[str]
                ) -> dict[str, dict[str, dict[str, list[list[list[float]]]]]]:
     """Per method, arm and NER task: each seed's dev curve ([[step, score], ...], as finetune.compare keeps
@@ -205,19 +229,40 @@ def curve_table(doc: Document, curves: dict[str, dict[str, dict[str, list[list[l
     doc.table(["method", "NER loss", "task", *(f"step {s}" for s in steps), "flat"], rows)
 
 
+def decision_text(doc: Document, study: dict[str, Any]) -> None:
+    """The study's decision in one paragraph: the rule, each arm's dev score, the winner (or why there is none:
+    a loss_scale.json written before the study decided on dev)."""
+    dec = study.get("decision")
+    if not dec:
+        doc.p("**No decision on dev recorded**: this loss_scale.json predates the dev decision (issue 55); rerun "
+              "the study (delete its folder) for a winner that the tables can read.")
+        return
+    scores = ", ".join(f"`{arm}` {'-' if v is None else f'{v:.2f}'}" for arm, v in dec["by_arm"].items())
+    doc.p(f"**Decision, on dev**: {dec['rule']}. Mean dev score per arm: {scores}. Winner: `{dec['winner']}`, the "
+          "NER loss of every NLU table of the reproduction.")
+
+
 def write_section(doc: Document, study: dict[str, Any], level: int = 1,
                   title: str = "The CRF loss's scale in joint training") -> None:
     """The study's tables, from its loss_scale.json (this module's own file, and the reproduction report's)."""
     ner, seeds, sources = study["ner_tasks"], study["seeds"], study.get("sources", {})
     doc.h(level, title)
     budget = f" Every run trains {study['steps']:,} steps." if study.get("steps") else ""
-    doc.p(f"Written by `{study.get('command', 'python -m skillnet.experiments.loss_scale')}`.{budget} Test scores, "
+    doc.p(f"Written by `{study.get('command', 'python -m skillnet.experiments.loss_scale')}`.{budget} Scores as "
           f"mean ± std over seeds {seeds}, one checkpoint per run (selected by the mean dev score over tasks). "
           "`token_mean`: the NER loss per word; `sentence_mean`: per sentence, as the other heads average theirs "
           "(its gradient is `token_mean`'s times the mean words per sentence); `+ema`: with per-task gradient "
           "normalisation (`train.task_grad_norm` `ema`: each task's loss scaled so that its gradient norm meets the "
           "mean over tasks).")
+    decision_text(doc, study)
     n = len(seeds)
+    if study.get("dev_scores"):
+        doc.p("Dev scores (what the decision reads):")
+        doc.table(["method", "NER loss", *(f"{t} (f1, dev)" for t in ner), "average (all tasks, dev)"],
+                  [[m, f"`{red}`", *(f"{s[t]['mean']:.1f} ± {s[t]['std']:.1f}" for t in ner),
+                    f"{s['average']['mean']:.1f} ± {s['average']['std']:.1f}"]
+                   for m, per in study["dev_scores"].items() for red, s in per.items()])
+        doc.p("Test scores (shown, not used by the decision):")
     head = ["method", "NER loss", *(f"{t} (f1)" for t in ner), "average (all tasks)", "runs"]
     rows = []
     for m, per in study["scores"].items():
@@ -271,9 +316,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     main_cmp = reusable(src / "compare" / "nlu_main", a.methods, a.seeds, steps) if src and not a.no_reuse else None
     aggs: dict[str, dict[str, Any]] = {}
     sources: dict[str, str] = {}
+    dirs: dict[str, Path] = {}  # each arm's comparison folder: its runs' results hold the dev scores
     for red in a.reductions:
         if main_cmp is not None and red == config_arm(base):
             aggs[red], sources[red] = main_cmp, "Table 3's (nlu_main)"
+            dirs[red] = src / "compare" / "nlu_main"  # type: ignore[operator]
             continue
         cfg_path = out / "configs" / f"{red}.json"
         # paths of the config stay relative to its own folder (or the base_dir it names)
@@ -285,6 +332,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "--title", f"NER loss {red}"]
         args += ["--init", init] if init else []
         args += [x for it in init_for for x in ("--init-for", it)]
+        args += [x for it in a.args_for for x in ("--args-for", it)]
         args += ["--max-steps", str(a.max_steps)] if a.max_steps else []
         args += ["--threads", str(a.threads)] if a.threads else []
         rc = compare.main(args)
@@ -293,11 +341,16 @@ def main(argv: Sequence[str] | None = None) -> int:
             return rc
         aggs[red] = json.loads((out / red / "comparison.json").read_text(encoding="utf-8"))
         sources[red] = f"`{red}/`"
+        dirs[red] = out / red
     summary = summarise(aggs, a.methods, ner)
+    dev = summarise({red: compare.aggregate(d, a.methods, a.seeds, split="dev") for red, d in dirs.items()},
+                    a.methods, ner)
+    decision = decide(dev, list(a.reductions))
     curves = dev_curves(aggs, a.methods, ner)
     command = "python -m skillnet.experiments.loss_scale " + " ".join(argv if argv is not None else sys.argv[1:])
-    study = {"seeds": a.seeds, "ner_tasks": ner, "steps": steps, "command": command, "sources": sources, **summary,
-             "dev_curves": curves}
+    study = {"seeds": a.seeds, "ner_tasks": ner, "steps": steps, "command": command, "sources": sources,
+             "winner": decision["winner"], "decision": decision, "dev_scores": dev["scores"],
+             "dev_differences": dev["differences"], **summary, "dev_curves": curves}
     (out / "loss_scale.json").write_text(json.dumps(study, indent=2) + "\n", encoding="utf-8")
     doc = Document()
     write_section(doc, study)

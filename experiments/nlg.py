@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from skillnet.experiments.profiles import Profile
 from skillnet.experiments.runner import (
     PY,
     Runner,
@@ -16,6 +17,15 @@ from skillnet.experiments.runner import (
     pt_args,
     task_counts,
     write_config,
+)
+from skillnet.experiments.tune import (
+    chosen_lrs,
+    dev_selected,
+    refuse_stale,
+    run_search,
+    search,
+    study_lrs,
+    with_lrs,
 )
 
 
@@ -48,13 +58,14 @@ NLG_PAPER_SIZES = {"csc": 1_200_000, "insuranceqa_answer": 740_000, "insuranceqa
                    "poetry_title": 114_000}
 
 
-def eval_cap(r: Runner, name: str) -> int | None:
-    """Dev and test examples of an NLG task: the profile's nlg_eval, or its per-task cap (None: the whole split)."""
-    return r.p.nlg_eval_per_task.get(name, r.p.nlg_eval)
+def nlg_test_cap(p: Profile, name: str) -> int | None:
+    """Test examples of an NLG task: its per-task cap (None: the whole split), else the profile's nlg_test, else
+    nlg_eval. The converter caps dev at the same number; fine-tuning cuts dev to nlg_eval (nlg_config)."""
+    return p.nlg_eval_per_task.get(name, p.nlg_test or p.nlg_eval)
 
 
 def eval_cap_args(r: Runner, name: str) -> list[str]:
-    cap = eval_cap(r, name)
+    cap = nlg_test_cap(r.p, name)
     return [] if cap is None else ["--max-eval-examples", str(cap)]
 
 
@@ -79,7 +90,7 @@ def nlg_config(r: Runner, names: list[str], steps: int, name: str, caps: dict[st
                       "max_target_len": tgt, "num_beams": p.nlg_beams,
                       **({"max_train_examples": caps[n]} if caps else {}),
                       # a task tested on more than nlg_eval examples is still selected on nlg_eval dev examples
-                      **({"max_dev_examples": p.nlg_eval} if eval_cap(r, n) != p.nlg_eval else {})})
+                      **({"max_dev_examples": p.nlg_eval} if nlg_test_cap(p, n) != p.nlg_eval else {})})
     d = {
         "model": {"preset": "tiny" if p.bart else "base", "overrides": dict(p.bart)},
         "tasks": tasks,
@@ -97,11 +108,21 @@ def nlg_train_tasks() -> list[str]:
     return [n for n, i in gen_tasks().items() if not i.held_out and n in NLG_FORMATS]
 
 
+def stage_nlg_tune(r: Runner) -> dict[str, Any]:
+    """Every row of NLG Table 3 at every lr of the profile's grid, one seed, a reduced budget; each row's lr is
+    the one of the best mean dev score (experiments/tune.py)."""
+    P = paths(r.out)
+    cfg = nlg_config(r, nlg_train_tasks(), search(r.p, "nlg").steps, "nlg_tune")
+    return run_search(r, "nlg", cfg, P["bart_hf"], {})
+
+
 def stage_nlg_main(r: Runner) -> dict[str, Any]:
     P = paths(r.out)
     cfg = nlg_config(r, nlg_train_tasks(), r.p.nlg_steps, "nlg_main")
-    compare(r, cfg, P["cmp"] / "nlg_main", r.p.nlg_methods, r.p.seeds, P["bart_hf"])
-    return {}
+    lrs = chosen_lrs(r, "nlg")  # each row's lr, chosen on dev by stage nlg_tune
+    refuse_stale(r, P["cmp"] / "nlg_main", lrs)  # a finished table of other settings is not rerun by compare
+    compare(r, cfg, P["cmp"] / "nlg_main", r.p.nlg_methods, r.p.seeds, P["bart_hf"], with_lrs([], lrs))
+    return {"lr": lrs}
 
 
 def stage_nlg_temp(r: Runner) -> dict[str, Any]:
@@ -109,20 +130,26 @@ def stage_nlg_temp(r: Runner) -> dict[str, Any]:
     cfg = nlg_config(r, nlg_train_tasks(), r.p.nlg_steps, "nlg_temp",
                       caps=paper_ratio_caps(NLG_PAPER_SIZES, r.p.nlg_train))
     rows = [f"T_{t:g}=skillnet" for t in r.p.temperatures]
-    extra = [x for t in r.p.temperatures for x in ("--args-for", f"T_{t:g}=--sampler temperature --temperature {t}")]
+    extra = with_lrs([x for t in r.p.temperatures
+                      for x in ("--args-for", f"T_{t:g}=--sampler temperature --temperature {t}")],
+                     study_lrs(r, "nlg", {x.split("=")[0]: "skillnet" for x in rows}))  # SkillNet-NLG's lr
     extra.append("--allow-unequal-budgets")  # the task mix, and so each task's updates, is what this study varies
     compare(r, cfg, P["cmp"] / "nlg_temp", rows, r.p.side_seeds, P["bart_hf"], extra)
     return {}
 
 
 def stage_nlg_adapt(r: Runner) -> dict[str, Any]:
-    """NLG Table 4: the held-back task from each seed's multi-task SkillNet-NLG, with its Table-2-style
-    skills (existing), with a new skill, and task-specific from the same weights."""
+    """NLG Table 4: the held-back task from each seed's multi-task SkillNet-NLG at its dev-selected checkpoint
+    (the model NLG Table 3 scored), with its Table-2-style skills (existing) and with a new skill; task-specific
+    fine-tuning starts from the pre-trained BART, as a model trained for the new task alone would (NLG Table 4's
+    "task-specific fine-tuning"; the NLU half's Table 5 row does the same from the dense BERT)."""
     P = paths(r.out)
     new = [n for n, i in gen_tasks().items() if i.held_out][0]
     cfg = nlg_config(r, [new], r.p.nlg_adapt_steps or r.p.adapt_steps, "nlg_adapt")
-    init = P["cmp"] / "nlg_main" / "skillnet" / "seed{seed}" / "export"
+    init = dev_selected(P["cmp"] / "nlg_main", "skillnet")
     rows = ["a_existing=skillnet", "c_new_skill=skillnet", "task_specific"]
-    extra = ["--args-for", "c_new_skill=--new-skill new_task", "--reference", "a_existing"]
+    extra = ["--args-for", "c_new_skill=--new-skill new_task", "--reference", "a_existing",
+             "--init-for", f"task_specific={P['bart_hf']}"]
+    extra = with_lrs(extra, study_lrs(r, "nlg", {x.split("=")[0]: x.split("=")[-1] for x in rows}))
     compare(r, cfg, P["cmp"] / "nlg_adapt", rows, r.p.seeds, init, extra)
     return {}

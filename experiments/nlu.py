@@ -7,8 +7,10 @@ import json
 from pathlib import Path
 from typing import Any
 
+from skillnet.experiments.loss_scale import with_arm
 from skillnet.experiments.profiles import LOSS_SCALE_METHODS, Profile
 from skillnet.experiments.runner import (
+    PT_SEEDED,
     PY,
     Runner,
     check_floor,
@@ -19,6 +21,16 @@ from skillnet.experiments.runner import (
     pt_args,
     task_counts,
     write_config,
+)
+from skillnet.experiments.tune import (
+    chosen_lrs,
+    dev_selected,
+    label_of,
+    refuse_stale,
+    run_search,
+    search,
+    study_lrs,
+    with_lrs,
 )
 
 
@@ -34,14 +46,72 @@ def stage_dense_pt(r: Runner) -> dict[str, Any]:
     return check_floor(r, P["dense"])
 
 
-def stage_sparse_pt(r: Runner) -> dict[str, Any]:
+# The continuation of pt_dense that a claim about pre-training rests on is replicated: one run per fine-tuning
+# seed, fine-tuning seed k from pre-training seed k (issue 55: one run per model made the seed spread fine-tuning
+# noise only). The sparse run and its dense control continue pt_dense by the same steps, objectives, data, lr and
+# batch geometry; only --dense differs.
+CONTINUATION_OBJECTIVES = ["mlm", "nsp"]  # the sparse run's (the SkillNet-NLU paper §3.5), so the control's too
+CONTINUATION_FLAGS = {"sparse_pt": [], "dense_ctrl_pt": ["--dense"]}
+
+
+def pt_seed_dir(r: Runner, stage: str, seed: int | str) -> Path:
+    """The run folder of pre-training seed `seed` of `stage` (a key of PT_SEEDED); seed "{seed}" gives the
+    template that finetune.compare fills with each run's seed."""
+    return r.out / PT_SEEDED[stage] / f"seed{seed}"
+
+
+def bert_init(r: Runner, row: str) -> str:
+    """The initial weights of an NLU row (`LABEL` or `LABEL=METHOD`, read by its label), with '{seed}' for the
+    run's seed: the sparsely pre-trained BERT for the profile's nlu_sparse_rows, the dense control for every
+    other row (profiles.Profile.nlu_sparse_rows says why). Every stage that starts NLU rows from pre-training
+    reads this, so that a row starts from the same weights in every table."""
+    stage = "sparse_pt" if row.split("=")[0] in r.p.nlu_sparse_rows else "dense_ctrl_pt"
+    return str(pt_seed_dir(r, stage, "{seed}") / "hf")
+
+
+def init_args(r: Runner, rows: list[str]) -> tuple[Path, list[str]]:
+    """compare's --init (the dense control's, the most rows') and an --init-for for each row that starts
+    elsewhere (bert_init)."""
+    default = bert_init(r, "dense_joint")
+    return Path(default), [a for x in rows if (init := bert_init(r, x)) != default
+                           for a in ("--init-for", f"{x.split('=')[0]}={init}")]
+
+
+def continue_pretraining(r: Runner) -> dict[str, Any]:
+    """The stage's continuation of pt_dense, one run per seed of the profile, each exported and checked against
+    its held-out floor. A seed whose export exists is done (a rerun continues with the next). The record is
+    the lowest seed's, which the floor table shows, with every seed's value."""
     P = paths(r.out)
-    args = ["--shards", str(P["shards"]), "--init-from-dense", str(P["dense_hf"]), *pt_args(r, r.p.sparse_pt_steps),
-            "--output-dir", str(P["sparse"])]
-    r.run(r.deepspeed("pretrain/run.py", args, r.p.pt_batch))
-    r.run([PY, "-m", "skillnet.pretrain.export", "--checkpoint", str(P["sparse"]), "--out", str(P["sparse_hf"])])
-    mlm_heldout(r, P["sparse_hf"], P["sparse"])
-    return check_floor(r, P["sparse"])
+    recs: dict[int, dict[str, Any]] = {}
+    for seed in r.p.seeds:
+        run = pt_seed_dir(r, r.stage, seed)
+        done = run / "hf" / "export_info.json"  # the export's last file (written to a temporary folder, then moved)
+        args = ["--shards", str(P["shards"]), "--init-from-dense", str(P["dense_hf"]), *CONTINUATION_FLAGS[r.stage],
+                "--objectives", *CONTINUATION_OBJECTIVES, *pt_args(r, r.p.sparse_pt_steps), "--seed", str(seed),
+                "--output-dir", str(run)]
+        r.run(r.deepspeed("pretrain/run.py", args, r.p.pt_batch), check_file=done)
+        r.run([PY, "-m", "skillnet.pretrain.export", "--checkpoint", str(run), "--out", str(run / "hf")],
+              check_file=done)
+        mlm_heldout(r, run / "hf", run)
+        recs[seed] = check_floor(r, run)
+    measured = {k: v for k, v in recs.items() if v}
+    if not measured:  # a dry run
+        return {}
+    seed, worst = min(measured.items(), key=lambda kv: kv[1].get("floor_value") or float("-inf"))
+    return {**worst, "floor_seed": seed, "floor_value_per_seed": {str(k): v.get("floor_value")
+                                                                  for k, v in measured.items()}}
+
+
+def stage_sparse_pt(r: Runner) -> dict[str, Any]:
+    """Sparse MLM+NSP pre-training from pt_dense (2 ranks, DeepSpeed), one run per seed."""
+    return continue_pretraining(r)
+
+
+def stage_dense_ctrl_pt(r: Runner) -> dict[str, Any]:
+    """The dense control of sparse_pt: pt_dense continued densely by the sparse run's steps and objectives, on
+    the same data, lr and ranks, one run per seed. Without it "sparse pre-training helps" also measured the
+    sparse run's extra steps and its second objective (NSP)."""
+    return continue_pretraining(r)
 
 
 # Each task's max_seq_len is fitted to its converted data (task_seq_len); a task config here, or the profile's
@@ -121,7 +191,32 @@ def stage_nlu_tasks(r: Runner) -> dict[str, Any]:
     return {"counts": task_counts(P["tasks"], [name for name, _, _, _ in items])}
 
 
-def nlu_config(r: Runner, tasks: dict[str, dict[str, Any]], steps: int, name: str, **train: Any) -> Path:
+def loss_scale_study(out: Path) -> Path:
+    return out / "loss_scale" / "loss_scale.json"
+
+
+def ner_loss_arm(r: Runner) -> str | None:
+    """The NER loss arm every NLU table trains with: the loss-scale study's winner, decided on dev (stage
+    nlu_loss_scale). None (the head's default) where the profile runs no study, or in a dry run before it has
+    run; a real run without the decision stops with one line, so that no table trains with another NER loss
+    than the report says."""
+    f = loss_scale_study(r.out)
+    if f.is_file():
+        winner = json.loads(f.read_text(encoding="utf-8")).get("winner")
+        if winner is None:
+            raise RuntimeError(f"stage {r.stage}: {f} predates the study's decision on dev: delete {f.parent} and "
+                               "rerun stage nlu_loss_scale (--redo nlu_loss_scale)")
+        return str(winner)
+    if not r.p.loss_scale_arms or r.dry_run:
+        return None
+    raise RuntimeError(f"stage {r.stage}: the NER loss of every NLU table is the loss-scale study's winner, and "
+                       f"{f} does not exist: run stage nlu_loss_scale first")
+
+
+def nlu_config(r: Runner, tasks: dict[str, dict[str, Any]], steps: int, name: str, study_arm: bool = True,
+               **train: Any) -> Path:
+    """A fine-tuning config of the profile's NLU settings; `study_arm`: with the loss-scale study's NER loss
+    (ner_loss_arm) where a task is NER (the study's own config varies it)."""
     P = paths(r.out)
     p = r.p
     d = {
@@ -136,19 +231,22 @@ def nlu_config(r: Runner, tasks: dict[str, dict[str, Any]], steps: int, name: st
                   **train},
         "output_dir": str(r.out / "unused"),
     }
-    return write_config(r, name, d)
+    arm = ner_loss_arm(r) if study_arm and any(t["type"] == "ner" for t in tasks.values()) else None
+    return write_config(r, name, with_arm(d, arm) if arm else d)
 
 
 def stage_nlu_loss_scale(r: Runner) -> dict[str, Any]:
-    """The NER loss's scale in joint training (issue 49): dense joint from the dense BERT and SkillNet from the
-    sparse one, under each of the profile's arms (CRF loss per word or per sentence, with or without per-task
+    """The NER loss's scale in joint training (issue 49): each row from the weights its Table 3 row starts from
+    (bert_init), under each of the profile's arms (CRF loss per word or per sentence, with or without per-task
     gradient normalisation), over the seeds, at loss_scale_steps; the report gives its table and dev curves."""
-    P = paths(r.out)
     cfg = nlu_config(r, {n: t for n, (_, _, t) in NLU_TASKS.items()}, r.p.loss_scale_steps or r.p.nlu_steps,
-                     "nlu_loss_scale")
+                     "nlu_loss_scale", study_arm=False)
     out = r.out / "loss_scale"
-    cmd = [PY, "-m", "skillnet.experiments.loss_scale", "--config", str(cfg), "--init", str(P["dense_hf"]),
-           "--init-for", f"skillnet={P['sparse_hf']}", "--methods", *LOSS_SCALE_METHODS,
+    init, init_for = init_args(r, LOSS_SCALE_METHODS)  # each row from its Table 3 row's weights, per seed
+    # each row at its Table 3 row's lr, chosen on dev by stage nlu_tune (which runs first, at the default NER loss)
+    lrs = with_lrs([], study_lrs(r, "nlu", {m: m for m in LOSS_SCALE_METHODS}))
+    cmd = [PY, "-m", "skillnet.experiments.loss_scale", "--config", str(cfg), "--init", str(init), *init_for, *lrs,
+           "--methods", *LOSS_SCALE_METHODS,
            "--arms", *r.p.loss_scale_arms, "--seeds", *map(str, r.p.seeds), "--out", str(out),
            "--jobs", str(r.p.jobs)]
     if r.p.threads:
@@ -157,16 +255,31 @@ def stage_nlu_loss_scale(r: Runner) -> dict[str, Any]:
     return {}
 
 
+def stage_nlu_tune(r: Runner) -> dict[str, Any]:
+    """Every row of Table 3 at every lr of the profile's grid, one seed, a reduced budget, each from its Table 3
+    weights; each row's lr is the one of the best mean dev score (experiments/tune.py). It runs before every other
+    NLU table, at the model's default NER loss: the loss-scale study then trains each row at its chosen lr, and
+    the side studies and adaptation at SkillNet's (or task-specific's), so that no lr is the profile's own."""
+    rows = r.p.nlu_methods
+    cfg = nlu_config(r, {n: t for n, (_, _, t) in NLU_TASKS.items()}, search(r.p, "nlu").steps, "nlu_tune",
+                     study_arm=False)
+    init, _ = init_args(r, rows)
+    return run_search(r, "nlu", cfg, init, {label_of(x): bert_init(r, x) for x in rows})
+
+
 def stage_nlu_main(r: Runner) -> dict[str, Any]:
-    """Table 3: the baselines start from the dense BERT (as the paper's), SkillNet from the sparse pre-trained
-    model, and its "w/o sparse pre-training" row (skillnet_dense) from the dense BERT."""
+    """Table 3: seed k of SkillNet and the learnable rows starts from sparse pre-training seed k, seed k of the
+    baselines and of "SkillNet w/o sparse pre-training" (skillnet_dense) from the dense control's seed k: the
+    same pre-training budget and objectives for every row (bert_init)."""
     P = paths(r.out)
     cfg = nlu_config(r, {n: t for n, (_, _, t) in NLU_TASKS.items()}, r.p.nlu_steps, "nlu_main")
     rows = r.p.nlu_methods
-    sparse_rows = [x for x in rows if x.split("=")[0] in r.p.nlu_sparse_rows]
-    extra = [arg for x in sparse_rows for arg in ("--init-for", f"{x.split('=')[0]}={P['sparse_hf']}")]
-    compare(r, cfg, P["cmp"] / "nlu_main", rows, r.p.seeds, P["dense_hf"], extra)
-    return {}
+    init, extra = init_args(r, rows)
+    lrs = chosen_lrs(r, "nlu")  # each row's lr, chosen on dev by stage nlu_tune
+    arm = ner_loss_arm(r)
+    refuse_stale(r, P["cmp"] / "nlu_main", lrs, arm)  # a finished table of other settings is not rerun by compare
+    compare(r, cfg, P["cmp"] / "nlu_main", rows, r.p.seeds, init, with_lrs(extra, lrs))
+    return {"lr": lrs, "ner_loss": arm}
 
 
 def stage_nlu_ablate(r: Runner) -> dict[str, Any]:
@@ -175,7 +288,8 @@ def stage_nlu_ablate(r: Runner) -> dict[str, Any]:
     cfg = nlu_config(r, {n: t for n, (_, _, t) in NLU_TASKS.items()}, r.p.nlu_side_steps or r.p.nlu_steps,
                      "nlu_ablate")
     rows = ["skillnet"] + [f"no_{s}=skillnet" for s in r.p.ablate]
-    extra = [a for s in r.p.ablate for a in ("--args-for", f"no_{s}=--drop-skill {s}")]
+    extra = with_lrs([a for s in r.p.ablate for a in ("--args-for", f"no_{s}=--drop-skill {s}")],
+                     study_lrs(r, "nlu", {x.split("=")[0]: "skillnet" for x in rows}))
     compare(r, cfg, P["cmp"] / "nlu_ablate", rows, r.p.side_seeds, P["dense_hf"], extra)
     return {}
 
@@ -194,7 +308,8 @@ def stage_nlu_alpha(r: Runner) -> dict[str, Any]:
     tasks = {n: {**t, "max_train_examples": caps[n]} for n, (_, _, t) in NLU_TASKS.items()}
     cfg = nlu_config(r, tasks, r.p.nlu_side_steps or r.p.nlu_steps, "nlu_alpha")
     rows = [f"alpha_{a:g}=skillnet" for a in r.p.alphas]
-    extra = [x for a in r.p.alphas for x in ("--args-for", f"alpha_{a:g}=--sampler proportional --alpha {a}")]
+    extra = with_lrs([x for a in r.p.alphas for x in ("--args-for", f"alpha_{a:g}=--sampler proportional --alpha {a}")],
+                     study_lrs(r, "nlu", {x.split("=")[0]: "skillnet" for x in rows}))
     extra.append("--allow-unequal-budgets")  # the task mix, and so each task's updates, is what this study varies
     compare(r, cfg, P["cmp"] / "nlu_alpha", rows, r.p.side_seeds, P["dense_hf"], extra)
     return {}
@@ -206,16 +321,18 @@ def adapt_eval_every(p: Profile) -> int:
 
 
 def stage_nlu_adapt(r: Runner) -> dict[str, Any]:
-    """Table 5: the held-back task, from each seed's multi-task SkillNet (nlu_main), with (a) its existing
-    skills, (b) a new skill s8 copied from s7 with the old skills frozen, (c) s8 with every skill updated,
-    and task-specific fine-tuning (a dense model, the generic skill as its FFN) from the same weights."""
+    """Table 5: the held-back task, from each seed's multi-task SkillNet (nlu_main) at its dev-selected checkpoint
+    (the model Table 3 scored), with (a) its existing skills, (b) a new skill s8 copied from s7 with the old skills
+    frozen, (c) s8 with every skill updated; and task-specific fine-tuning of the pre-trained dense BERT that
+    Table 3's task-specific row starts from (the paper's Table 4 setting)."""
     P = paths(r.out)
     name, _, _, t = NLU_NEW_TASK
     # four dev evaluations whatever the profile's eval_every: one cannot tell a curve that still rises
     cfg = nlu_config(r, {name: t}, r.p.adapt_steps, "nlu_adapt", eval_every=adapt_eval_every(r.p))
-    init = P["cmp"] / "nlu_main" / "skillnet" / "seed{seed}" / "export"
+    init = dev_selected(P["cmp"] / "nlu_main", "skillnet")
     rows = ["a_existing=skillnet", "b_s8_frozen=skillnet", "c_s8_all=skillnet", "task_specific"]
     extra = ["--args-for", "b_s8_frozen=--new-skill s8 --freeze-old-skills", "--args-for", "c_s8_all=--new-skill s8",
-             "--reference", "a_existing"]
-    compare(r, cfg, P["cmp"] / "nlu_adapt", rows, r.p.seeds, init, extra)
+             "--init-for", f"task_specific={bert_init(r, 'task_specific')}", "--reference", "a_existing"]
+    lrs = study_lrs(r, "nlu", {x.split("=")[0]: x.split("=")[-1] for x in rows})  # SkillNet's; task-specific's
+    compare(r, cfg, P["cmp"] / "nlu_adapt", rows, r.p.seeds, init, with_lrs(extra, lrs))
     return {}

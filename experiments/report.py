@@ -1,8 +1,8 @@
 """The reproduction report: Markdown and one self-contained HTML page from the outputs of the stages.
 
 Every number is read from a stage's output (comparison.json of each finetune.compare, the stages' timing
-records); the sentences about the papers' claims are chosen by the numbers (a difference is "beyond the
-noise" when a paired t-test over the seeds gives p < 0.05).
+records); the sentences about the papers' claims are chosen by the numbers (a claim holds when its
+hierarchical bootstrap p-value, Holm-corrected over all the report's claims, is below 0.05: finetune/stats.py).
 """
 
 from __future__ import annotations
@@ -16,10 +16,11 @@ from skillnet.experiments.nlg import nlg_train_tasks
 from skillnet.experiments.nlu import NLU_TASKS
 from skillnet.experiments.report_nlg import nlg_part
 from skillnet.experiments.report_nlu import nlu_part
-from skillnet.experiments.runner import PRETRAIN_RUNS, REPO, paths, tokens_seen
-from skillnet.experiments.tables import load
+from skillnet.experiments.report_protocol import count_claims, protocol_section
+from skillnet.experiments.runner import REPO, pretrain_dirs, tokens_seen
+from skillnet.experiments.tables import load, load_comparison
 from skillnet.experiments.targets import targets_section
-from skillnet.finetune.document import Document, copied_to
+from skillnet.finetune.document import Document, copied_to, decide_claims
 
 
 def portable(text: str) -> str:
@@ -93,35 +94,47 @@ def tokens_text(n: float | None) -> str:
 
 
 def build(out: Path, profile: Any, stages: list[Any], report: Path, title: str,
-          parts: tuple[str, ...] = ("nlu", "nlg")) -> tuple[Path, list[str]]:
+          parts: tuple[str, ...] = ("nlu", "nlg"), source: str | None = None,
+          parts_table: list[list[str]] | None = None) -> tuple[Path, list[str]]:
     """Write `report` (.md) and its .html twin; return its path and what is missing from it (see
     `Document.problems`). `parts`: which halves to include ("nlu", "nlg"); `stages`: the stages whose wall time
-    and commands are listed."""
+    and commands are listed. `source`: where the outputs came from, when not `out` (committed results restored into
+    a temporary `out`), and `parts_table` their parts (experiments/part_run.py)."""
     before = previous_wall_times(report)  # read before this report replaces it
     before_floors = previous_floor_values(report)
     cmp_dir = out / "compare"
-    cmps = {n: load(cmp_dir / n / "comparison.json") for n in
+    cmps = {n: load_comparison(cmp_dir / n / "comparison.json") for n in
             ("nlu_main", "nlu_ablate", "nlu_alpha", "nlu_adapt", "nlg_main", "nlg_temp", "nlg_adapt")}
     records = {s.name: load(out / "stages" / f"{s.name}.json") for s in stages}
     total = sum((r or {}).get("seconds", 0.0) for r in records.values())
     doc = Document()
     doc.h(1, title)
     doc.p(f"{MARK} (profile `{profile.name}`) from the outputs of its stages in "
-          f"`{portable(str(out))}`: every number below was measured by that run and read from its files. Machine: {machine()}. "
-          f"Total wall time of the stages: {seconds(total)}.")
+          f"`{portable(source or str(out))}`: every number below was measured by that run and read from its files. "
+          + (f"Machine: {machine()}. " if parts_table is None else "Machines: each part's, in the table below. ")
+          + f"Total wall time of the stages: {seconds(total)}.")
+    doc.contents()  # a long report opens with its sections
+    if parts_table is not None:
+        doc.h(2, "Parts of this reproduction")
+        doc.p("Each part ran on its own machine and sitting and committed its results with their provenance "
+              f"(`{portable(source or str(out))}/<part>/provenance.json`: commit, profile hash, seeds, times, CPU, "
+              "threads, library versions, the fingerprint of every input it read); the report is rebuilt from them.")
+        doc.table(["part", "commit", "machine", "wall time", "finished"], parts_table)
     if profile.name != "full":
         doc.p(f"**What this run shows, and what it does not.** The `{profile.name}` profile checks that every stage "
               "runs end to end on real data and writes its outputs and this report, in minutes. Its models are tiny "
               "and trained for a few hundred steps: most scores sit at or near the trivial baseline, some are 0, and "
               "the curves have few points. Read it as a smoke test of the pipeline, not as evidence that anything "
-              "learns or that one method beats another; the full profile (`make reproduce`, about 6.5 hours) is the "
+              "learns or that one method beats another; the full profile (`make reproduce`, about 10 hours) is the "
               "run whose numbers mean that (docs/report.md).")
     doc.p("How to read the tables: scores are on the **test** split, as mean ± standard deviation over the seeds "
           f"{profile.seeds} (one model checkpoint for all tasks per run, selected by the mean dev score). A "
-          "difference between two rows is called **beyond the noise** when a paired t-test over the seeds gives "
-          "p < 0.05 (each seed fixes the initial weights of the run's new parts, the task sequence and the data "
-          "order for every row alike), and **within the noise** otherwise. With three seeds only a large and "
-          "consistent gap passes.")
+          "difference between two rows is given with its 95% interval from a hierarchical paired bootstrap over the "
+          "seeds and the test examples (each seed fixes the initial weights of the run's new parts, the task "
+          "sequence and the data order for every row alike; every row is scored on the same examples), and called "
+          "**beyond the noise** where the interval excludes 0, **within the noise** otherwise. The findings' claims "
+          "are decided together, with Holm's correction for their number (the Protocol section states the rule); "
+          "the seeds' paired t-test is given beside each.")
     doc.h(2, "What this run cut, relative to the papers")
     doc.bullets(cuts(profile, parts, records))
 
@@ -132,14 +145,27 @@ def build(out: Path, profile: Any, stages: list[Any], report: Path, title: str,
         nlg_part(doc, cmps, cmp_dir, out, findings)
     if profile.name == "full":  # the targets are the full CPU profile's; the quick one shows the mechanics
         targets_section(doc, cmps, cmp_dir, parts, findings)
+    findings = decide_claims(findings)  # every claim is known now: Holm over all of them, then their words
+    protocol_section(doc, out, profile, parts, cmps, count_claims(findings))
     tail(doc, out, stages, records, findings, parts, before, before_floors)
     report.parent.mkdir(parents=True, exist_ok=True)
     # Not named after the report: report.md, comparison.md and nlg.md of one reproduction sit side by side (docs/)
     # and show the same pictures of the same run, which the report's name copied once per report.
-    link = copied_to(report.parent / "img", lambda p: f"report_{p.parent.name}_{p.name}")
+    # Named by the folders under `out` (less "compare"): the seeds of two replicated pre-training stages are both
+    # seed0/curves.png, and the folder's name alone copied one over the other.
+    link = copied_to(report.parent / "img", lambda p: picture_name(p, out))
     report.write_text(doc.markdown(link), encoding="utf-8")
     report.with_suffix(".html").write_text(doc.html(title), encoding="utf-8")
     return report, doc.problems()
+
+
+def picture_name(pic: Path, out: Path) -> str:
+    """A picture's file name in the reports' img/ folder: report_<its folders under `out`>_<name>."""
+    try:
+        folders = [x for x in pic.relative_to(out).parent.parts if x != "compare"]
+    except ValueError:
+        folders = [pic.parent.name]
+    return "_".join(["report", *folders, pic.name])
 
 
 def tail(doc: Document, out: Path, stages: list[Any], records: dict[str, Any], findings: list[str],
@@ -151,16 +177,20 @@ def tail(doc: Document, out: Path, stages: list[Any], records: dict[str, Any], f
           "question answered here is whether the *direction* of each claim survives at this scale on this data, "
           "with the spread over seeds as the yardstick, not whether the papers' numbers are reproduced.")
     doc.h(2, PRETRAINING)
-    runs = ([("pt_dense", "Dense MLM pre-training of the BERT"), ("pt_sparse", "Sparse MLM+NSP pre-training")]
-            if "nlu" in parts else []) + ([("pt_bart", "BART denoising pre-training")] if "nlg" in parts else [])
-    for name, caption in runs:
-        pic = pretrain_picture(out / name)
-        if pic:
-            doc.img(pic, caption + ": loss, accuracy and objective mix per step")
+    runs = ([("dense_pt", "Dense MLM pre-training of the BERT"), ("sparse_pt", "Sparse MLM+NSP pre-training"),
+             ("dense_ctrl_pt", "Its dense control (the same steps and objectives, dense)")]
+            if "nlu" in parts else []) + ([("bart_pt", "BART denoising pre-training")] if "nlg" in parts else [])
+    for stage, caption in runs:
+        dirs = pretrain_dirs(out, stage)
+        pic = pretrain_picture(dirs[0]) if dirs else None
+        if pic:  # a seeded stage shows its first seed's run; the floor table gives every seed's held-out score
+            which = f" ({dirs[0].name} of {len(dirs)})" if len(dirs) > 1 else ""
+            doc.img(pic, caption + which + ": loss, accuracy and objective mix per step")
     floors = []
 
     def seen(stage: str) -> float | None:  # from the run's own log, whenever its stage record was written
-        return tokens_seen(paths(out)[PRETRAIN_RUNS[stage]] / "log.jsonl") if stage in PRETRAIN_RUNS else None
+        counts = [n for d in pretrain_dirs(out, stage) if (n := tokens_seen(d / "log.jsonl"))]
+        return sum(counts) if counts else None  # a seeded stage: every seed's run
 
     for s in stages:
         rec = (records.get(s.name) or {}).get("info") or {}
@@ -251,7 +281,9 @@ def cuts(profile: Any, parts: tuple[str, ...], records: dict[str, Any]) -> list[
             "runs at every target position, where BERT's MLM head runs at the masked 15%: a BART step costs "
             "several BERT MLM steps at this size).",
             f"Fine-tuning: {profile.nlg_steps} steps of batch {profile.nlg_batch} on at most {profile.nlg_train} "
-            f"training examples per task, peak lr {profile.nlg_lr:g}, {profile.nlg_eval} evaluation examples"
+            f"training examples per task, peak lr "
+            + ("chosen per row on dev (the Protocol section)" if profile.nlg_lr_grid else f"{profile.nlg_lr:g}")
+            + f", {profile.nlg_eval} evaluation examples"
             + (f" ({', '.join(whole)}: scored on its whole test split, dev still on {profile.nlg_eval})" if whole else "")
             + f", beam {profile.nlg_beams}; new task {profile.nlg_adapt_steps or profile.adapt_steps} steps; every row "
             f"of every table gets the same updates per task, about {profile.nlg_steps // n_gen:,} in the main table "

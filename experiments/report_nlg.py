@@ -15,6 +15,7 @@ from skillnet.experiments.tables import (
     line_plot,
     load,
     score_table,
+    study_best,
     study_sizes,
 )
 from skillnet.finetune.document import Document, claim
@@ -36,7 +37,7 @@ def nlg_part(doc: Document, cmps: dict[str, Any], cmp_dir: Path, out: Path, find
                   [[t, i.analogue + (" (the new task)" if i.held_out else ""), " ".join(i.skills), i.metric]
                    for t, i in GEN_TASKS.items()])
         budget_caption(doc, nlg)
-        score_table(doc, nlg, NLG_ROWS)
+        score_table(doc, nlg, NLG_ROWS, sizes=baseline_scores(cmp_dir / "nlg_main", nlg, "test_examples"))
         triv = trivial(cmp_dir / "nlg_main", nlg)
         if triv:
             doc.p("The trivial baseline outputs the source unchanged (test split, same metric):")
@@ -48,7 +49,8 @@ def nlg_part(doc: Document, cmps: dict[str, Any], cmp_dir: Path, out: Path, find
                             + (". See the sample outputs: a model this small, pre-trained this briefly, mostly has "
                                "not learnt to copy or to write fluent text, so the NLG comparison says little about "
                                "the method." if 2 * len(above) < len(best) else "."))
-        doc.p("Differences from SkillNet-NLG, paired over seeds (positive = SkillNet-NLG is better):")
+        doc.p("Differences from SkillNet-NLG, paired over seeds and test examples, with 95% intervals (positive = "
+              "SkillNet-NLG is better):")
         d = differences(doc, nlg, "skillnet", NLG_ROWS)
         n = len(nlg["seeds"])
         for key, text in (("task_specific", "SkillNet-NLG beats task-specific fine-tuning on average (NLG Table 3)"),
@@ -72,8 +74,9 @@ def nlg_part(doc: Document, cmps: dict[str, Any], cmp_dir: Path, out: Path, find
         order = [("a_existing", "SkillNet-NLG, existing skills"), ("c_new_skill", "SkillNet-NLG + new skill"),
                  ("task_specific", "task-specific")]
         budget_caption(doc, c)
-        score_table(doc, c, order)
-        doc.p("Differences from the existing-skills row, paired over seeds (positive = existing skills are better):")
+        score_table(doc, c, order, sizes=baseline_scores(cmp_dir / "nlg_adapt", c, "test_examples"))
+        doc.p("Differences from the existing-skills row, paired over seeds and test examples, with 95% intervals "
+              "(positive = existing skills are better):")
         d = differences(doc, c, "a_existing", order)
         claim(findings, "On the new generation task, SkillNet-NLG beats task-specific fine-tuning (NLG Table 4)",
               d.get("task_specific", {}).get("average"), len(c["seeds"]), "existing skills minus task-specific")
@@ -86,9 +89,9 @@ def nlg_part(doc: Document, cmps: dict[str, Any], cmp_dir: Path, out: Path, find
         c = cmps["nlg_temp"]
         study_sizes(doc, out / "configs" / "nlg_temp.json", "T", "SkillNet-NLG Table 5")
         budget_caption(doc, c, "by design: T sets each task's sampling share")
-        score_table(doc, c, [(k, f"T = {k[2:]}") for k in c["methods"]], params=False)
-        best = max(c["methods"], key=lambda k: c["methods"][k]["average"]["mean"])
-        findings.append(f"Temperature: the best average here is at T = {best[2:]} (the paper: T = 4).")
+        order = [(k, f"T = {k[2:]}") for k in c["methods"]]
+        score_table(doc, c, order, params=False, sizes=baseline_scores(cmp_dir / "nlg_temp", c, "test_examples"))
+        findings.append(study_best(doc, c, order, "Temperature", "T = 4"))
         line_plot(c, "T", cmp_dir / "nlg_temp" / "sampling.png", "Average test score against the temperature T",
                    logx=True)
         doc.img(cmp_dir / "nlg_temp" / "sampling.png", "Average test score against T (SkillNet-NLG)")
@@ -220,6 +223,19 @@ def _mean(values: list[float]) -> str:
     return f"{sum(values) / len(values):.1f}" if values else "-"
 
 
+# The detection table's scores: span-level detection (edit_metrics.detection_prf), then SIGHAN-2015's sentence
+# level (finetune/csc_metrics.py)
+_DETECTION_CELLS = ("det_f0.5", "det_p", "det_r", "sent_det_f1", "sent_cor_f1", "sent_fpr", "sent_det_acc",
+                    "sent_cor_acc")
+
+
+def _detection_cells(values: dict[str, list[float]]) -> list[str]:
+    """One row of the detection table after its name, from each score's values (the seeds'); "-" where none."""
+    c = {k: _mean(values.get(k, [])) for k in ("f0.5", *_DETECTION_CELLS)}
+    return [c["f0.5"], c["det_f0.5"], f"{c['det_p']} / {c['det_r']}", c["sent_det_f1"], c["sent_cor_f1"],
+            c["sent_fpr"], f"{c['sent_det_acc']} / {c['sent_cor_acc']}"]
+
+
 def detection_table(doc: Document, cmp: dict[str, Any], run_dir: Path, findings: list[str]) -> None:
     """Beside a correction task's F0.5, per row: the detection scores of its test outputs (mean over seeds), and a
     finding for the rows whose F0.5 is 0: do they find the wrong characters at all?"""
@@ -229,19 +245,25 @@ def detection_table(doc: Document, cmp: dict[str, Any], run_dir: Path, findings:
             det = diagnostics(run_dir, m, t, "det_f0.5")
             if not det:  # a run from before the detection scores
                 continue
-            f05 = diagnostics(run_dir, m, t, "f0.5")
-            cells = [_mean(diagnostics(run_dir, m, t, k)) for k in ("det_p", "det_r", "sent_det_f1", "sent_cor_f1")]
-            rows.append([m, _mean(f05), _mean(det), f"{cells[0]} / {cells[1]}", *cells[2:]])
+            seeds = {k: diagnostics(run_dir, m, t, k) for k in ("f0.5", *_DETECTION_CELLS)}
+            rows.append([m, *_detection_cells(seeds)])
             if m in zero_rows:
                 zero[m] = sum(det) / len(det)
         if not rows:
             continue
+        # copying the source: the false-positive rate's floor (0), and the accuracy of changing nothing
+        copy = {k: [v] for k in ("f0.5", *_DETECTION_CELLS)
+                if (v := baseline_scores(run_dir, cmp, "trivial_test", k).get(t)) is not None}
+        shown = rows + ([["copy the source", *_detection_cells(copy)]] if "sent_fpr" in copy else [])
         doc.p(f"**{t}**: edit F0.5 beside detection (test split, mean over seeds). A row can find the wrong "
-              "characters before it learns which character to write: detection counts an edit at a gold edit's "
-              "span whatever it writes there; SIGHAN-2015's sentence level counts a sentence whose changed "
-              "positions are exactly the gold ones (detection) and whose characters are too (correction).")
-        doc.table(["row", "F0.5", "detection F0.5", "detection P / R", "sentence detection F1",
-                   "sentence correction F1"], rows)
+              "characters before it learns which character to write: span-level detection (ChERRANT-style span "
+              "matching, not SIGHAN's measure) counts an edit at a gold edit's span whatever it writes there; "
+              "SIGHAN-2015's sentence level counts a sentence whose changed positions are exactly the gold ones "
+              "(detection) and whose characters are too (correction), and its false-positive rate is the share "
+              "of the sentences without an error that a row changes (copying the source: 0).")
+        doc.table(["row", "F0.5", "span detection F0.5", "span detection P / R", "sentence detection F1",
+                   "sentence correction F1", "false-positive rate", "sentence detection / correction accuracy"],
+                  shown)
         if zero:
             found = [f"`{m}` {d:.1f}" for m, d in zero.items() if d > 0]
             findings.append(f"{t}: F0.5 is 0 in {len(zero)} of {len(rows)} rows; "
@@ -253,7 +275,7 @@ def detection_table(doc: Document, cmp: dict[str, Any], run_dir: Path, findings:
 
 def _edit_text(source: str, output: str) -> str:
     """The character edits source -> output, 1-based positions ("3 唷→友"; ∅ for nothing)."""
-    from skillnet.finetune.gen_metrics import char_edits
+    from skillnet.finetune.edit_metrics import char_edits
 
     src = "".join(source.split())
     edits = sorted(char_edits(source, output))

@@ -11,6 +11,7 @@ from skillnet.experiments.loss_scale import write_section
 from skillnet.experiments.tables import (
     NLU_ROWS,
     NLU_STAND_INS,
+    ablation_finding,
     at_or_below,
     at_positions,
     baseline_scores,
@@ -23,6 +24,7 @@ from skillnet.experiments.tables import (
     n_seeds,
     same_task_sets,
     score_table,
+    study_best,
     study_sizes,
     task_skills,
 )
@@ -35,9 +37,13 @@ def nlu_part(doc: Document, cmps: dict[str, Any], cmp_dir: Path, out: Path, find
     if nlu:
         doc.p("Tasks (packaged real Chinese data): " + ", ".join(
             f"{t} ({nlu['methods'][next(iter(nlu['methods']))]['tasks'][t]['metric']})" for t in nlu["tasks"])
-              + ". The baselines start from the dense pre-trained BERT, SkillNet and the learnable combination from "
-              "the sparsely pre-trained one; `SkillNet-NLU w/o sparse pre-training` starts from the dense BERT "
-              "with every skill a copy of its FFN (§4.2).")
+              + ". Seed k of each row starts from pre-training seed k. SkillNet and the learnable combination start "
+              "from the sparsely pre-trained BERT (the dense BERT continued by sparse MLM+NSP steps); the "
+              "baselines and `SkillNet-NLU w/o sparse pre-training` (every skill a copy of the FFN, §4.2) from its "
+              "dense control, the dense BERT continued by the same steps, objectives, data and lr without skills. "
+              "Every row thus has the same pre-training budget and objectives, so `w/o sparse pre-training` "
+              "isolates the sparsity of pre-training, and the baselines are not a step and an objective behind "
+              "(the paper starts them from its dense BERT).")
         smap = task_skills(out / "configs" / "nlu_main.json")
         if smap:
             doc.p("Each task stands in for a dataset of the paper. Its skills follow the logic of Table 2 of "
@@ -49,14 +55,16 @@ def nlu_part(doc: Document, cmps: dict[str, Any], cmp_dir: Path, out: Path, find
         budget_caption(doc, nlu)
         score_table(doc, nlu, NLU_ROWS)
         baselines(doc, nlu, cmp_dir / "nlu_main", findings)
-        doc.p("Differences from SkillNet-NLU, paired over seeds (positive = SkillNet is better):")
+        doc.p("Differences from SkillNet-NLU, paired over seeds and test examples, with 95% intervals (positive = "
+              "SkillNet is better):")
         d = differences(doc, nlu, "skillnet", NLU_ROWS)
         n = len(nlu["seeds"])
         names = dict(NLU_ROWS)
         for key, text in (("task_specific", "SkillNet-NLU beats task-specific fine-tuning on average (Table 3)"),
                           ("dense_joint", "SkillNet-NLU beats the dense joint model on average (Table 3)"),
                           ("moe", "SkillNet-NLU beats the top-2 MoE on average (Table 3)"),
-                          ("skillnet_dense", "Sparse pre-training improves SkillNet-NLU (Table 3, last rows)"),
+                          ("skillnet_dense", "Sparse pre-training improves SkillNet-NLU over the same pre-training done "
+                                            "densely (Table 3, last rows)"),
                           ("pals", "SkillNet-NLU beats BERT and PALs on average (a comparison the SkillNet papers "
                                    "do not make; PALs are from Stickland and Murray, 2019)")):
             claim(findings, text, d.get(key, {}).get("average"), n, f"SkillNet-NLU minus {names[key]}")
@@ -86,22 +94,24 @@ def nlu_part(doc: Document, cmps: dict[str, Any], cmp_dir: Path, out: Path, find
         doc.p("Not run yet (stage nlu_main).")
 
     study = load(out / "loss_scale" / "loss_scale.json")
-    if study:  # stage nlu_loss_scale: its winner is the NER loss of every table here
+    if study:  # stage nlu_loss_scale: its winner on dev is the NER loss of every table here (nlu.nlu_config)
         write_section(doc, study, 2, "SkillNet-NLU: the NER loss's scale in joint training")
 
     doc.h(2, "Adaptation to a new task (Tables 4 and 5 layout)")
     if cmps["nlu_adapt"]:
         c = cmps["nlu_adapt"]
-        doc.p("The held-back task is trained from each seed's multi-task SkillNet-NLU: (a) with its existing "
-              "skills {s1, s3, s5, s7}; (b) with a new skill s8 copied from s7, old skills frozen (only s8 and the "
-              "head learn); (c) with s8 and every skill updated; and task-specific fine-tuning of a dense model "
-              "(the generic skill s7 as its FFN) from the same weights.")
+        doc.p("The held-back task is trained from each seed's multi-task SkillNet-NLU at its dev-selected checkpoint "
+              "(the model Table 3 scored): (a) with its existing skills {s1, s3, s5, s7}; (b) with a new skill s8 "
+              "copied from s7, old skills frozen (only s8 and the head learn); (c) with s8 and every skill updated; "
+              "and task-specific fine-tuning of the pre-trained dense BERT that Table 3's task-specific row starts "
+              "from (the paper's Table 4 setting).")
         order = [("a_existing", "(a) existing skills"), ("b_s8_frozen", "(b) + s8, old skills frozen"),
                  ("c_s8_all", "(c) + s8, all skills updated"), ("task_specific", "task-specific")]
         budget_caption(doc, c)
         score_table(doc, c, order)
         learning_metrics(doc, c, cmp_dir / "nlu_adapt", out / "tasks", order)
-        doc.p("Differences from (a), paired over seeds (positive = (a) is better):")
+        doc.p("Differences from (a), paired over seeds and test examples, with 95% intervals (positive = (a) is "
+              "better):")
         d = differences(doc, c, "a_existing", order)
         n = len(c["seeds"])
         claim(findings, "On the new task, SkillNet with its existing skills beats task-specific fine-tuning "
@@ -123,26 +133,17 @@ def nlu_part(doc: Document, cmps: dict[str, Any], cmp_dir: Path, out: Path, find
         if twins:
             doc.p("Skills used by exactly the same tasks start as identical copies, so removing one or the other "
                   "gives the same model and the same scores: " + "; ".join(" and ".join(t) for t in twins) + ".")
-        full = c["methods"]["skillnet"]["average"]["mean"]
-        drops = {k[3:]: full - r["average"]["mean"] for k, r in c["methods"].items() if k.startswith("no_")}
-        spread = ((cmps.get("nlu_main") or {}).get("methods", {}).get("skillnet_dense", {}).get("average", {})
-                  .get("std"))
-        if drops:
-            worse = [s for s, v in drops.items() if v > 0]
-            findings.append(f"Ablation ({n_seeds(c)}): removing {', '.join(worse) or 'no skill'} lowers the average; "
-                            f"removing {', '.join(s for s in drops if s not in worse) or 'no skill'} does not "
-                            f"(largest change {max(abs(v) for v in drops.values()):.1f} points"
-                            + (f"; the same setting's spread over seeds in the main table is ±{spread:.1f}, so "
-                               "single-seed gaps smaller than that cannot be told from noise" if spread else "")
-                            + "). The paper finds every removal hurts, s7 most.")
+        if any(k.startswith("no_") for k in c["methods"]):
+            steps = (load(out / "configs" / "nlu_ablate.json") or {}).get("train", {}).get("max_steps")
+            findings.append(ablation_finding(doc, c, order, steps))
     doc.h(2, "Task sampling (Figure 3 of SkillNet-NLU)")
     if cmps["nlu_alpha"]:
         c = cmps["nlu_alpha"]
         study_sizes(doc, out / "configs" / "nlu_alpha.json", "alpha", "SkillNet-NLU's dataset table")
         budget_caption(doc, c, "by design: alpha sets each task's sampling share")
         score_table(doc, c, [(k, f"alpha = {k[6:]}") for k in c["methods"]], params=False)
-        best = max(c["methods"], key=lambda k: c["methods"][k]["average"]["mean"])
-        findings.append(f"Sampling: the best average here is at alpha = {best[6:]} (the paper: alpha = 1.0).")
+        findings.append(study_best(doc, c, [(k, f"alpha = {k[6:]}") for k in c["methods"]], "Sampling",
+                                   "alpha = 1.0"))
         line_plot(c, "alpha", cmp_dir / "nlu_alpha" / "sampling.png", "Average test score against the sampling rate alpha")
         doc.img(cmp_dir / "nlu_alpha" / "sampling.png", "Average test score against alpha (SkillNet w/o sparse pre-training)")
 

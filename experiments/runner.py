@@ -33,6 +33,8 @@ class Runner:
         (out / "logs").mkdir(parents=True, exist_ok=True)
         self.stage: str = ""
         self.commands: list[str] = []
+        # A per-seed part (experiments/parts.py): the comparisons of its stage run these seeds' runs only.
+        self.only_seeds: list[int] | None = None
         # the comparisons, exports and held-out checks of an in-process profile, run in this process
         self.in_process = InProcessCommands(lock_fd) if profile.in_process else None
 
@@ -147,12 +149,23 @@ HELDOUT_MLM = "heldout_mlm.json"  # in the pre-training run's folder, written by
 FLOORS: dict[str, tuple[str, float, str]] = {  # stage -> (what is measured, floor, what the floor means)
     "dense_pt": ("held-out mlm acc", MLM_MARGIN, "MLM accuracy on held-out text"),
     "sparse_pt": ("held-out mlm acc", MLM_MARGIN, "MLM accuracy on held-out text"),
+    "dense_ctrl_pt": ("held-out mlm acc", MLM_MARGIN, "MLM accuracy on held-out text"),
     "bart_pt": ("denoise/acc", 0.5, "denoising accuracy (copying the ~70% visible tokens scores ~0.7)"),
 }
 
 
 # The pre-training stages' run folders (keys of `paths`): the report reads their logs.
-PRETRAIN_RUNS = {"dense_pt": "dense", "sparse_pt": "sparse", "bart_pt": "bart"}
+PRETRAIN_RUNS = {"dense_pt": "dense", "bart_pt": "bart"}
+# The pre-training stages run once per fine-tuning seed (experiments/nlu.py continue_pretraining): stage -> the
+# folder holding one run folder per seed, seed{k}.
+PT_SEEDED = {"sparse_pt": "pt_sparse", "dense_ctrl_pt": "pt_dense_ctrl"}
+
+
+def pretrain_dirs(out: Path, stage: str) -> list[Path]:
+    """The run folders of a pre-training stage in the reproduction folder `out`: one, or one per seed."""
+    if stage in PT_SEEDED:
+        return sorted(d for d in (out / PT_SEEDED[stage]).glob("seed*") if d.is_dir())
+    return [paths(out)[PRETRAIN_RUNS[stage]]] if stage in PRETRAIN_RUNS else []
 
 
 def mlm_heldout(r: Runner, hf: Path, run_dir: Path) -> None:
@@ -252,14 +265,35 @@ def paths(out: Path) -> dict[str, Path]:
             "heldout_shards": out / "shards_heldout"}
 
 
+# The stages that convert the tasks: the corpus is decontaminated against every dev/test example they write.
+TASK_STAGES = ("nlu_tasks", "nlg_tasks")
+
+
 def stage_corpus(r: Runner) -> dict[str, Any]:
+    """The packaged text, less every document (held-out ones too) that shares text with a dev or test example
+    of any task (data_prep/decontaminate.py): built after both task stages, whichever part runs."""
     P = paths(r.out)
+    missing = [s for s in TASK_STAGES if not (r.out / "stages" / f"{s}.json").is_file()]
+    if missing and not r.dry_run:
+        raise RuntimeError(f"stage corpus: the task stage(s) {', '.join(missing)} have not finished; the corpus is "
+                           f"decontaminated against every task's dev and test data, so run them first")
+    report = P["corpus"].parent / "decontamination.json"
     # One document in 100 is held out of pre-training: the MLM floor is measured on it (check_floor).
-    cmd = [PY, "-m", "skillnet.data_prep", "sample-corpus", "--out", str(P["corpus"]), "--held-out", str(P["heldout"])]
+    cmd = [PY, "-m", "skillnet.data_prep", "sample-corpus", "--out", str(P["corpus"]), "--held-out", str(P["heldout"]),
+           "--decontaminate", str(P["tasks"]), "--report", str(report)]
     if r.p.corpus_docs:
         cmd += ["--max-docs", str(r.p.corpus_docs)]
-    r.run(cmd, check_file=P["heldout"])  # written after the corpus
-    return {"bytes": P["corpus"].stat().st_size if P["corpus"].exists() else None}
+    r.run(cmd, check_file=report)  # written last
+    if not report.is_file():  # a dry run
+        return {}
+    from skillnet.data_prep.decontaminate import summary_lines
+
+    rec = json.loads(report.read_text(encoding="utf-8"))
+    lines = summary_lines(rec)
+    print("\n".join(f"  {line}" for line in lines), flush=True)
+    with open(r.out / "logs" / f"{r.stage}.log", "a", encoding="utf-8") as f:  # also when the command was skipped
+        f.write("\n".join(lines) + "\n")
+    return {"bytes": P["corpus"].stat().st_size, "decontamination": rec}
 
 
 def stage_vocab(r: Runner) -> dict[str, Any]:
@@ -311,16 +345,29 @@ def pt_args(r: Runner, steps: int, lr: float | None = None) -> list[str]:
 
 def compare(r: Runner, config: Path, out: Path, rows: list[str], seeds: list[int], init: Path,
             extra: Sequence[str] = ()) -> None:
-    """One `finetune.compare` run (skipped once its comparison.json exists)."""
+    """One `finetune.compare` run (skipped once its comparison.json exists). With `r.only_seeds` (a per-seed
+    part) only those seeds' runs: the table over one seed is not the comparison's, so it is removed, and the
+    comparison is aggregated once every seed's runs are there (experiments/part_run.py)."""
+    part_seeds = [s for s in seeds if r.only_seeds is None or s in r.only_seeds]
+    partial = part_seeds != list(seeds)
     cmd = [PY, "-m", "skillnet.finetune.compare", "--config", str(config), "--methods", *rows,
-           "--seeds", *map(str, seeds), "--output-dir", str(out), *extra, "--init", str(init)]
+           "--seeds", *map(str, part_seeds), "--output-dir", str(out), *extra, "--init", str(init)]
     if r.p.threads:
         cmd += ["--threads", str(r.p.threads)]
     if r.p.jobs > 1:
         cmd += ["--jobs", str(r.p.jobs)]
     if r.p.in_process:
         cmd += ["--in-process"]
-    r.run(cmd, check_file=out / "comparison.json")
+    if not partial:
+        r.run(cmd, check_file=out / "comparison.json")
+        return
+    if all((out / row.split("=")[0] / f"seed{s}" / "results.json").is_file() for row in rows for s in part_seeds):
+        r.commands.append(shlex.join(cmd))  # done in an earlier sitting
+        return
+    r.run(cmd)
+    if not r.dry_run:  # the table and pictures over these seeds only: the aggregation writes the comparison's
+        for f in [out / "comparison.json", out / "comparison.md", *out.glob("*.png")]:
+            f.unlink(missing_ok=True)
 
 
 def paper_ratio_caps(sizes: dict[str, int], cap: int) -> dict[str, int]:

@@ -14,19 +14,23 @@ std over seeds, the average, parameters total / trainable / activated per task, 
 pictures ``curves.png`` (dev metric against step, per task and method) and ``skill_map.png`` (the
 learned task-skill map of the first row that learned one).
 
-Budgets: rows are compared at equal updates per task. A row's updates on a task are the optimizer steps
-that train it: a joint row's steps times the task's expected sampling share, a task-specific model's own
-steps (``train.task_specific_budget: "share"`` gives it exactly its share of the joint run). Rows whose
-configs give them different updates per task (a ``--max-steps`` or sampler of one row, task-specific models
-under ``"full"``) are refused before anything runs, and a finished comparison whose measured updates differ
-(early stopping) is flagged in its table and exits 1; ``--allow-unequal-budgets`` runs them anyway (for a
-study whose variable *is* the mix, such as the sampling alpha or temperature), the table still flags them.
-The table's ``updates / task`` column gives each row's counts (the least and the most over tasks).
+Budgets (finetune/budgets.py): rows are compared at equal realised updates per task, per seed. A row's
+updates on a task are the optimizer steps that train it: a joint row's micro-batches of the task over the
+accumulation (stratified draws give each task exactly its rounded share), a task-specific model's own steps
+(``train.task_specific_budget: "share"``: exactly that count). Rows whose configs give them different
+updates per task (a ``--max-steps``, batch or sampler of one row, task-specific models under ``"full"``,
+i.i.d. draws beside a task-specific row) are refused before anything runs. A finished comparison whose
+realised updates differ (early stopping) writes its table as ``comparison.failed.md`` / ``.json`` (no
+comparison.json, so a rerun does not take it as done) and exits 1; ``--allow-unequal-budgets`` accepts both
+(for a study whose variable *is* the mix, such as the sampling alpha or temperature), the table still flags
+them. The table's ``updates / task`` column gives each row's realised counts (the least and the most over
+tasks), and a second table each task's.
 
 Differences: every method sees the same seeds, and a seed fixes the initial weights, the task sequence
-and the data order, so methods are compared seed by seed (paired). A difference is called beyond the
-spread when a paired t-test over the seeds gives p < 0.05; with 3 seeds that needs a large, consistent
-gap, so most small differences at this scale are within noise.
+and the data order, so methods are compared seed by seed (paired), on the same test examples: each
+difference gets a 95% interval from a hierarchical paired bootstrap over seeds and test examples
+(finetune/stats.py, from each run's example_stats.json), called beyond the spread when it excludes 0; the
+seeds' paired t-test stands beside it, and in for it where a run kept no per-example statistics.
 """
 
 from __future__ import annotations
@@ -46,9 +50,19 @@ from pathlib import Path
 from typing import Any
 
 from skillnet.common.cli import Parser
+from skillnet.finetune.budgets import (
+    budget_gaps,
+    budget_plan,
+    check_budgets,
+    realised,
+    row_updates,
+    updates_cell,
+    write_comparison,
+)
 from skillnet.finetune.config import ConfigError, FinetuneConfig
-from skillnet.finetune.document import Document, copied_to, paired_test, pyplot, save_figure
+from skillnet.finetune.document import Document, copied_to, pyplot, save_figure, verdict
 from skillnet.finetune.methods import METHODS
+from skillnet.finetune.stats import Bootstrap, bootstrap_for, difference_entry
 from skillnet.finetune.workers import REPO, Job, run_all
 
 
@@ -183,75 +197,6 @@ def row_config(config: Path, row: Row, max_steps: int | None = None) -> Finetune
     return apply_overrides(FinetuneConfig.load(config), a)
 
 
-def _sampler_text(cfg: FinetuneConfig) -> str:
-    s = cfg.sampler
-    knobs = {"proportional": f"alpha {s.alpha:g}", "temperature": f"T {s.temperature:g}, K {s.size_cap}",
-             "annealed": f"{s.num_epochs or 'derived'} epochs", "round_robin": ""}[s.kind]
-    return s.kind + (f" ({knobs})" if knobs else "")
-
-
-def budget_plan(cfg: FinetuneConfig) -> str:
-    """What fixes a row's expected updates per task, from its config alone (no data): two rows with the same
-    plan give every task the same expected updates. A joint row's updates on a task are its steps times the
-    task's sampling share, so steps and sampler fix them; a task-specific model under "share" gets exactly
-    that share, under "full" every task gets all the steps."""
-    steps = cfg.train.max_steps
-    if len(cfg.tasks) == 1:
-        return f"{steps} steps on its one task"
-    if cfg.method == "task_specific" and cfg.train.task_specific_budget == "full":
-        return f"{steps} steps on each task (task_specific_budget full)"
-    return f"{steps} steps shared by {_sampler_text(cfg)} sampling"
-
-
-def check_budgets(plans: dict[str, str]) -> str | None:
-    """None when every row has the same budget plan, else the one-line reason to refuse the comparison."""
-    groups: dict[str, list[str]] = {}
-    for label, plan in plans.items():
-        groups.setdefault(plan, []).append(label)
-    if len(groups) < 2:
-        return None
-    return ("rows get different updates per task: " + "; ".join(f"{', '.join(labs)}: {plan}"
-                                                               for plan, labs in groups.items())
-            + ". Give every row the same budget (task-specific models: task_specific_budget share), or pass "
-              "--allow-unequal-budgets to compare them anyway (the table flags them)")
-
-
-def run_updates(r: dict[str, Any]) -> tuple[dict[str, float], dict[str, float]] | None:
-    """(expected, realised) optimizer steps on each task of one run's results.json: a joint run's steps times
-    the task's target (realised) share of them; a task-specific model's own steps. None for a run that
-    recorded neither (older results)."""
-    tasks = r.get("tasks", {})
-    if r.get("method") == "task_specific":
-        if not all("steps" in t for t in tasks.values()):
-            return None
-        own = {t: float(v["steps"]) for t, v in tasks.items()}
-        return own, own
-    mix = r.get("task_mix")
-    if not mix:
-        return None
-    steps = float(r["steps"])
-    return ({t: steps * mix[t]["target"] for t in tasks}, {t: steps * mix[t]["realised"] for t in tasks})
-
-
-def budget_gaps(agg: dict[str, Any], rel: float = 0.01) -> dict[str, dict[str, float]]:
-    """Tasks whose expected updates differ between rows by more than one update or `rel` of the larger
-    (rounding of a share), each with every row's count; empty when the budgets are equal."""
-    gaps: dict[str, dict[str, float]] = {}
-    for t in agg["tasks"]:
-        counts = {m: row["updates"][t] for m, row in agg["methods"].items() if row.get("updates")}
-        if len(counts) > 1 and max(counts.values()) - min(counts.values()) > max(1.0, rel * max(counts.values())):
-            gaps[t] = counts
-    return gaps
-
-
-def updates_cell(updates: dict[str, float] | None) -> str:
-    """A row's updates per task in one cell: the count, or the least and the most over its tasks."""
-    if not updates:
-        return "-"
-    lo, hi = round(min(updates.values())), round(max(updates.values()))
-    return f"{lo:,}" if lo == hi else f"{lo:,}-{hi:,}"
-
-
 def run_dir(out: Path, label: str, seed: int) -> Path:
     return out / label / f"seed{seed}"
 
@@ -302,19 +247,14 @@ def aggregate(out: Path, methods: list[str], seeds: list[int], split: str = "tes
         avg_per_seed = [statistics.fmean(per_task[t]["values"][i] for t in tasks) for i in range(len(seeds))]
         a_mean, a_std = _mean_std(avg_per_seed)
         p = runs[0]["params"]
-        ups = [run_updates(r) for r in runs]
-        updates = (None if any(u is None for u in ups) else
-                   {t: statistics.fmean(u[0][t] for u in ups) for t in tasks})  # type: ignore[index]
-        realised = (None if updates is None else
-                    {t: statistics.fmean(u[1][t] for u in ups) for t in tasks})  # type: ignore[index]
         rows[m] = {
             "tasks": per_task, "average": {"mean": a_mean, "std": a_std, "values": avg_per_seed},
             "params": {"total": p["total"], "trainable": p["trainable"],
                        "activated": {t: p["tasks"][t]["activated"] for t in tasks}},
             "seconds": {"mean": statistics.fmean(r["seconds"] for r in runs), "values": [r["seconds"] for r in runs]},
             "steps": runs[0]["steps"],
-            # expected optimizer steps on each task (run_updates), mean over seeds; realised: as drawn
-            "updates": updates, "updates_realised": realised,
+            # updates on each task (budgets.py): expected and realised, mean over seeds, and each seed's realised
+            **row_updates(runs, tasks),
             "curves": {t: [r["tasks"][t].get("dev_curve", []) for r in runs] for t in tasks},
         }
     agg = {"split": split, "seeds": seeds, "tasks": tasks, "methods": rows}
@@ -322,7 +262,8 @@ def aggregate(out: Path, methods: list[str], seeds: list[int], split: str = "tes
     return agg
 
 
-def differences(agg: dict[str, Any], reference: str) -> dict[str, Any]:
+def differences(agg: dict[str, Any], reference: str, boot: Bootstrap | None = None) -> dict[str, Any]:
+    """Each row minus `reference`, per task and on the average (finetune.stats.difference_entry)."""
     ref = agg["methods"][reference]
     res: dict[str, Any] = {}
     for m, row in agg["methods"].items():
@@ -332,9 +273,7 @@ def differences(agg: dict[str, Any], reference: str) -> dict[str, Any]:
         for key in [*agg["tasks"], "average"]:
             a = row["average"]["values"] if key == "average" else row["tasks"][key]["values"]
             b = ref["average"]["values"] if key == "average" else ref["tasks"][key]["values"]
-            diff = statistics.fmean(a) - statistics.fmean(b)
-            pv = paired_test(a, b)
-            entry[key] = {"diff": diff, "p": pv, "beyond_noise": pv is not None and pv < 0.05}
+            entry[key] = difference_entry(a, b, boot, m, reference, key)
         res[m] = entry
     return res
 
@@ -356,9 +295,9 @@ def document(agg: dict[str, Any], diffs: dict[str, Any], reference: str, title: 
     doc.h(1, title)
     doc.p(f"Written by `{command}`. Scores are on the **{agg['split']}** split, one checkpoint per run "
           f"(selected by the mean dev score over tasks), as mean ± standard deviation over {n} seeds "
-          f"({', '.join(map(str, agg['seeds']))}). *updates / task*: the optimizer steps that train each task "
-          "(a joint row's steps times the task's expected sampling share; a task-specific model's own steps), "
-          "the least and the most over the tasks; rows are compared at equal updates per task.")
+          f"({', '.join(map(str, agg['seeds']))}). *updates / task*: the optimizer steps that trained each task, "
+          "as the runs logged them (a joint row's micro-batches of the task over the accumulation; a task-specific "
+          "model's own steps), the least and the most over the tasks; rows are compared at equal updates per task.")
     gaps = agg.get("budget_gaps") or {}
     if gaps:
         doc.p("**Unequal budgets: these rows did not get the same updates per task**, so their differences "
@@ -367,27 +306,23 @@ def document(agg: dict[str, Any], diffs: dict[str, Any], reference: str, title: 
     doc.table(["method", *(f"{t} ({metric[t]})" for t in tasks), "average", "steps", "updates / task",
                "wall time / run"],
               [[m, *(_fmt(row["tasks"][t]) for t in tasks), _fmt(row["average"]), str(row["steps"]),
-                updates_cell(row.get("updates")) + (" (unequal)" if gaps and row.get("updates") else ""),
+                updates_cell(realised(row)) + (" (unequal)" if gaps and realised(row) else ""),
                 f"{row['seconds']['mean']:.0f} s"] for m, row in rows.items()])
-    if any(row.get("updates") for row in rows.values()):
-        doc.p("Updates per task (expected; the realised counts of a joint row vary with the sampled tasks):")
-        doc.table(["method", *tasks], [[m, *(f"{row['updates'][t]:,.0f}" if row.get("updates") else "-"
+    if any(realised(row) for row in rows.values()):
+        doc.p("Updates per task, as realised (mean over seeds):")
+        doc.table(["method", *tasks], [[m, *(f"{realised(row)[t]:,.0f}" if realised(row) else "-"
                                              for t in tasks)] for m, row in rows.items()])
     doc.p("Parameters (Tables 4 and 6: *activated* = what one task's forward pass uses):")
     doc.table(["method", "total", "trainable", *(f"activated: {t}" for t in tasks)],
               [[m, f"{row['params']['total']:,}", f"{row['params']['trainable']:,}",
                 *(f"{row['params']['activated'][t]:,}" for t in tasks)] for m, row in rows.items()])
     if diffs:
-        doc.p(f"Differences from **{reference}** (method − {reference}; paired over seeds; "
-              "**bold** = beyond the spread, paired t-test p < 0.05):")
-        table = []
-        for m, entry in diffs.items():
-            cells = []
-            for key in [*tasks, "average"]:
-                e = entry[key]
-                s = f"{e['diff']:+.1f}" + (f" (p={e['p']:.2f})" if e["p"] is not None else "")
-                cells.append(f"**{s}**" if e["beyond_noise"] else s)
-            table.append([m, *cells])
+        doc.p(f"Differences from **{reference}** (method − {reference}; paired over seeds and test examples) with "
+              "their 95% bootstrap interval; **bold** = the interval excludes 0 (uncorrected)" + "".join(
+                  sorted({f"; {m}: the seeds' t-test instead ({e['why']})" for m, en in diffs.items()
+                          for e in en.values() if e["ci"] is None})) + ":")
+        table = [[m, *(verdict(entry[k]["diff"], entry[k]["p"], n, entry[k]["ci"]) for k in [*tasks, "average"])]
+                 for m, entry in diffs.items()]
         doc.table(["method", *tasks, "average"], table)
         beyond = [(m, k) for m, e in diffs.items() for k, v in e.items() if v["beyond_noise"]]
         doc.p(("Beyond the spread: " + ", ".join(f"{m} on {k}" for m, k in beyond) + ".") if beyond
@@ -565,7 +500,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     agg["learned_maps"] = learned_maps(out, rows, a.seeds)
     agg["rows"] = {r.label: {"method": r.method, "init": r.init, "args": list(r.args)} for r in rows}
     reference = a.reference or ("skillnet" if "skillnet" in methods else methods[0])
-    diffs = differences(agg, reference) if len(methods) > 1 else {}
+    boot = bootstrap_for({m: [run_dir(out, m, s) for s in a.seeds] for m in methods}, agg["tasks"])
+    diffs = differences(agg, reference, boot) if len(methods) > 1 else {}
     pictures: dict[str, Path] = {}
     if not a.no_plots:
         plot_curves(agg, out / "curves.png")
@@ -575,20 +511,19 @@ def main(argv: Sequence[str] | None = None) -> int:
             pictures[f"Learned task-skill map ({label}, first seed): alpha per task and skill, selected cells "
                      "marked"] = out / "skill_map.png"
     command = "python -m skillnet.finetune.compare " + shlex.join(list(argv) if argv is not None else sys.argv[1:])
-    (out / "comparison.json").write_text(json.dumps({"reference": reference, **agg, "differences": diffs},
-                                                    indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
     doc = document(agg, diffs, reference, a.title, pictures, command)
     md = doc.markdown()
-    (out / "comparison.md").write_text(md, encoding="utf-8")
-    if a.report:
+    passed = not agg["budget_gaps"] or a.allow_unequal_budgets
+    table = write_comparison(out, {"reference": reference, **agg, "differences": diffs}, md, passed)
+    if a.report and passed:
         rep = Path(a.report)
         stem = rep.stem
         rep.write_text(doc.markdown(copied_to(rep.parent / "img", lambda p: f"{stem}_{p.name}")), encoding="utf-8")
     print(md, file=sys.stderr)
-    print(f"[compare] {len(plan)} runs, {time.time() - t_all:.0f} s; table: {out / 'comparison.md'}", file=sys.stderr)
-    if agg["budget_gaps"] and not a.allow_unequal_budgets:
+    print(f"[compare] {len(plan)} runs, {time.time() - t_all:.0f} s; table: {table}", file=sys.stderr)
+    if not passed:
         print(f"error: the rows got different updates per task ({', '.join(agg['budget_gaps'])}; early stopping?): "
-              "the table flags it; pass --allow-unequal-budgets to accept it", file=sys.stderr)
+              f"table in {table}, no comparison.json; pass --allow-unequal-budgets to accept it", file=sys.stderr)
         return 1
     return 0
 

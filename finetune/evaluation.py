@@ -18,6 +18,7 @@ from .build import load_weights, save_model_dir
 from .config import FinetuneConfig
 from .methods import METHODS
 from .source import MultiTaskBatchSource
+from .stats import STATS_FILE
 from .tasks import TaskData
 
 log = logging.getLogger("finetune")
@@ -150,6 +151,8 @@ def final_scores(model: torch.nn.Module, cfg: FinetuneConfig, data: dict[str, Ta
     final_state = {k: v.detach().clone() for k, v in model.state_dict().items()}
     results: dict[str, Any] = {}
     samples: dict[str, list[dict[str, str]]] = {}  # generation: the first outputs of the last split scored
+    # per task and split, what the bootstrap of finetune/stats.py resamples (dev only where predicted here)
+    example_stats: dict[str, dict[str, Any]] = {}
     bs = cfg.train.eval_batch_size
     shared_best = out / "best"
     if not evaluator.per_task and shared_best.exists():
@@ -182,6 +185,10 @@ def final_scores(model: torch.nn.Module, cfg: FinetuneConfig, data: dict[str, Ta
                 else:
                     preds = d.predict_split(model, split, bs, progress=progress)
                     r[split] = d.score(split, preds)
+                    # a codec from outside may define none (comparisons then fall back to the seeds' t-test)
+                    rows = getattr(d.codec, "example_stats", lambda *_: None)(d, d.records[split], preds)
+                    if rows is not None:
+                        example_stats.setdefault(name, {})[split] = rows
                 r[f"trivial_{split}"] = d.trivial_baseline(split)
                 lexical = d.lexical_baseline(split) if cfg.train.lexical_baselines else None
                 if lexical is not None:
@@ -198,8 +205,15 @@ def final_scores(model: torch.nn.Module, cfg: FinetuneConfig, data: dict[str, Ta
                                      for x, y in zip(d.records[split][:SAMPLES], preds[:SAMPLES])]
         results[name] = r
     model.load_state_dict(final_state)
+    for name, d in data.items():
+        if results[name]["checkpoint"] != "final":
+            # export/ holds the final weights: its card shows their own scores beside the selected checkpoint's
+            results[name]["final"] = {split: d.score(split, d.predict_split(model, split, bs, progress=progress))
+                                      for split in ("dev", "test") if split in d.records}
     if samples:
         atomic_write_json(out / "samples.json", samples)
+    # written even when empty, so that a rerun never leaves an earlier run's statistics beside its results
+    atomic_write_json(out / STATS_FILE, example_stats)
     return results
 
 

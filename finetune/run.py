@@ -94,7 +94,7 @@ def setup(cfg: FinetuneConfig, *, ds_config: str | None = None, resume: str | No
     global_batch = tcfg.micro_batch_size * world
     steps_per_epoch = max(1, sum(math.ceil(k / global_batch) for k in sizes.values()))
     sampler = build_sampler(cfg.sampler, sizes, seed=tc.seed, steps_per_epoch=steps_per_epoch,
-                            max_steps=tc.max_steps)
+                            max_steps=tc.max_steps, grad_accum=tcfg.grad_accum)
     source = MultiTaskBatchSource(data, sampler, tcfg.micro_batch_size, rank=rank, world_size=world, seed=tc.seed,
                                   packing=tc.packing)
 
@@ -200,10 +200,13 @@ def _run_joint(cfg: FinetuneConfig, *, ds_config: str | None, resume: str | None
             metric = f"{name}/{r['metric']}"
             r["dev_curve"] = [[h["step"], h[metric]] for h in st.evaluator.history if metric in h]
         mix_t, mix_r = source.target_mix(), source.realised_mix()
+        accum = st.trainer.cfg.grad_accum or 1
         summary = {"method": cfg.method, "selection": cfg.train.selection, "steps": result.step,
                    "seconds": round(time.time() - t_start, 1), "world_size": st.world,
                    "sampler": cfg.sampler.to_dict(),
-                   "task_mix": {t: {"target": mix_t[t], "realised": mix_r[t]} for t in mix_t},
+                   # updates: the task's micro-batches drawn / accumulation, what compare checks across rows
+                   "task_mix": {t: {"target": mix_t[t], "realised": mix_r[t], "updates": source.draws[t] / accum}
+                                for t in mix_t},
                    "params": st.params, "tasks": results}
         if write:
             write_results(out, summary)
@@ -215,16 +218,20 @@ def _run_joint(cfg: FinetuneConfig, *, ds_config: str | None, resume: str | None
     return summary
 
 
-def task_specific_budget(cfg: FinetuneConfig, sizes: dict[str, int], global_batch: int) -> dict[str, int]:
-    """Steps of each task's own model: its expected share of the joint run under the configured sampler
-    ("share", so all task models together cost one joint run), or max_steps each ("full")."""
+def task_specific_budget(cfg: FinetuneConfig, sizes: dict[str, int], global_batch: int,
+                         grad_accum: int = 1) -> dict[str, int]:
+    """Steps of each task's own model: under "share", the updates the joint run's sampler gives the task
+    (``unit_counts``: what a stratified joint run realises exactly, so all task models together cost one
+    joint run), or max_steps each ("full"). ``global_batch``: examples per micro-step over all ranks (an
+    epoch's length for annealed sampling), ``grad_accum``: micro-steps per update, as the joint run has them."""
     tc = cfg.train
     if tc.task_specific_budget == "full":
         return {t: tc.max_steps for t in sizes}
     spe = max(1, sum(math.ceil(k / global_batch) for k in sizes.values()))
-    sampler = build_sampler(cfg.sampler, sizes, seed=tc.seed, steps_per_epoch=spe, max_steps=tc.max_steps)
-    share = sampler.target_mix(0, tc.max_steps)
-    return {t: max(1, round(share[t] * tc.max_steps)) for t in sizes}
+    sampler = build_sampler(cfg.sampler, sizes, seed=tc.seed, steps_per_epoch=spe, max_steps=tc.max_steps,
+                            grad_accum=grad_accum)
+    # a task's own run needs at least one step (a joint run may give a tiny task none: compare flags that)
+    return {t: max(1, n) for t, n in sampler.unit_counts(tc.max_steps).items()}
 
 
 def _run_per_task(cfg: FinetuneConfig, *, ds_config: str | None, resume: str | None, tensorboard: bool,
@@ -233,13 +240,17 @@ def _run_per_task(cfg: FinetuneConfig, *, ds_config: str | None, resume: str | N
     alone in ``<output_dir>/<task>/``; one results table for all of them."""
     from skillnet.data_prep.tokenizer import load_tokenizer
     from skillnet.training import dist as D
+    from skillnet.training import prepare
 
     t_start = time.time()
     tok = load_tokenizer(cfg.vocab_path())
     data = load_task_data(cfg, tok)
-    global_batch = cfg.train.batch_size
-    budget = task_specific_budget(cfg, {n: d.num_train_rows() for n, d in data.items()}, global_batch)
     out = Path(cfg.output_dir).resolve()
+    # the batch geometry the joint run would have (setup's), so the counts are the ones it would draw
+    tcfg, _ = prepare(dataclasses.replace(cfg.train, output_dir=str(out), resume=None, ds_config=ds_config,
+                                          tensorboard=False, progress=False))
+    budget = task_specific_budget(cfg, {n: d.num_train_rows() for n, d in data.items()},
+                                  tcfg.micro_batch_size * D.world_size(), tcfg.grad_accum)
     summaries: dict[str, dict[str, Any]] = {}
     for t in cfg.tasks:
         d = cfg.to_dict()
@@ -347,6 +358,9 @@ def _print_plan(cfg: FinetuneConfig, data: dict[str, TaskData], sampler: Any, pa
     if hasattr(sampler, "schedule"):
         lines.append("  annealed sampling, alpha per epoch: " + ", ".join(
             f"e{e}@{first}: {a:.2f}" for e, first, a in sampler.schedule()))
+    if sampler.horizon:
+        lines.append("  stratified draws: updates per task, exactly: " + ", ".join(
+            f"{t} {n:,}" for t, n in sampler.unit_counts().items()))
     warn = annealing_warning(sampler, cfg.train.max_steps)
     if warn:
         log.warning("warning: %s", warn)
@@ -358,8 +372,7 @@ def _print_plan(cfg: FinetuneConfig, data: dict[str, TaskData], sampler: Any, pa
         for split, rep in d.reports.items():
             if rep.num_skipped:
                 lines.append(f"  --skip-bad: {name}/{split}: " + rep.summary().replace("\n", "\n    "))
-        if d.skipped_windows:
-            lines.append(f"  {name}/train: skipped {d.skipped_windows} examples whose answer fits no window")
+        lines += d.codec.plan_lines(d)  # span: examples in several windows, answers in none
     lines += packing
     lines += truncation_lines(data)
     lines += prefix_lines(data)

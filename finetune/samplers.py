@@ -1,12 +1,23 @@
 """Task samplers for multi-task fine-tuning: which task supplies the mini-batch of a global step.
 
-Every sampler is a pure function ``(seed, step) -> task``: the draw for a step is a counter-based
-hash of ``(seed, step)`` pushed through the inverse CDF of the step's task distribution. Nothing
-depends on earlier draws, so
+Every sampler is a pure function ``(seed, step) -> task``: nothing depends on earlier draws, so
 
 * every rank computes the same task for the same step without communicating (ZeRO-2 requires it),
 * resuming is just "start at step s": ``state_dict()`` only needs the cursor, and
 * a sampler can be asked about any step (for logging the target mix, or for tests).
+
+How a step's task is drawn (``SamplerConfig.draw``):
+
+* ``stratified`` (the default): over the run's horizon (``max_steps`` updates of ``grad_accum``
+  micro-steps each) every task gets exactly its largest-remainder-rounded count of updates x share
+  (``unit_counts``), in an order that is a pseudo-random permutation fixed by ``(seed, horizon)``.
+  So a joint run trains each task for exactly the count a task-specific model trains it for (the same
+  function), on every seed: rows of a comparison differ in method, not in the luck of the draw. A mix
+  that changes by epoch (annealed) is stratified per epoch segment. The schedule is built once, on the
+  first ask, and holds one byte per micro-step (100 KB for 100k steps; ~20 ms and a transient 18 bytes
+  per micro-step to build); steps past the horizon fall back to i.i.d. draws.
+* ``iid``: a counter-based hash of ``(seed, step)`` pushed through the inverse CDF of the step's task
+  distribution; the realised counts vary around the expectation (the behaviour before stratification).
 
 Samplers:
 
@@ -14,7 +25,8 @@ Samplers:
   a=1 keeps the natural mix, a=0 is uniform.
 * ``temperature`` (SkillNet-NLG Eq. 4): ``p_i = D_i^(1/T) / sum_j D_j^(1/T)`` with ``D_i = min(n_i, K)``.
 * ``annealed`` (BERT-PALs Eq. 5-6): ``p_i ∝ N_i^a`` with ``a = 1 - 0.8 (e-1)/(E-1)``, e = 1-based epoch.
-* ``round_robin``: tasks in a fixed cycle, step % N.
+* ``round_robin``: tasks in a fixed cycle, step % N (stratified with ``grad_accum`` > 1: one task per
+  update, so that each task's count is whole updates).
 """
 
 from __future__ import annotations
@@ -44,6 +56,29 @@ def uniform(seed: int, step: int) -> float:
     return (h >> 11) * (1.0 / (1 << 53))
 
 
+def _splitmix64_array(x: np.ndarray) -> np.ndarray:
+    # The same mixer over a uint64 array (numpy wraps uint64 arithmetic modulo 2^64, as the scalar masks do).
+    x = x + np.uint64(0x9E3779B97F4A7C15)
+    x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return x ^ (x >> np.uint64(31))
+
+
+# Keeps the stratified permutation's keys apart from uniform()'s stream of the same (seed, step).
+_SCHEDULE_SALT = 0x5EED5C4ED
+
+
+def largest_remainder(total: int, shares: Sequence[float]) -> list[int]:
+    """``total`` split in whole parts as close to ``total * share`` as possible (Hamilton's method): each
+    part is the floor, the ones left over go to the largest remainders, ties to the earlier task."""
+    exact = [total * p for p in shares]
+    parts = [math.floor(x) for x in exact]
+    left = total - sum(parts)
+    for i in sorted(range(len(exact)), key=lambda i: -(exact[i] - parts[i]))[:left]:
+        parts[i] += 1
+    return parts
+
+
 def _normalise(w: Sequence[float]) -> list[float]:
     total = float(sum(w))
     if not total > 0 or not math.isfinite(total):
@@ -52,6 +87,7 @@ def _normalise(w: Sequence[float]) -> list[float]:
 
 
 SAMPLER_KINDS = ("proportional", "temperature", "annealed", "round_robin")
+SAMPLER_DRAWS = ("stratified", "iid")
 
 
 @dataclass
@@ -65,10 +101,15 @@ class SamplerConfig:
     num_epochs: int = 0  # annealed: E in PALs Eq. 6; 0 = derive from max_steps and the epoch length
     steps_per_epoch: int = 0  # annealed: 0 = derive from the data (sum of batches per epoch)
     order: list[str] = field(default_factory=list)  # round robin order; empty = task order of the config
+    # stratified: each task exactly its rounded share of the run's updates (equal realised budgets across
+    # a comparison's rows); iid: independent draws per step, counts vary around the share
+    draw: str = "stratified"
 
     def __post_init__(self) -> None:
         if self.kind not in SAMPLER_KINDS:
             raise ValueError(f"unknown sampler kind {self.kind!r}; choose one of {', '.join(SAMPLER_KINDS)}")
+        if self.draw not in SAMPLER_DRAWS:
+            raise ValueError(f"unknown sampler draw {self.draw!r}; choose one of {', '.join(SAMPLER_DRAWS)}")
         if self.kind == "temperature" and not self.temperature > 0:
             raise ValueError(f"sampler temperature must be > 0, got {self.temperature}")
         if self.kind == "temperature" and self.size_cap < 1:
@@ -111,6 +152,10 @@ class TaskSampler:
         self.sizes = [int(n) for n in sizes]
         self.seed = int(seed)
         self.step = 0
+        # stratified draws (stratify()): horizon in updates, micro-steps per update, the built schedule
+        self.horizon = 0
+        self.unit = 1
+        self._schedule: np.ndarray | None = None
 
     # --- to override -------------------------------------------------------------------------
     def probabilities(self, step: int) -> list[float]:
@@ -119,8 +164,54 @@ class TaskSampler:
     def _params(self) -> dict[str, Any]:
         return {}
 
+    def segments(self, units: int) -> list[tuple[int, int, list[float]]]:
+        """(first update, end update, task distribution) of each stretch of ``units`` updates whose mix is
+        fixed: what stratification keeps exact. One stretch unless the mix changes during the run."""
+        return [(0, units, self.probabilities(0))]
+
+    def _stratified_index(self, step: int) -> int:
+        if self._schedule is None:
+            self._schedule = self._build_schedule()
+        return int(self._schedule[step])
+
     # --- shared ------------------------------------------------------------------------------
+    def stratify(self, horizon: int, unit: int = 1) -> TaskSampler:
+        """Draw stratified over ``horizon`` updates of ``unit`` micro-steps (the trainer's gradient
+        accumulation): each task's micro-steps are whole updates, ``unit_counts()`` of them."""
+        if horizon < 1 or unit < 1:
+            raise ValueError(f"a stratified sampler needs horizon >= 1 and unit >= 1, got {horizon} and {unit}")
+        self.horizon, self.unit, self._schedule = int(horizon), int(unit), None
+        return self
+
+    def unit_counts(self, units: int | None = None) -> dict[str, int]:
+        """Updates on each task over the first ``units`` updates (default: the stratified horizon): its
+        largest-remainder share per stretch of fixed mix. A stratified run realises exactly these; a
+        task-specific model trains exactly these (the same function, so every row matches)."""
+        units = self.horizon if units is None else units
+        total = [0] * len(self.tasks)
+        for u0, u1, probs in self.segments(units):
+            for i, c in enumerate(largest_remainder(u1 - u0, probs)):
+                total[i] += c
+        return dict(zip(self.tasks, total))
+
+    def _build_schedule(self) -> np.ndarray:
+        # One byte per micro-step for up to 255 tasks: the whole run's order, kept for task_at's lookups.
+        dtype = np.uint8 if len(self.tasks) < 256 else np.uint16
+        out = np.empty(self.horizon * self.unit, dtype=dtype)
+        salt = _splitmix64((self.seed ^ _SCHEDULE_SALT) & _MASK64)
+        for u0, u1, probs in self.segments(self.horizon):
+            lo, hi = u0 * self.unit, u1 * self.unit
+            counts = [c * self.unit for c in largest_remainder(u1 - u0, probs)]
+            labels = np.repeat(np.arange(len(self.tasks), dtype=dtype), counts)
+            # Sorting the positions by a hash of (seed, position) is a permutation that depends on the seed
+            # and the positions only (not on numpy's generator streams, which may change between versions).
+            keys = _splitmix64_array(np.arange(lo, hi, dtype=np.uint64) ^ np.uint64(salt))
+            out[lo:hi][np.argsort(keys, kind="stable")] = labels
+        return out
+
     def index_at(self, step: int) -> int:
+        if self.horizon and 0 <= step < self.horizon * self.unit:
+            return self._stratified_index(step)
         probs = self.probabilities(step)
         u = uniform(self.seed, step)
         acc = 0.0
@@ -157,16 +248,28 @@ class TaskSampler:
         return task
 
     def state_dict(self) -> dict[str, Any]:
+        params = self._params()
+        if self.horizon:  # another horizon is another schedule: a resume must not switch to it mid-run
+            params = {**params, "draw": "stratified", "horizon": self.horizon, "unit": self.unit}
         return {"kind": self.kind, "seed": self.seed, "step": self.step, "tasks": list(self.tasks),
-                "sizes": list(self.sizes), "params": self._params()}
+                "sizes": list(self.sizes), "params": params}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         mine = self.state_dict()
+        old = state.get("params") or {}
+        if (old.get("horizon"), old.get("unit")) != (mine["params"].get("horizon"), mine["params"].get("unit")):
+            raise ValueError(
+                f"sampler state does not match this run: its stratified schedule covers {old.get('horizon') or 'no'} "
+                f"updates of {old.get('unit') or 1} micro-step(s), this run {mine['params'].get('horizon') or 'no'} of "
+                f"{mine['params'].get('unit') or 1}; keep train.max_steps and the accumulation of the checkpoint "
+                "(or start a run with sampler.draw iid, whose draws do not depend on them)")
         for key in ("kind", "tasks", "sizes", "params"):
             if state.get(key) != mine[key]:
                 raise ValueError(
                     f"sampler state does not match this run: {key} was {state.get(key)!r}, now {mine[key]!r}; "
                     "resuming with a different task mix would not continue the same sequence")
+        if int(state["seed"]) != self.seed:
+            self._schedule = None
         self.seed = int(state["seed"])
         self.step = int(state["step"])
 
@@ -248,6 +351,14 @@ class AnnealedSampler(TaskSampler):
     def _params(self) -> dict[str, Any]:
         return {"num_epochs": self.num_epochs, "steps_per_epoch": self.steps_per_epoch}
 
+    def segments(self, units: int) -> list[tuple[int, int, list[float]]]:
+        # Epochs are counted in micro-steps; an update belongs to the epoch of its first micro-step, so each
+        # epoch's stretch is whole updates.
+        starts = [min(units, -(-(e - 1) * self.steps_per_epoch // self.unit)) for e in range(1, self.num_epochs + 1)]
+        ends = [*starts[1:], units]
+        return [(a, b, self.probabilities((e - 1) * self.steps_per_epoch))
+                for e, (a, b) in enumerate(zip(starts, ends), 1) if b > a]
+
     def schedule(self) -> list[tuple[int, int, float]]:
         """(epoch, first step, alpha) for every epoch: what the plan prints."""
         return [(e, (e - 1) * self.steps_per_epoch, self.alpha_at((e - 1) * self.steps_per_epoch))
@@ -263,6 +374,9 @@ class RoundRobinSampler(TaskSampler):
         return [1.0 / len(self.tasks)] * len(self.tasks)
 
     def index_at(self, step: int) -> int:
+        if self.horizon and 0 <= step < self.horizon * self.unit:
+            # whole updates per task, so each task's count is unit_counts() (equal shares, ties to the first)
+            return (step // self.unit) % len(self.tasks)
         return step % len(self.tasks)
 
 
@@ -281,11 +395,22 @@ def annealing_warning(sampler: TaskSampler, max_steps: int) -> str | None:
 
 
 def build_sampler(cfg: SamplerConfig, sizes: Mapping[str, int], seed: int = 0,
-                  steps_per_epoch: int | None = None, max_steps: int | None = None) -> TaskSampler:
+                  steps_per_epoch: int | None = None, max_steps: int | None = None,
+                  grad_accum: int = 1) -> TaskSampler:
     """Build the sampler of ``cfg`` over ``sizes`` (task -> number of training examples, config order).
 
-    Annealed sampling with ``num_epochs=0`` derives E = ceil(max_steps / steps_per_epoch), so that alpha
-    reaches its final value 0.2 in the last epoch of the run."""
+    ``max_steps`` updates of ``grad_accum`` micro-steps (each micro-step draws a task) are the run's
+    horizon: stratified draws (``cfg.draw``) need it. Annealed sampling with ``num_epochs=0`` derives
+    E = ceil(max_steps * grad_accum / steps_per_epoch), so that alpha reaches its final value 0.2 in the
+    last epoch of the run."""
+    sampler = _build(cfg, sizes, seed, steps_per_epoch, None if max_steps is None else max_steps * grad_accum)
+    if cfg.draw == "stratified" and max_steps:  # without a horizon (a sampler asked about the mix) draws are i.i.d.
+        sampler.stratify(max_steps, grad_accum)
+    return sampler
+
+
+def _build(cfg: SamplerConfig, sizes: Mapping[str, int], seed: int, steps_per_epoch: int | None,
+           micro_steps: int | None) -> TaskSampler:
     tasks = list(sizes)
     if cfg.kind == "round_robin" and cfg.order:
         if sorted(cfg.order) != sorted(tasks):
@@ -302,9 +427,9 @@ def build_sampler(cfg: SamplerConfig, sizes: Mapping[str, int], seed: int = 0,
             raise ValueError("annealed sampler needs steps_per_epoch (in the config or derived from the data)")
         epochs = cfg.num_epochs
         if not epochs:
-            if not max_steps:
+            if not micro_steps:
                 raise ValueError("annealed sampler needs num_epochs, or max_steps to derive it")
-            epochs = max(1, math.ceil(max_steps / spe))
+            epochs = max(1, math.ceil(micro_steps / spe))
         return AnnealedSampler(tasks, n, num_epochs=epochs, steps_per_epoch=spe, seed=seed)
     if cfg.kind == "round_robin":
         return RoundRobinSampler(tasks, n, seed=seed)

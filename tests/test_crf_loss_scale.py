@@ -107,7 +107,8 @@ def test_the_loss_scale_study_runs_at_tiny_size_and_writes_its_table(tmp_path, c
         assert next(t for t in ran["tasks"] if t["name"] == "ner")["head"] == {"loss_reduction": red}
         assert json.loads((out / red / "comparison.json").read_text())["seeds"] == [0, 1]
     res = json.loads((out / "loss_scale.json").read_text())
-    assert res["reference"] == "token_mean" and set(res["scores"]) == {"dense_joint", "skillnet"}
+    assert res["reference"] == "token_mean" and set(res["scores"]) == {"dense_joint", "skillnet", "task_specific"}
+    assert res["winner"] in ("token_mean", "sentence_mean") and res["decision"]["split"] == "dev"  # decided on dev
     assert len(res["scores"]["skillnet"]["sentence_mean"]["ner"]["values"]) == 2
     md = (out / "loss_scale.md").read_text()
     assert "| method | NER loss | ner (f1) | average (all tasks) | runs |" in md
@@ -115,7 +116,8 @@ def test_the_loss_scale_study_runs_at_tiny_size_and_writes_its_table(tmp_path, c
     # the NER dev curve of every run, read from its log: two evaluations of two seeds per method and arm
     per_seed = res["dev_curves"]["skillnet"]["sentence_mean"]["ner"]
     assert len(per_seed) == 2 and all([s for s, _ in c] == [2, 4] for c in per_seed)
-    assert "| method | NER loss | task | step 2 | step 4 | flat |" in md
+    # the task-specific NER model trains its share of the 4 steps (1) and is evaluated at its own last step
+    assert "| method | NER loss | task | step 1 | step 2 | step 4 | flat |" in md
     # a config without an NER task: one error line
     d["tasks"] = [t for t in d["tasks"] if t["type"] != "ner"]
     cfg.write_text(json.dumps(d), encoding="utf-8")

@@ -387,12 +387,13 @@ def test_compare_jobs_two_gives_the_same_results_as_one_at_a_time(compared, tmp_
 
 def test_paired_test_is_scipys_and_undefined_without_spread():
     from scipy import stats
+    from skillnet.finetune.stats import paired_test
 
     a, b = [70.1, 72.3, 69.8], [68.0, 71.9, 66.5]
-    assert compare_cli.paired_test(a, b) == pytest.approx(stats.ttest_rel(a, b).pvalue)
-    assert compare_cli.paired_test([40.0, 40.0], [40.0, 40.0]) == 1.0
-    assert compare_cli.paired_test([30.0, 30.0], [40.0, 40.0]) is None  # the same gap twice: no spread to judge
-    assert compare_cli.paired_test([1.0], [2.0]) is None
+    assert paired_test(a, b) == pytest.approx(stats.ttest_rel(a, b).pvalue)
+    assert paired_test([40.0, 40.0], [40.0, 40.0]) == 1.0
+    assert paired_test([30.0, 30.0], [40.0, 40.0]) is None  # the same gap twice: no spread to judge
+    assert paired_test([1.0], [2.0]) is None
 
 
 def test_a_gap_that_differs_only_by_rounding_has_no_spread():
@@ -400,12 +401,14 @@ def test_a_gap_that_differs_only_by_rounding_has_no_spread():
     1e-17 (scipy then gives p ~ 1e-16, "beyond the noise", with a precision-loss warning)."""
     import warnings
 
+    from skillnet.finetune.stats import paired_test
+
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        assert compare_cli.paired_test([0.3, 1.3], [0.0, 1.0]) is None
-        assert compare_cli.paired_test([66.7, 66.7 + 1e-13], [66.7, 66.7]) == 1.0
+        assert paired_test([0.3, 1.3], [0.0, 1.0]) is None
+        assert paired_test([66.7, 66.7 + 1e-13], [66.7, 66.7]) == 1.0
         a, b = [70.1, 72.3, 69.8], [68.0, 71.9, 66.5]
-        assert compare_cli.paired_test(a, b) < 0.2  # a real spread is still tested
+        assert paired_test(a, b) < 0.2  # a real spread is still tested
 
 
 def test_a_dense_joint_model_folder_is_a_valid_init(tmp_path):

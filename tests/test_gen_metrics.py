@@ -10,11 +10,10 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+from skillnet.finetune.edit_metrics import char_edits, correction_prf
 from skillnet.finetune.gen_metrics import (
     GEN_METRICS,
     bleu,
-    char_edits,
-    correction_prf,
     gen_tokens,
     rouge_l,
     score_generation,
@@ -389,7 +388,7 @@ def test_char_accuracy_is_one_minus_the_character_error_rate_as_nltk_counts_it()
 def _op_table_by_sorting(src: str, tgt: str) -> list[list[tuple[str, ...]]]:
     """The operation table with its transposition test written plainly (sorted windows at every step): the
     reference that the incremental character counts of ``_op_table`` must reproduce cell for cell."""
-    from skillnet.finetune.gen_metrics import _SUB_COST, _UNIT, _is_punct
+    from skillnet.finetune.edit_metrics import _SUB_COST, _UNIT, _is_punct
 
     def sub_cost(a: str, b: str) -> int:  # per pair, as ChERRANT charges it
         return _SUB_COST[_is_punct(a) + _is_punct(b)]
@@ -421,7 +420,7 @@ def _op_table_by_sorting(src: str, tgt: str) -> list[list[tuple[str, ...]]]:
 
 
 def test_op_table_equals_the_sorted_window_transposition_test() -> None:
-    from skillnet.finetune.gen_metrics import _op_table
+    from skillnet.finetune.edit_metrics import _op_table
 
     rng = random.Random(0)
     pairs = [("泰国人死爱的味道", "泰国人爱死的味道"), ("旅游去陌生的地方", "去陌生的地方旅游"), ("我爱他们", "爱我她们")]

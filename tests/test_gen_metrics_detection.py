@@ -12,16 +12,9 @@ from pathlib import Path
 from types import ModuleType, SimpleNamespace
 
 import pytest
-from skillnet.finetune.gen_metrics import (
-    DETECTION_METRICS,
-    GEN_METRICS,
-    _corpus_counts,
-    char_edits,
-    correction_prf,
-    detection_prf,
-    score_generation,
-    sentence_prf,
-)
+from skillnet.finetune.csc_metrics import sentence_prf
+from skillnet.finetune.edit_metrics import _corpus_counts, char_edits, correction_prf, detection_prf
+from skillnet.finetune.gen_metrics import DETECTION_METRICS, GEN_METRICS, score_generation
 
 SRC = "我朋唷打算去法国"  # 唷 (position 2) should be 友
 REF = "我朋友打算去法国"

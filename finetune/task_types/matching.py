@@ -13,6 +13,7 @@ import numpy as np
 import torch
 
 from .. import metrics as M
+from ..stats import example_stats
 from .base import (
     DROPOUT,
     MAX_CANDIDATES,
@@ -139,6 +140,16 @@ class MatchingCodec(TaskCodec):
                 labels.append(int(c in pos))
         res = M.group_top1_accuracy(gids, scores, labels)
         return {"top1_accuracy": res["top1_accuracy"]}
+
+    def example_stats(self, td: TaskView, recs: list[dict[str, Any]], preds: list[Any]) -> dict[str, Any] | None:
+        """[100 x the group's top-1 accuracy, 1], or [0, 0] for a group without a positive (left out, as
+        ``group_top1_accuracy`` leaves it out)."""
+        rows = []
+        for r, p in zip(recs, preds):
+            pos = set(r["positives"])
+            res = M.group_top1_accuracy([0] * len(p["scores"]), p["scores"], [int(c in pos) for c in p["candidates"]])
+            rows.append([res["top1_accuracy"] * res["groups"], res["groups"]])
+        return example_stats(td.cfg.metric, "ratio", rows)
 
     lexical_name = "TF-IDF cosine similarity"
 

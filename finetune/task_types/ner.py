@@ -6,12 +6,14 @@ predicted ``O`` (and still count in the metric)."""
 
 from __future__ import annotations
 
+from collections import Counter
 from typing import Any
 
 import torch
 from skillnet.model.heads import CRF_LOSS_REDUCTIONS
 
 from .. import metrics as M
+from ..stats import example_stats
 from .base import DROPOUT, Encoded, TaskCodec, TaskView, bert_inputs, pad, piece_ids
 
 
@@ -72,6 +74,18 @@ class NerCodec(TaskCodec):
 
     def score(self, td: TaskView, recs: list[dict[str, Any]], preds: list[Any]) -> dict[str, float]:
         return M.entity_prf([r["labels"] for r in recs], preds)
+
+    def example_stats(self, td: TaskView, recs: list[dict[str, Any]], preds: list[Any]) -> dict[str, Any] | None:
+        """Per sentence, [tp, fp, fn] of entities (conlleval's reading of the tags, or strict IOB2 for the
+        ``*_strict`` metrics): entity P/R/F1 are micro, from the summed counts."""
+        measure, _, strict = td.cfg.metric.partition("_")
+        extract = M.iob2_strict_entities if strict else M.bio_entities
+        rows = []
+        for r, p in zip(recs, preds):
+            ge, pe = Counter(extract(r["labels"])), Counter(extract(p))
+            tp = sum((ge & pe).values())
+            rows.append([tp, sum(pe.values()) - tp, sum(ge.values()) - tp])
+        return example_stats(td.cfg.metric, measure, rows)
 
     def trivial(self, td: TaskView, recs: list[dict[str, Any]]) -> list[Any]:
         """All O."""

@@ -8,6 +8,7 @@ import numpy as np
 import torch
 
 from .. import metrics as M
+from ..stats import example_stats
 from .base import DROPOUT, Encoded, TaskView, bert_inputs
 from .sentence import SentenceCodec
 
@@ -38,6 +39,10 @@ class RegressionCodec(SentenceCodec):
     def score(self, td: TaskView, recs: list[dict[str, Any]], preds: list[Any]) -> dict[str, float]:
         gold = [float(r["label"]) for r in recs]
         return {"pearson": M.pearson(gold, preds), "spearman": M.spearman(gold, preds)}
+
+    def example_stats(self, td: TaskView, recs: list[dict[str, Any]], preds: list[Any]) -> dict[str, Any] | None:
+        """[gold, prediction]: correlations (of ranks, for spearman) do not decompose per example."""
+        return example_stats(td.cfg.metric, td.cfg.metric, [[float(r["label"]), float(p)] for r, p in zip(recs, preds)])
 
     def trivial(self, td: TaskView, recs: list[dict[str, Any]]) -> list[Any]:
         """The train mean (its correlations are 0)."""
