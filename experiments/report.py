@@ -129,8 +129,8 @@ def build(out: Path, profile: Any, stages: list[Any], report: Path, title: str,
               "run whose numbers mean that (docs/report.md).")
     doc.p("How to read the tables: scores are on the **test** split, as mean ± standard deviation over the seeds "
           f"{profile.seeds} (one model checkpoint for all tasks per run, selected by the mean dev score). A "
-          "difference between two rows is given with its 95% interval from a hierarchical paired bootstrap over the "
-          "seeds and the test examples (each seed fixes the initial weights of the run's new parts, the task "
+          "difference between two rows is given with its 95% interval from a paired bootstrap over the test "
+          "examples with a Student-t level for the seeds (each seed fixes the initial weights of the run's new parts, the task "
           "sequence and the data order for every row alike; every row is scored on the same examples), and called "
           "**beyond the noise** where the interval excludes 0, **within the noise** otherwise. The findings' claims "
           "are decided together, with Holm's correction for their number (the Protocol section states the rule); "

@@ -127,7 +127,9 @@ def adaptation_inits(cmps: dict[str, Any], parts: tuple[str, ...]) -> list[str]:
         out.append(f"{name} adaptation: " + (f"{', '.join(f'`{x}`' for x in from_best)} start from each seed's "
                                              "dev-selected multi-task checkpoint (`best/`)" if from_best else
                                              "no row starts from a dev-selected checkpoint")
-                   + "".join(f"; `{lab}` from `{Path(p).parent.name}/{Path(p).name}`" for lab, p in other.items())
+                   # the pre-trained model's folder: the last parts of its path that name it (pt_x[/seed{seed}]/hf)
+                   + "".join(f"; `{lab}` from `{'/'.join(Path(p).parts[-3 if '{seed}' in p else -2:])}`"
+                             for lab, p in other.items())
                    + ".")
     return out
 

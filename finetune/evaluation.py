@@ -18,7 +18,7 @@ from .build import load_weights, save_model_dir
 from .config import FinetuneConfig
 from .methods import METHODS
 from .source import MultiTaskBatchSource
-from .stats import STATS_FILE
+from .stats import STATS_FILE, examples_key
 from .tasks import TaskData
 
 log = logging.getLogger("finetune")
@@ -49,6 +49,10 @@ class DevEvaluator:
         # dev splits again with the checkpoint that produced them, where this process saved that checkpoint
         # (after a crash, `best` may hold a later step than the resumed state knows of)
         self.best_mean_scores: dict[str, dict[str, float]] = {}
+        # every task's dev scores at the latest evaluation, and its step: the final weights' dev scores where the
+        # run ended at that step (the export/ card shows them), with no second dev pass
+        self.last_scores: dict[str, dict[str, float]] = {}
+        self.last_step: int | None = None
         self.saved_best = False
         self.bad_evals = 0
         self.trainer: Any = None
@@ -101,6 +105,7 @@ class DevEvaluator:
                 if self.is_main and self.per_task:
                     save_model_dir(model, self.out / "best_per_task" / name, self.data, self.vocab,
                                    self.inherited)
+        self.last_scores, self.last_step = dev_scores, step
         if sel:
             mean = sum(sel) / len(sel)
             res["mean_dev"] = mean
@@ -187,8 +192,8 @@ def final_scores(model: torch.nn.Module, cfg: FinetuneConfig, data: dict[str, Ta
                     r[split] = d.score(split, preds)
                     # a codec from outside may define none (comparisons then fall back to the seeds' t-test)
                     rows = getattr(d.codec, "example_stats", lambda *_: None)(d, d.records[split], preds)
-                    if rows is not None:
-                        example_stats.setdefault(name, {})[split] = rows
+                    if rows is not None:  # which examples, in which order: the bootstrap pairs runs by them
+                        example_stats.setdefault(name, {})[split] = {**rows, "examples": examples_key(d.records[split])}
                 r[f"trivial_{split}"] = d.trivial_baseline(split)
                 lexical = d.lexical_baseline(split) if cfg.train.lexical_baselines else None
                 if lexical is not None:
@@ -208,8 +213,11 @@ def final_scores(model: torch.nn.Module, cfg: FinetuneConfig, data: dict[str, Ta
     for name, d in data.items():
         if results[name]["checkpoint"] != "final":
             # export/ holds the final weights: its card shows their own scores beside the selected checkpoint's
-            results[name]["final"] = {split: d.score(split, d.predict_split(model, split, bs, progress=progress))
-                                      for split in ("dev", "test") if split in d.records}
+            at_end = evaluator.last_step is not None and evaluator.last_step == cfg.train.max_steps
+            results[name]["final"] = {
+                split: dict(evaluator.last_scores[name]) if split == "dev" and at_end and name in evaluator.last_scores
+                else d.score(split, d.predict_split(model, split, bs, progress=progress))
+                for split in ("dev", "test") if split in d.records}
     if samples:
         atomic_write_json(out / "samples.json", samples)
     # written even when empty, so that a rerun never leaves an earlier run's statistics beside its results

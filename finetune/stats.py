@@ -21,6 +21,7 @@ paired t-test over 3 seeds sees only the first; a steady 0.5-point gap on one fi
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import statistics
@@ -32,7 +33,7 @@ from typing import Any
 import numpy as np
 
 __all__ = ["ALPHA", "Bootstrap", "N_BOOT", "REDUCERS", "bootstrap_for", "decision_rule_text", "difference_entry",
-           "example_stats", "holm", "load_example_stats", "paired_test", "recompute"]
+           "example_stats", "examples_key", "holm", "load_example_stats", "paired_test", "recompute"]
 
 ALPHA = 0.05
 N_BOOT = 10_000
@@ -189,6 +190,16 @@ def example_stats(metric: str, reduce: str, rows: Sequence[Sequence[float]]) -> 
     return {"metric": metric, "reduce": reduce, "rows": [[float(v) for v in r] for r in rows]}
 
 
+def examples_key(recs: Sequence[dict[str, Any]]) -> str:
+    """A fingerprint of the scored examples in their order (their ids, else their position and content): runs
+    are resampled as pairs example by example, so two runs scored on different sets of one size must not be."""
+    h = hashlib.sha256()
+    for i, r in enumerate(recs):
+        h.update((str(r["id"]) if "id" in r else f"{i}:{json.dumps(r, sort_keys=True, ensure_ascii=False)}").encode())
+        h.update(b"\x00")
+    return h.hexdigest()[:16]
+
+
 def _matrix(stats: dict[str, Any]) -> np.ndarray:
     rows = stats["rows"]
     return np.asarray(rows, dtype=np.float64).reshape(len(rows), len(rows[0]) if rows else 0)
@@ -256,6 +267,8 @@ class Bootstrap:
         sizes = {len(st["rows"]) for st in found}
         if len(sizes) > 1:
             return f"the runs scored different test sets ({', '.join(map(str, sorted(sizes)))} examples)"
+        if len({st.get("examples") for st in found}) > 1:  # a run of an older version keeps no key: None
+            return "the runs scored different test sets (of one size: their examples differ)"
         metrics = {st["metric"] for st in found}
         if len(metrics) > 1:
             return f"the runs kept statistics of different metrics ({', '.join(sorted(metrics))})"

@@ -47,8 +47,9 @@ def test_a_killed_rank_is_named_with_the_resume_command(tmp_path: Path) -> None:
                          stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 400
-        while not (out / "checkpoints" / "step_00000002" / "complete").is_file():
-            assert p.poll() is None and time.monotonic() < deadline, "the run did not save step 2"
+        # any complete checkpoint: a fast machine saves every 2 steps and rotates step 2 away within a poll
+        while not (out / "checkpoints" / "latest").is_file():
+            assert p.poll() is None and time.monotonic() < deadline, "the run saved no checkpoint"
             time.sleep(0.5)
         victims = _pids_of("pretrain/run.py", "--local_rank=1", str(out))
         assert len(victims) == 1, victims

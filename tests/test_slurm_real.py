@@ -42,7 +42,7 @@ pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 SCRIPTS = Path(os.environ.get("SKILLNET_SLURM_SCRIPTS", REPO / "scripts" / "slurm"))
 # A straight run and its preempted twins: tiny BERT, 2 ranks, ~35-40 s of training on 2 cores, so that a 1-minute
 # --time's stop signal (half a minute in) lands mid-run.
-MULTI = {"PRESET": "tiny", "RANKS_PER_NODE": "2", "MAX_STEPS": "800", "SAVE_EVERY": "1000"}
+MULTI = {"PRESET": "tiny", "RANKS_PER_NODE": "2", "MAX_STEPS": "1600", "SAVE_EVERY": "1000"}
 
 
 @pytest.fixture(scope="session")

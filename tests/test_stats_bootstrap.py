@@ -356,3 +356,17 @@ def test_the_p_value_backs_the_observed_direction_only():
     assert S.bootstrap_p(boot, 0.5) == 1.0
     assert S.bootstrap_p(boot, -0.5) == pytest.approx(2 * 11 / 1001)
     assert S.bootstrap_p(boot) == pytest.approx(2 * 11 / 1001)
+
+
+def test_runs_scored_on_different_examples_of_one_size_are_not_paired():
+    """Rows are resampled as pairs example by example: a run scored on another test set of the same size (a task
+    stage rerun with another cap) is refused by its examples' fingerprint, not paired by position."""
+    first = [{"id": f"t-{i}"} for i in range(4)]
+    other = [{"id": f"t-{i}"} for i in range(1, 5)]
+    assert S.examples_key(first) == S.examples_key([dict(r) for r in first]) != S.examples_key(other)
+    rows = [[100.0, 1.0], [0.0, 1.0], [100.0, 1.0], [0.0, 1.0]]
+    a = {**S.example_stats("accuracy", "ratio", rows), "examples": S.examples_key(first)}
+    b = {**S.example_stats("accuracy", "ratio", rows), "examples": S.examples_key(other)}
+    boot = S.Bootstrap({"A": [{"t": a}], "B": [{"t": b}]}, ["t"], n_boot=100)
+    assert "examples differ" in boot.missing("A", "t") and boot.difference("A", "B", "t") is None
+    assert S.Bootstrap({"A": [{"t": a}], "B": [{"t": dict(a)}]}, ["t"], n_boot=100).difference("A", "B", "t")
