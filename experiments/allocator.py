@@ -12,6 +12,8 @@ ways around it, neither changing any computation:
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import glob
 import os
 import sys
@@ -49,10 +51,34 @@ def allocator_env(name: str) -> dict[str, str] | None:
     raise ValueError(f"unknown allocator {name!r}; known: {', '.join(ALLOCATORS)}, jemalloc")
 
 
+# glibc's mallopt parameters (malloc.h): the same settings as the MALLOC_*_ variables, for a running process
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
+
+
+def _tune_this_process() -> bool:
+    """Apply TUNED to this process's glibc (mallopt); False where libc has no mallopt (not glibc)."""
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        mallopt = libc.mallopt
+    except (OSError, AttributeError):
+        return False
+    return all(mallopt(p, int(TUNED[v])) == 1 for p, v in
+               ((_M_MMAP_THRESHOLD, "MALLOC_MMAP_THRESHOLD_"), (_M_TRIM_THRESHOLD, "MALLOC_TRIM_THRESHOLD_")))
+
+
 def reexec_with(name: str, argv: list[str] | None) -> None:
-    """Run this reproduction again under allocator `name` (every command it starts inherits it); return when it
-    already runs under it, or, with a warning, when the allocator is not installed (then glibc)."""
+    """Put this reproduction under allocator `name`, every command it starts included. glibc-tuned applies in
+    this process (mallopt) and in its children (the environment), so a caller in-process (a test calling main) is
+    never replaced; tcmalloc must be preloaded, so the process runs again under it. Returns when it runs under
+    `name`, or, with a warning, when the allocator is not available (then glibc)."""
     if name == "glibc" or os.environ.get(_MARK) == name:
+        return
+    if name == "glibc-tuned":
+        if not _tune_this_process():
+            print("warning: --allocator glibc-tuned: this C library has no mallopt; going on with its default",
+                  file=sys.stderr)
+            return
+        os.environ.update({**TUNED, _MARK: name})
         return
     env = allocator_env(name)
     if env is None:

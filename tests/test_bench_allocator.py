@@ -48,3 +48,15 @@ def test_smoke_run_prints_the_ratio_of_default_over_best():
     best = min(arms.values(), key=lambda v: v["step_s"])["step_s"]
     assert res["step_s_default_over_best_allocator"]["bart"] == round(arms["glibc"]["step_s"] / best, 3)
     assert all(0.0 <= v["sys_share"] <= 1.0 for v in arms.values())
+
+
+def test_glibc_tuned_applies_in_process_without_replacing_the_caller():
+    # The reproduction's default: a caller in-process (a test calling main) must survive it, and the commands it
+    # starts must inherit it. Before, it re-executed `python -m skillnet.experiments ARGV` in place of the caller.
+    code = ("import os; from skillnet.experiments.allocator import reexec_with, current; "
+            "reexec_with('glibc-tuned', ['--no-such-flag']); "
+            "print(current(), os.environ['MALLOC_MMAP_THRESHOLD_'], os.environ['MALLOC_TRIM_THRESHOLD_'])")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("MALLOC_", "SKILLNET_ALLOCATOR"))}
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.split() == ["glibc-tuned", str(1 << 30), str(1 << 30)]
