@@ -24,11 +24,13 @@ from typing import Any
 
 from skillnet.common.files import atomic_write_json
 from skillnet.common.outputs import MARKER
+from skillnet.data_prep.tasks.packaged import NO_REDISTRIBUTION
 from skillnet.experiments.allocator import current
 from skillnet.experiments.profiles import Profile
 from skillnet.experiments.runner import REPO
 
 PROVENANCE = "provenance.json"
+SAMPLES_FILE = "samples.json"
 FILES = "files"
 TEXT_SUFFIXES = {".json", ".jsonl", ".md", ".txt", ".log", ".csv", ".py"}
 # Weights and what loads them; never checkpoints or optimizer state.
@@ -52,7 +54,8 @@ def _export(d: str) -> list[str]:
 # What each stage commits, as glob patterns relative to the reproduction folder. The data stages' large products
 # (tasks' training files, corpus, shards) are rebuilt by each machine and checked against their fingerprints.
 KEEP: dict[str, list[str]] = {
-    "nlu_tasks": ["tasks/*/task.json", "tasks/*/test.jsonl"], "nlg_tasks": [],
+    # task.json only: the texts are rebuilt and fingerprinted, and some are licensed for no redistribution (GPL)
+    "nlu_tasks": ["tasks/*/task.json"], "nlg_tasks": [],
     "corpus": ["corpus/decontamination.json"], "vocab": ["vocab/*"],
     "shards": ["shards/manifest.json", "shards_heldout/manifest.json"],
     "dense_pt": ["pt_dense/log.jsonl", "pt_dense/heldout_mlm.json", *_export("pt_dense/hf")],
@@ -161,6 +164,13 @@ def _keep(stage: str, seed: int | None) -> list[str]:
     return [pat.replace("{stage}", stage).replace("{seed}", s) for pat in [*COMMON, *KEEP.get(stage, [])]]
 
 
+def restricted_tasks(out: Path) -> set[str]:
+    """The tasks of reproduction folder `out` whose licence forbids redistribution (GPL-3.0 insuranceqa-data): no
+    text of theirs is committed, not even the few test samples a generation run keeps."""
+    return {f.parent.name for f in out.glob("tasks/*/task.json")
+            if NO_REDISTRIBUTION in json.loads(f.read_text(encoding="utf-8")).get("license", "")}
+
+
 def collect(out: Path, dest: Path, stages: list[str], seed: int | None = None,
             extra: list[str] = ()) -> list[dict[str, Any]]:
     """Copy what `stages` keep (KEEP, COMMON; `extra` patterns too) from `out` into `dest`/files, text with
@@ -169,11 +179,15 @@ def collect(out: Path, dest: Path, stages: list[str], seed: int | None = None,
     files = sorted({f for pat in pats for f in out.glob(pat) if f.is_file()})
     root = dest / FILES
     listed = []
+    restricted = restricted_tasks(out)
     for f in files:
         rel = f.relative_to(out)
         target = root / rel
         target.parent.mkdir(parents=True, exist_ok=True)
-        if f.suffix in TEXT_SUFFIXES or f.name == MARKER:
+        if f.name == SAMPLES_FILE and restricted:
+            kept = {t: v for t, v in json.loads(f.read_text(encoding="utf-8")).items() if t not in restricted}
+            target.write_text(relative_text(json.dumps(kept, ensure_ascii=False, indent=2) + "\n", out), encoding="utf-8")
+        elif f.suffix in TEXT_SUFFIXES or f.name == MARKER:
             target.write_text(relative_text(f.read_text(encoding="utf-8", errors="replace"), out), encoding="utf-8")
         else:
             shutil.copyfile(f, target)

@@ -221,7 +221,7 @@ def learning_metrics(doc: Document, c: dict[str, Any], run_dir: Path, tasks_dir:
     import statistics
 
     for t in c["tasks"]:
-        test = tasks_dir / t / "test.jsonl"
+        spec = tasks_dir / t / "task.json"
         per_row: dict[str, dict[str, list[float]]] = {}
         for key in c["methods"]:
             for f in sorted((run_dir / key).glob("seed*/results.json")):
@@ -229,10 +229,11 @@ def learning_metrics(doc: Document, c: dict[str, Any], run_dir: Path, tasks_dir:
                 for m in ("accuracy", "auc"):
                     if isinstance(r.get(m), (int, float)):
                         per_row.setdefault(key, {}).setdefault(m, []).append(float(r[m]))
-        if not any("auc" in v for v in per_row.values()) or not test.is_file():
+        gold = json.loads(spec.read_text(encoding="utf-8")).get("label_counts", {}).get("test") if spec.is_file() else None
+        if not any("auc" in v for v in per_row.values()) or not gold:
             continue
-        gold = [json.loads(line).get("label") for line in test.read_text(encoding="utf-8").splitlines() if line.strip()]
-        yes = 100.0 * sum(g == "1" for g in gold) / max(1, len(gold))
+        n_gold = sum(gold.values())
+        yes = 100.0 * gold.get("1", 0) / n_gold
 
         def cell(v: list[float] | None) -> str:
             if not v:
@@ -242,7 +243,7 @@ def learning_metrics(doc: Document, c: dict[str, Any], run_dir: Path, tasks_dir:
         names = dict(order)
         doc.p(f"{t}, scored by what shows learning: test accuracy and ROC-AUC (x100: the chance that a right answer "
               "scores above a wrong one), beside the predictors that learn nothing. Always-yes and chance score "
-              f"ROC-AUC 50 on any split, and accuracy {yes:.1f} and 50 on this one ({len(gold):,} pairs, "
+              f"ROC-AUC 50 on any split, and accuracy {yes:.1f} and 50 on this one ({n_gold:,} pairs, "
               f"{yes:.1f}% right answers):")
         doc.table(["model", "accuracy", "ROC-AUC"],
                   [[names.get(k, k), cell(v.get("accuracy")), cell(v.get("auc"))] for k, v in per_row.items()]

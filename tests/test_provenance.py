@@ -64,6 +64,22 @@ def test_collect_keeps_relative_paths_and_restore_works_at_another_path(tmp_path
     assert marker["identity"]["config"] == str(other / "configs" / "nlu_tune.json")  # what compare will check
 
 
+def test_no_text_of_a_task_licensed_against_redistribution_is_committed(tmp_path):
+    from skillnet.data_prep.tasks.packaged import IQA_LICENSE
+
+    out = tmp_path / "run"
+    for task, lic in (("insuranceqa_answer", IQA_LICENSE), ("poetry_title", "chinese-poetry (MIT)")):
+        (out / "tasks" / task).mkdir(parents=True)
+        (out / "tasks" / task / "task.json").write_text(json.dumps({"name": task, "license": lic}))
+    run = out / "compare" / "nlg_main" / "skillnet" / "seed0"
+    run.mkdir(parents=True)
+    sample = {"source": "s", "reference": "r", "output": "o"}
+    (run / "samples.json").write_text(json.dumps({"insuranceqa_answer": [sample], "poetry_title": [sample]}))
+    pv.collect(out, tmp_path / "R" / "nlg_main", ["nlg_main"])
+    kept = json.loads((tmp_path / "R/nlg_main/files/compare/nlg_main/skillnet/seed0/samples.json").read_text())
+    assert kept == {"poetry_title": [sample]}
+
+
 def test_a_mismatched_input_is_refused_naming_it(tmp_path):
     quick = PROFILES["quick"]
     parts = parts_of(quick)
@@ -114,6 +130,16 @@ def test_the_data_part_commits_provenance_and_a_vocab_over_every_task(committed_
     for task in [*NLU_TASKS, NLU_NEW_TASK[0], *NLG_FORMATS]:
         assert f"tasks/{task}/train.jsonl" in vocab_cmd, task
     assert str(committed_data) not in (committed_data / "R/data/files/stages/vocab.json").read_text()
+
+
+def test_the_data_part_commits_no_task_text(committed_data):
+    # Task texts are rebuilt and fingerprinted on each machine; some are licensed for no redistribution (GPL-3.0
+    # insuranceqa-data). The report reads the test split's label counts from task.json instead.
+    files = committed_data / "R/data/files"
+    assert not [f for f in files.rglob("*.jsonl") if f.is_relative_to(files / "tasks")]
+    spec = json.loads((files / "tasks/answer_select/task.json").read_text())
+    gold = [json.loads(x)["label"] for x in (committed_data / "a/tasks/answer_select/test.jsonl").read_text().splitlines()]
+    assert spec["label_counts"]["test"] == {lab: gold.count(lab) for lab in sorted(set(gold))}
 
 
 def test_a_part_resumes_at_another_path_from_committed_results_with_equal_results(committed_data, tmp_path):

@@ -521,7 +521,8 @@ def test_the_new_tasks_section_gives_accuracy_and_auc_beside_always_yes_and_chan
 
     tasks = tmp_path / "tasks" / "answer_select"
     tasks.mkdir(parents=True)
-    (tasks / "test.jsonl").write_text("".join(json.dumps({"label": g}) + "\n" for g in "1100"))
+    # the label counts convert writes to task.json: a report rebuilt from committed results has no task text
+    (tasks / "task.json").write_text(json.dumps({"label_counts": {"test": {"0": 2, "1": 2}}}))
     for seed, (acc, auc) in enumerate(((60.0, 65.0), (62.0, 67.0))):
         f = tmp_path / "cmp" / "a_existing" / f"seed{seed}" / "results.json"
         f.parent.mkdir(parents=True)

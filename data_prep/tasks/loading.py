@@ -55,6 +55,9 @@ class TaskSpec:
     lengths: dict[str, dict[str, int]] = field(default_factory=dict)
     # split -> {"examples_in", "removed"}: dev/test examples removed as copies of a training input (dedup.py)
     dedup: dict[str, dict[str, int]] = field(default_factory=dict)
+    # split -> label -> examples, for a labelled classification task: what always-yes or majority scores can be
+    # read without the examples (a report rebuilt from committed results holds no task text)
+    label_counts: dict[str, dict[str, int]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         _check_kind(self.kind)

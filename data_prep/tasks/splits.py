@@ -120,6 +120,10 @@ def write_task_dir(conv: Converted, out_dir: str | Path, *, verify: bool = True)
         fname = f"{name}.jsonl"
         spec.counts[name] = write_jsonl(out / fname, recs)
         spec.files[name] = fname
+        if spec.label_list and not spec.regression:
+            labels = Counter(str(r["label"]) for r in recs if isinstance(r.get("label"), str | int))
+            if labels:
+                spec.label_counts[name] = dict(sorted(labels.items()))
     spec.report = dict(sorted(conv.stats.items()))
     for name, fname in spec.files.items():
         if verify:
