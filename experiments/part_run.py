@@ -7,7 +7,6 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
-import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -289,8 +288,3 @@ def default_results(p: Profile) -> Path:
     from skillnet.experiments.runner import REPO
 
     return REPO / "results" / p.name
-
-
-def fail(e: Exception) -> int:
-    print(f"error: {e}", file=sys.stderr)
-    return 2

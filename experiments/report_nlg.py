@@ -3,7 +3,6 @@ temperature (§3.4), with sample outputs, each read from its compare run."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -97,7 +96,6 @@ def nlg_part(doc: Document, cmps: dict[str, Any], cmp_dir: Path, out: Path, find
         doc.img(cmp_dir / "nlg_temp" / "sampling.png", "Average test score against T (SkillNet-NLG)")
 
 
-
 def trivial(cmp_dir: Path, cmp: dict[str, Any]) -> dict[str, float]:
     """Each task's trivial test score (copy the source), when every task recorded one."""
     out = baseline_scores(cmp_dir, cmp, "trivial_test")
@@ -136,10 +134,6 @@ def distinct_means(cmp: dict[str, Any], run_dir: Path) -> dict[tuple[str, str], 
     return out
 
 
-def below_distinct_floor(means: dict[tuple[str, str], float]) -> list[str]:
-    return [f"`{m}` on {t} ({d:.0f}%)" for m, t, d in low_distinct(means)]
-
-
 def low_distinct(means: dict[tuple[str, str], float]) -> list[tuple[str, str, float]]:
     """(row, task, share) of every pair below DISTINCT_FLOOR."""
     return [(m, t, d) for (m, t), d in means.items() if d < DISTINCT_FLOOR]
@@ -149,7 +143,7 @@ def degenerate_outputs(doc: Document, nlg: dict[str, Any], run_dir: Path, findin
     """Share of distinct outputs and repetition rate per row and task (all test inputs, mean over seeds);
     a finding names every (row, task) below DISTINCT_FLOOR."""
     means = distinct_means(nlg, run_dir)
-    low = below_distinct_floor(means)
+    low = [f"`{m}` on {t} ({d:.0f}%)" for m, t, d in low_distinct(means)]
     rows = []
     for m in nlg["methods"]:
         cells = []
@@ -182,7 +176,7 @@ def samples(doc: Document, cmp_dir: Path, n: int = 3) -> dict[str, dict[str, Any
             seeds[0].glob("*/samples.json"))
         merged: dict[str, Any] = {}
         for f in files:
-            merged.update(json.loads(f.read_text(encoding="utf-8")))
+            merged.update(load(f) or {})
         if merged:
             by_row[row_dir.name] = merged
     if not by_row:

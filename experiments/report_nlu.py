@@ -148,18 +148,12 @@ def nlu_part(doc: Document, cmps: dict[str, Any], cmp_dir: Path, out: Path, find
         doc.img(cmp_dir / "nlu_alpha" / "sampling.png", "Average test score against alpha (SkillNet w/o sparse pre-training)")
 
 
-
-
 def baselines(doc: Document, nlu: dict[str, Any], run_dir: Path, findings: list[str]) -> None:
     """Non-neural anchors on the same test splits: the trivial predictor of each task type, and the
     TF-IDF baseline fit on train where the type has one; then where the neural rows stand."""
     tasks = nlu["tasks"]
-    triv = baseline_scores(run_dir, nlu, "trivial_test")
-    lex = baseline_scores(run_dir, nlu, "lexical_test")
-    lex_cut = baseline_scores(run_dir, nlu, "lexical_cut_test")
-    names = baseline_scores(run_dir, nlu, "lexical_name")
-    size = baseline_scores(run_dir, nlu, "test_examples")
-    seq = baseline_scores(run_dir, nlu, "max_seq_len")
+    triv, lex, lex_cut, names, size, seq = (baseline_scores(run_dir, nlu, k) for k in (
+        "trivial_test", "lexical_test", "lexical_cut_test", "lexical_name", "test_examples", "max_seq_len"))
     cut = cut_shares(run_dir, nlu)
     if not triv:
         return
@@ -217,7 +211,6 @@ def learning_metrics(doc: Document, c: dict[str, Any], run_dir: Path, tasks_dir:
     """Accuracy and ROC-AUC of each binary task of a comparison, per row, beside always-yes and chance: on a
     balanced split positive-class F1 gives always-yes 66.7, where these give it 50, so a row above 50 has
     learnt something."""
-    import json
     import statistics
 
     for t in c["tasks"]:
@@ -225,11 +218,11 @@ def learning_metrics(doc: Document, c: dict[str, Any], run_dir: Path, tasks_dir:
         per_row: dict[str, dict[str, list[float]]] = {}
         for key in c["methods"]:
             for f in sorted((run_dir / key).glob("seed*/results.json")):
-                r = json.loads(f.read_text(encoding="utf-8")).get("tasks", {}).get(t, {}).get("test") or {}
+                r = (load(f) or {}).get("tasks", {}).get(t, {}).get("test") or {}
                 for m in ("accuracy", "auc"):
                     if isinstance(r.get(m), (int, float)):
                         per_row.setdefault(key, {}).setdefault(m, []).append(float(r[m]))
-        gold = json.loads(spec.read_text(encoding="utf-8")).get("label_counts", {}).get("test") if spec.is_file() else None
+        gold = (load(spec) or {}).get("label_counts", {}).get("test")
         if not any("auc" in v for v in per_row.values()) or not gold:
             continue
         n_gold = sum(gold.values())

@@ -12,6 +12,7 @@ from skillnet.experiments.loss_scale import DECISION_RULE, config_arm
 from skillnet.experiments.tables import load
 from skillnet.experiments.tune import DEV_SELECTED, RULE, result_path, search
 from skillnet.finetune.document import Document
+from skillnet.finetune.stats import decision_rule_text
 
 PROTOCOL = "Protocol"
 # The comparisons whose realised budgets the section lists, per report part.
@@ -36,18 +37,7 @@ def protocol_section(doc: Document, out: Path, profile: Any, parts: tuple[str, .
     decontamination(doc, out)
     realised_budgets(doc, cmps, parts)
     pretraining_runs(doc, out)
-    doc.p("**Decision rule.** " + decision_rule(n_claims))
-
-
-def decision_rule(n_claims: int) -> str:
-    """The stats module's statement of the rule where it is installed, else the rule this report applies."""
-    try:
-        from skillnet.finetune.stats import decision_rule_text
-    except ImportError:
-        return (f"A claim holds when a paired t-test over the seeds gives p < 0.05 for the difference it names; the "
-                f"report decides {n_claims} claim{'s' if n_claims != 1 else ''}, without correction for their "
-                "number, and test-set sampling is not part of the test.")
-    return decision_rule_text(n_claims)
+    doc.p("**Decision rule.** " + decision_rule_text(n_claims))
 
 
 def tuned_on_what(out: Path, profile: Any, parts: tuple[str, ...], cmps: dict[str, Any]) -> list[str]:

@@ -4,12 +4,12 @@ sizes of the sampling studies, their line plots."""
 from __future__ import annotations
 
 import functools
-import json
 import math
 from pathlib import Path
 from typing import Any
 
 from skillnet.experiments.profiles import BUDGET_RULE
+from skillnet.export.card import read_json as load  # a JSON file, None where there is none
 from skillnet.finetune.budgets import realised, updates_cell
 from skillnet.finetune.compare import run_dir
 from skillnet.finetune.document import Document, pyplot, save_figure, verdict
@@ -27,11 +27,6 @@ NLU_ROWS = [("task_specific", "Task-specific fine-tuning"), ("dense_joint", "Joi
             ("skillnet_dense", "SkillNet-NLU w/o sparse pre-training"), ("skillnet", "SkillNet-NLU")]
 NLG_ROWS = [("task_specific", "Task-specific fine-tuning"), ("dense_joint", "Joint fine-tuning (Dense)"),
             ("moe", "Joint fine-tuning (MoE, top-2)"), ("skillnet", "SkillNet-NLG")]
-
-
-
-def load(path: Path) -> dict[str, Any] | None:
-    return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else None
 
 
 def baseline_scores(cmp_dir: Path, cmp: dict[str, Any], key: str, metric: str | None = None) -> dict[str, Any]:
@@ -269,16 +264,10 @@ def ablation_finding(doc: Document, c: dict[str, Any], order: list[tuple[str, st
     hurt = [k for k, v in d.items() if beyond_noise(v) and v["diff"] > 0]
     helped = [k for k, v in d.items() if beyond_noise(v) and v["diff"] < 0]
     within = [k for k in d if k not in hurt and k not in helped]
-    parts = []
-    if hurt:
-        parts.append("removing " + ", ".join(f"{k.removeprefix('no_')} ({_gap(d[k])})" for k in hurt)
-                     + " lowers the average beyond the noise")
-    if helped:
-        parts.append("removing " + ", ".join(f"{k.removeprefix('no_')} ({_gap(d[k])})" for k in helped)
-                     + " raises it beyond the noise")
-    if within:
-        parts.append("removing " + ", ".join(f"{k.removeprefix('no_')} ({_gap(d[k])})" for k in within)
-                     + " changes it within the noise")
+    parts = ["removing " + ", ".join(f"{k.removeprefix('no_')} ({_gap(d[k])})" for k in keys) + what
+             for keys, what in ((hurt, " lowers the average beyond the noise"),
+                                (helped, " raises it beyond the noise"), (within, " changes it within the noise"))
+             if keys]
     return head + ": " + "; ".join(parts) + ". The paper finds every removal hurts, s7 most."
 
 

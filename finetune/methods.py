@@ -115,8 +115,7 @@ def derive_model(ref: Any, changes: dict[str, Any], *, skill_source: list[int] |
     cfg = copy.deepcopy(ref.config)
     for k, v in changes.items():
         setattr(cfg, k, copy.deepcopy(v))
-    # BERT's config checks heads and methods too; BART's checks its skill layout
-    (cfg.validate_skills if hasattr(cfg, "validate_skills") else cfg.validate_skill_layout)()
+    cfg.validate_skills()  # every family's layout and router checks; BERT's adds its heads and extras
     model = type(ref)(cfg)
     state: dict[str, torch.Tensor] = {}
     for key, value in ref.state_dict().items():

@@ -147,7 +147,6 @@ class Predictor:
         return [d.codec.present(r, p) for r, p in zip(recs, preds)]
 
 
-
 def task_source(folder: Path) -> tuple[Any, Predictor] | None:
     """(model, Predictor) of a fine-tuned export, None for a folder without fine-tuned tasks: the task
     loader of ``export --plain`` (export/plain.py ``TaskLoader``)."""

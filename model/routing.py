@@ -13,7 +13,6 @@ import torch
 
 from .hub import has_tokenizer, save_tokenizer, write_remote_code
 from .registry import Router, build_router
-from .routers import task_routing
 from .skill_ffn import SkillRouting
 
 
@@ -41,18 +40,6 @@ class SkillRoutingMixin:
     def router(self) -> Router:
         """The config's router (routers.py): routing, auxiliary losses, counts."""
         return build_router(self.config)
-
-    def routing(
-        self,
-        task: str | Sequence[str] | None = None,
-        skill_ids: Sequence[int] | Sequence[Sequence[int]] | torch.Tensor | None = None,
-        device: torch.device | str = "cpu",
-        batch_size: int | None = None,
-    ) -> SkillRouting:
-        """Skill routing from a task name, one task per row (by the config's task map), or skill ids ([k] or
-        [B, k], -1 pads); neither: the config's ``default_task``. `batch_size`, when given, must equal the number
-        of rows of a per-row choice. A forward routes through its router (`router.route`)."""
-        return task_routing(self.config, task, skill_ids, device, batch_size, self.config.skill_ids)
 
     def stack_routing(
         self,

@@ -50,7 +50,6 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 __all__ = ["ARCHS", "PretrainArch", "build_parser", "main", "build_model", "build_dataset"]
 
 
-
 def build_parser() -> argparse.ArgumentParser:
     return options.build_parser(__doc__)
 

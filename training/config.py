@@ -373,12 +373,8 @@ def resolve_ds_config(
     cfg = resolve_warmup(copy.deepcopy(cfg))
     if global_batch is not None:
         _keep_global_batch(ds, cfg, world_size, global_batch, source)
-    tbs = ds.get("train_batch_size")
-    mbs = ds.get("train_micro_batch_size_per_gpu")
-    gas = ds.get("gradient_accumulation_steps")
-    tbs = None if tbs in _AUTO else int(tbs)
-    mbs = None if mbs in _AUTO else int(mbs)
-    gas = None if gas in _AUTO else int(gas)
+    tbs, mbs, gas = (None if ds.get(k) in _AUTO else int(ds[k])
+                     for k in ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps"))
 
     for name, cli, js, key in (
         ("--micro-batch-size", cfg.micro_batch_size, mbs, "train_micro_batch_size_per_gpu"),

@@ -21,7 +21,6 @@ __all__ = [
     "init_distributed",
     "rank",
     "world_size",
-    "is_main",
     "barrier",
     "all_reduce_sum",
     "all_reduce_host_sum",
@@ -139,10 +138,6 @@ def rank() -> int:
 
 def world_size() -> int:
     return dist.get_world_size() if _active() else 1
-
-
-def is_main() -> bool:
-    return rank() == 0
 
 
 def barrier() -> None:
