@@ -1,11 +1,14 @@
-"""A rank that dies is named (issue 58): `python -m skillnet.training.ds_launch` (the Slurm scripts' launcher), 2 ranks,
-rank 1 SIGKILLed after the first checkpoint: one line on stderr names rank 1, its host and pid, the signal and the
-command that resumes, and the run's log.jsonl holds the same event."""
+"""A rank that dies is named (issue 58), 2 ranks, rank 1 SIGKILLed after the first checkpoint: one line on stderr names
+rank 1, its host and pid, the signal and the command that resumes, and the run's log.jsonl holds the same event.
+Under `python -m skillnet.training.ds_launch` (the Slurm scripts' launcher) the launcher says it (from the exit
+status); under torchrun and DeepSpeed's own `deepspeed` the surviving rank does (from the ranks' records). The
+lookup itself, without a launch, is in tests/test_dead_peer_lookup.py."""
 
 from __future__ import annotations
 
 import json
 import os
+import shlex
 import signal
 import socket
 import subprocess
@@ -67,3 +70,54 @@ def test_a_killed_rank_is_named_with_the_resume_command(tmp_path: Path) -> None:
     events = [json.loads(x) for x in (out / "log.jsonl").read_text().splitlines() if '"rank_died"' in x]
     assert len(events) == 1 and events[0]["rank"] == 1 and events[0]["pid"] == victims[0]
     assert events[0]["returncode"] == -9 and events[0]["resume_from"].startswith("step_")
+
+
+def _tiny_run(out: Path) -> list[str]:
+    return ["pretrain/run.py", "--ds-config", str(REPO / "ds_configs" / "cpu_fp32.json"), "--synthetic", "64",
+            "--preset", "tiny", "--max-steps", "100000", "--save-every", "2", "--output-dir", str(out),
+            "--no-progress", "--no-tensorboard"]
+
+
+def _rank_of(pid: int) -> str | None:
+    env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    return next((e[5:].decode() for e in env if e.startswith(b"RANK=")), None)
+
+
+@pytest.mark.parametrize("launcher", ["torchrun", "deepspeed"])
+def test_the_surviving_rank_names_the_killed_one(launcher: str, tmp_path: Path) -> None:
+    out, port = tmp_path / "run", free_port()
+    if launcher == "torchrun":
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(port)]
+    else:
+        cmd = ["deepspeed", "--num_gpus", "2", "--master_port", str(port)]
+    cmd += _tiny_run(out)
+    p = subprocess.Popen(cmd, cwd=REPO, env=subprocess_env(), start_new_session=True, stdout=subprocess.DEVNULL,
+                         stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 400
+        record = out / ".ranks" / "rank1.json"
+        while not ((out / "checkpoints" / "latest").is_file() and record.is_file()):
+            assert p.poll() is None and time.monotonic() < deadline, "the run saved no checkpoint"
+            time.sleep(0.5)
+        victim = json.loads(record.read_text())["pid"]
+        assert _rank_of(victim) == "1" and str(out) in Path(f"/proc/{victim}/cmdline").read_text()
+        os.kill(victim, signal.SIGKILL)
+        _, err = p.communicate(timeout=180)
+    finally:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+        # a killed rank never reaches the trainer's end, which removes the run's shared-memory buffers
+        for path in Path("/dev/shm").glob(f"deepspeed_allreduce_buffer_*_{port}_*"):
+            path.unlink(missing_ok=True)
+    assert p.returncode != 0
+    lines = [ln for ln in err.splitlines() if ln.startswith("[skillnet] rank ")]
+    assert len(lines) == 1, err[-4000:]
+    print(lines[0])
+    assert lines[0].startswith(f"[skillnet] rank 1 (host {socket.gethostname()}, pid {victim}) is gone"), lines[0]
+    assert "rank 0's collective failed (" in lines[0] and ". To resume from step_" in lines[0], lines[0]
+    rerun = lines[0].split(", rerun: ", 1)[1]
+    # the launcher's own command line: torchrun's as given, `deepspeed`'s as its script runs (interpreter first)
+    assert (rerun == shlex.join(cmd)) if launcher == "torchrun" else rerun.endswith(" " + shlex.join(cmd[1:])), rerun
+    events = [json.loads(x) for x in (out / "log.jsonl").read_text().splitlines() if '"rank_died"' in x]
+    assert len(events) == 1 and events[0]["rank"] == 1 and events[0]["pid"] == victim, events
+    assert events[0]["seen_by"] == 0 and events[0]["resume"] == rerun and events[0]["resume_from"].startswith("step_")

@@ -27,7 +27,7 @@ import shlex
 import sys
 
 from .deepspeed_patches import run_node_launcher_waiting, run_runner_with_node_launcher
-from .rank_death import RESUME_ENV, report_dead_rank
+from .rank_death import LAUNCHER_NAMES_ENV, RESUME_ENV, report_dead_rank
 
 __all__ = ["main"]
 
@@ -41,6 +41,7 @@ def _grace() -> float:
 def main(argv: list[str] | None = None) -> None:
     args = list(sys.argv[1:] if argv is None else argv)
     if args[:1] == [_NODE]:
+        os.environ[LAUNCHER_NAMES_ENV] = "1"  # its ranks leave the dead on this node to report_dead_rank
         run_node_launcher_waiting(args[1:], _grace(), on_rank_failure=report_dead_rank)
     else:
         # what a dead rank's line tells to rerun (a job script sets its own); the node launcher inherits it

@@ -37,6 +37,7 @@ from .launch import prepare
 from .logging import MetricsLogger, accuracy_metrics
 from .optim import MaskedAdamW, build_param_groups
 from .profile import StepProfiler
+from .rank_death import watch_peers
 from .reshard import saved_geometry
 from .task_balance import build_task_balance
 from .window import LoggingWindow, StepOutput, TrainResult, add_to
@@ -178,7 +179,8 @@ class Trainer(LoggingWindow):
         # Wait for the ranks of an earlier run in this directory that may still be saving (see checkpoint.py).
         run_lock = self.checkpoints.hold_run_lock()
         try:
-            result = self._train()
+            with watch_peers(self.cfg.output_dir, self.rank, self.world_size):  # a dead peer is named: rank_death.py
+                result = self._train()
         finally:
             run_lock.close()
             close = getattr(self.source, "close", None)  # a source's prefetching workers
