@@ -231,6 +231,23 @@ def test_deepspeed_layout_checks(tmp_path: Path) -> None:
     assert mgr.locate("auto") == root / "step_00000002"
 
 
+def test_zero3_layout_needs_every_ranks_model_states(tmp_path: Path) -> None:
+    """ZeRO-3 writes one model-states file per rank: a marked checkpoint missing rank 1's is damaged (resume falls
+    back to an older one) instead of failing inside DeepSpeed's load."""
+    from skillnet.training.checkpoint import checkpoint_problem, mark_complete
+
+    d = tmp_path / "checkpoints" / "step_00000002"
+    d.mkdir(parents=True)
+    for r in range(2):
+        torch.save({"step": 2, "world_size": 2}, d / f"trainer_rank{r}.pt")
+        torch.save({}, d / f"zero_pp_rank_{r}_mp_rank_00_optim_states.pt")
+        torch.save({}, d / f"zero_pp_rank_{r}_mp_rank_00_model_states.pt")
+    mark_complete(d, 2)
+    assert checkpoint_problem(d) is None
+    (d / "zero_pp_rank_1_mp_rank_00_model_states.pt").unlink()
+    assert "rank 1's DeepSpeed model states are missing" in (checkpoint_problem(d) or "")
+
+
 # ---- fine-tuning -----------------------------------------------------------------------------------------
 def test_finetune_leaves_a_finished_run_and_refuses_another(ft_run: Path, tmp_path: Path) -> None:
     ft = _copy_run(ft_run, tmp_path / "ft")

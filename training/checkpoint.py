@@ -135,6 +135,12 @@ def checkpoint_problem(tdir: Path) -> str | None:
     model = [*tdir.glob("mp_rank_*_model_states.pt"), *tdir.glob("zero_pp_rank_0_mp_rank_*_model_states.pt")]
     if not model:
         return "neither plain.pt nor DeepSpeed's model states are there"
+    zero3 = sorted(tdir.glob("zero_pp_rank_*_mp_rank_*_model_states.pt"))
+    if zero3:  # ZeRO-3: each rank keeps its own model states
+        model = zero3
+        for r in range(world):
+            if not any(f.name.startswith(f"zero_pp_rank_{r}_") for f in zero3):
+                return f"rank {r}'s DeepSpeed model states are missing"
     optim = list(tdir.glob("*zero_pp_rank_*optim_states.pt"))
     if optim:  # ZeRO-1/2/3: one optimizer partition per rank
         for r in range(world):
