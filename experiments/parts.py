@@ -17,7 +17,7 @@ from skillnet.experiments.profiles import Profile
 from skillnet.experiments.stages import STAGES
 
 # The protocol the parts were made under: a part recorded under another version is not the same experiment, and the
-# report refuses to mix them (experiments/report_parts.py). 1: the run committed before issue 55 (decisions on test,
+# report refuses to mix them (experiments/part_run.py rebuild_report). 1: the run committed before issue 55 (decisions on test,
 # one pre-training run per model); 2: issue 55's protocol (decontaminated corpus, every choice on dev, realised
 # budgets, replicated pre-training with a dense control, the bootstrap and Holm rule).
 PROTOCOL_VERSION = 2

@@ -14,9 +14,11 @@ from typing import Any
 
 from skillnet.experiments.nlg import nlg_train_tasks
 from skillnet.experiments.nlu import NLU_TASKS
+from skillnet.experiments.report_changes import changes_section
 from skillnet.experiments.report_nlg import nlg_part
 from skillnet.experiments.report_nlu import nlu_part
 from skillnet.experiments.report_protocol import count_claims, protocol_section
+from skillnet.experiments.report_snapshot import CLAIMS_HEADING
 from skillnet.experiments.runner import REPO, pretrain_dirs, tokens_seen
 from skillnet.experiments.tables import load, load_comparison
 from skillnet.experiments.targets import targets_section
@@ -147,7 +149,9 @@ def build(out: Path, profile: Any, stages: list[Any], report: Path, title: str,
         targets_section(doc, cmps, cmp_dir, parts, findings)
     findings = decide_claims(findings)  # every claim is known now: Holm over all of them, then their words
     protocol_section(doc, out, profile, parts, cmps, count_claims(findings))
-    tail(doc, out, stages, records, findings, parts, before, before_floors)
+    claims_section(doc, findings)
+    changes_section(doc, profile, parts, cmps, findings)  # beside the claims it compares, before the run's detail
+    tail(doc, out, stages, records, parts, before, before_floors)
     report.parent.mkdir(parents=True, exist_ok=True)
     # Not named after the report: report.md, comparison.md and nlg.md of one reproduction sit side by side (docs/)
     # and show the same pictures of the same run, which the report's name copied once per report.
@@ -168,14 +172,17 @@ def picture_name(pic: Path, out: Path) -> str:
     return "_".join(["report", *folders, pic.name])
 
 
-def tail(doc: Document, out: Path, stages: list[Any], records: dict[str, Any], findings: list[str],
-          parts: tuple[str, ...], before: dict[str, float] | None = None,
-          before_floors: dict[str, str] | None = None) -> None:
-    doc.h(2, "Where the papers' claims hold at this scale")
+def claims_section(doc: Document, findings: list[str]) -> None:
+    doc.h(2, CLAIMS_HEADING)  # report_snapshot.py reads the committed report's claims back under it
     doc.bullets(findings or ["No comparison has finished yet."])
     doc.p("A small model trained for minutes on a CPU is not the papers' BERT-base trained on 800 GB: the "
           "question answered here is whether the *direction* of each claim survives at this scale on this data, "
           "with the spread over seeds as the yardstick, not whether the papers' numbers are reproduced.")
+
+
+def tail(doc: Document, out: Path, stages: list[Any], records: dict[str, Any], parts: tuple[str, ...],
+         before: dict[str, float] | None = None, before_floors: dict[str, str] | None = None) -> None:
+    """The run's detail after its findings: pre-training, wall times, the commands."""
     doc.h(2, PRETRAINING)
     runs = ([("dense_pt", "Dense MLM pre-training of the BERT"), ("sparse_pt", "Sparse MLM+NSP pre-training"),
              ("dense_ctrl_pt", "Its dense control (the same steps and objectives, dense)")]

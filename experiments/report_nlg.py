@@ -19,6 +19,15 @@ from skillnet.experiments.tables import (
 )
 from skillnet.finetune.document import Document, claim
 
+# The rows of the NLG tables after Table 3 (NLG_ROWS) as the report names them; report_changes.py matches the
+# committed run's rows by these names.
+ADAPT_ROWS = [("a_existing", "SkillNet-NLG, existing skills"), ("c_new_skill", "SkillNet-NLG + new skill"),
+              ("task_specific", "task-specific")]
+
+
+def temperature_rows(c: dict[str, Any]) -> list[tuple[str, str]]:
+    return [(k, f"T = {k[2:]}") for k in c["methods"]]
+
 
 def nlg_part(doc: Document, cmps: dict[str, Any], cmp_dir: Path, out: Path, findings: list[str]) -> None:
     nlg = cmps["nlg_main"]
@@ -70,8 +79,7 @@ def nlg_part(doc: Document, cmps: dict[str, Any], cmp_dir: Path, out: Path, find
     doc.h(2, "Adaptation to a new generation task (NLG Table 4 layout)")
     if cmps["nlg_adapt"]:
         c = cmps["nlg_adapt"]
-        order = [("a_existing", "SkillNet-NLG, existing skills"), ("c_new_skill", "SkillNet-NLG + new skill"),
-                 ("task_specific", "task-specific")]
+        order = ADAPT_ROWS
         budget_caption(doc, c)
         score_table(doc, c, order, sizes=baseline_scores(cmp_dir / "nlg_adapt", c, "test_examples"))
         doc.p("Differences from the existing-skills row, paired over seeds and test examples, with 95% intervals "
@@ -88,7 +96,7 @@ def nlg_part(doc: Document, cmps: dict[str, Any], cmp_dir: Path, out: Path, find
         c = cmps["nlg_temp"]
         study_sizes(doc, out / "configs" / "nlg_temp.json", "T", "SkillNet-NLG Table 5")
         budget_caption(doc, c, "by design: T sets each task's sampling share")
-        order = [(k, f"T = {k[2:]}") for k in c["methods"]]
+        order = temperature_rows(c)
         score_table(doc, c, order, params=False, sizes=baseline_scores(cmp_dir / "nlg_temp", c, "test_examples"))
         findings.append(study_best(doc, c, order, "Temperature", "T = 4"))
         line_plot(c, "T", cmp_dir / "nlg_temp" / "sampling.png", "Average test score against the temperature T",

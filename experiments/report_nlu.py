@@ -30,6 +30,20 @@ from skillnet.experiments.tables import (
 )
 from skillnet.finetune.document import Document, claim
 
+# The rows of each NLU table after Table 3 (NLU_ROWS) as the report names them; report_changes.py matches the
+# committed run's rows by these names.
+ADAPT_ROWS = [("a_existing", "(a) existing skills"), ("b_s8_frozen", "(b) + s8, old skills frozen"),
+              ("c_s8_all", "(c) + s8, all skills updated"), ("task_specific", "task-specific")]
+
+
+def ablation_rows(c: dict[str, Any]) -> list[tuple[str, str]]:
+    return [("skillnet", "SkillNet-NLU (all skills)")] + [(k, f"without {k[3:]}") for k in c["methods"]
+                                                          if k.startswith("no_")]
+
+
+def alpha_rows(c: dict[str, Any]) -> list[tuple[str, str]]:
+    return [(k, f"alpha = {k[6:]}") for k in c["methods"]]
+
 
 def nlu_part(doc: Document, cmps: dict[str, Any], cmp_dir: Path, out: Path, findings: list[str]) -> None:
     nlu = cmps["nlu_main"]
@@ -105,8 +119,7 @@ def nlu_part(doc: Document, cmps: dict[str, Any], cmp_dir: Path, out: Path, find
               "copied from s7, old skills frozen (only s8 and the head learn); (c) with s8 and every skill updated; "
               "and task-specific fine-tuning of the pre-trained dense BERT that Table 3's task-specific row starts "
               "from (the paper's Table 4 setting).")
-        order = [("a_existing", "(a) existing skills"), ("b_s8_frozen", "(b) + s8, old skills frozen"),
-                 ("c_s8_all", "(c) + s8, all skills updated"), ("task_specific", "task-specific")]
+        order = ADAPT_ROWS
         budget_caption(doc, c)
         score_table(doc, c, order)
         learning_metrics(doc, c, cmp_dir / "nlu_adapt", out / "tasks", order)
@@ -122,8 +135,7 @@ def nlu_part(doc: Document, cmps: dict[str, Any], cmp_dir: Path, out: Path, find
     doc.h(2, "Skill ablation (Table 6 layout)")
     if cmps["nlu_ablate"]:
         c = cmps["nlu_ablate"]
-        order = [("skillnet", "SkillNet-NLU (all skills)")] + [(k, f"without {k[3:]}") for k in c["methods"]
-                                                               if k.startswith("no_")]
+        order = ablation_rows(c)
         doc.p("As in §5.1 of SkillNet-NLU, the ablation starts from the dense BERT with every skill a copy of its FFN "
               "(SkillNet-NLU w/o sparse pre-training); removing a skill removes it from every task that uses it. "
               f"{n_seeds(c)}.")
@@ -141,9 +153,8 @@ def nlu_part(doc: Document, cmps: dict[str, Any], cmp_dir: Path, out: Path, find
         c = cmps["nlu_alpha"]
         study_sizes(doc, out / "configs" / "nlu_alpha.json", "alpha", "SkillNet-NLU's dataset table")
         budget_caption(doc, c, "by design: alpha sets each task's sampling share")
-        score_table(doc, c, [(k, f"alpha = {k[6:]}") for k in c["methods"]], params=False)
-        findings.append(study_best(doc, c, [(k, f"alpha = {k[6:]}") for k in c["methods"]], "Sampling",
-                                   "alpha = 1.0"))
+        score_table(doc, c, alpha_rows(c), params=False)
+        findings.append(study_best(doc, c, alpha_rows(c), "Sampling", "alpha = 1.0"))
         line_plot(c, "alpha", cmp_dir / "nlu_alpha" / "sampling.png", "Average test score against the sampling rate alpha")
         doc.img(cmp_dir / "nlu_alpha" / "sampling.png", "Average test score against alpha (SkillNet w/o sparse pre-training)")
 

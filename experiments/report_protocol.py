@@ -19,6 +19,32 @@ PROTOCOL = "Protocol"
 BUDGET_TABLES = {"nlu": ("nlu_main", "nlu_ablate", "nlu_adapt"), "nlg": ("nlg_main", "nlg_adapt")}
 # The verdicts of finetune.document.claim: a finding carrying one is a claim the report decides.
 CLAIM_VERDICTS = ("**holds**", "**within the noise**", "**does not hold**", "no difference (")
+# What protocol 2 (experiments/parts.py PROTOCOL_VERSION; issue 55) changed over protocol 1, the run committed
+# before it: the list the "What changed since the last committed run" section (report_changes.py) states, each rule
+# as this section then shows it for the run at hand. Protocol 1's side is what its committed report and code said.
+PROTOCOL_CHANGES = (
+    "**Data**: the pre-training corpus is built after every task and decontaminated (a document sharing text with "
+    "any task's dev or test split is dropped), and dev and test examples that copy a train example are removed "
+    "within each task, so the two runs' test sets are not the same examples; protocol 1 did neither "
+    "(*Decontamination* above gives the rule and the counts).",
+    "**Selection**: every choice is made on dev: each main-table row's peak lr by one search for all rows "
+    "(protocol 1: one lr, chosen on a SkillNet run's test score), the NER loss by the loss-scale study, adaptation "
+    "from each seed's dev-selected checkpoint with the task-specific row from the pre-trained dense BERT (protocol "
+    "1: from a dense copy of the multi-task model).",
+    "**Budgets**: every row gets the same realised updates per task on every seed, checked after the runs "
+    "(protocol 1: each task-specific model trained half a joint row's steps on its one task, more updates on it "
+    "than a joint row gave it); the step counts below.",
+    "**Pre-training**: one sparse BERT per seed and a dense control with the same steps, objectives and data, "
+    "fine-tuning seed k from pre-training seed k (protocol 1: one pre-training run per model, the baselines from "
+    "the dense BERT, 500 steps and NSP behind the sparse one).",
+    "**Test sets and seeds**: NLG tasks are tested on 500 examples (csc on its whole test split), the side studies "
+    "run 2 seeds (protocol 1: 50 examples, 1 seed).",
+    "**Metrics**: csc is decoded without an edit forced at characters outside the vocab and scored with "
+    "SIGHAN-2015's sentence-level rates beside F0.5; the binary tasks' TF-IDF anchor ranks (ROC-AUC).",
+    "**Decision rule**: a claim holds when its hierarchical paired bootstrap p-value, Holm-corrected over the "
+    "report's claims, is below 0.05 (*Decision rule* above); protocol 1 called a difference beyond the noise when "
+    "the seeds' paired t-test gave p < 0.05, uncorrected.",
+)
 
 
 def count_claims(findings: list[Any]) -> int:
