@@ -29,6 +29,7 @@ import statistics
 import subprocess
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 from skillnet.experiments.allocator import allocator_env
@@ -38,6 +39,7 @@ from skillnet.experiments.profiles import PROFILES
 FULL_VOCAB = 8365
 ARMS = ("glibc", "tcmalloc", "jemalloc", "glibc-tuned")
 KINDS = ("bert", "bart")
+DOC = str(Path(__file__).resolve().parents[1] / "docs" / "reproduce.md")
 
 
 def _model_step(kind: str, vocab: int) -> Any:
@@ -114,6 +116,25 @@ def summarise(runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
     return out
 
 
+def write_doc(a: argparse.Namespace, res: dict[str, Any]) -> None:
+    from skillnet.experiments.benchdoc import machine_line, md_table, write_section
+
+    cmd = (f"`python bench/allocator.py --reps {a.reps} --steps {a.steps} --warmup {a.warmup} --threads {a.threads} "
+           f"--write`")
+    rows = [(kind, arm, f"{v['step_s'] * 1e3:.1f}", f"{v['sys_share']:.1%}", f"{v['minflt_per_step']:,.0f}",
+             f"{res[kind]['arms']['glibc']['step_s'] / v['step_s']:.3f}" if "glibc" in res[kind]["arms"] else "-")
+            for kind in a.kinds for arm, v in res[kind]["arms"].items()]
+    body = "\n\n".join([
+        f"{cmd} (medians of {a.reps} repetitions, a fresh interpreter per arm each). {machine_line()}",
+        md_table(["step", "allocator", "ms/step", "kernel share of CPU time", "page faults/step",
+                  "speed-up over glibc's default"], rows),
+        "`step_s_default_over_best_allocator`: " + ", ".join(
+            f"{k} {v}" for k, v in res["step_s_default_over_best_allocator"].items())
+        + (f". Not installed here: {', '.join(res['not_installed'])}." if res["not_installed"] else "."),
+    ])
+    write_section(a.write, "allocator", body)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--arms", nargs="+", default=list(ARMS), choices=ARMS, help="allocators to compare")
@@ -124,6 +145,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--threads", type=int, default=1, help="torch threads of each step")
     p.add_argument("--vocab", type=int, default=FULL_VOCAB, help="vocab size (logit width)")
     p.add_argument("--json", action="store_true", help="print one JSON object as the last line")
+    p.add_argument("--write", nargs="?", const=DOC, metavar="MD",
+                   help=f"rewrite the 'allocator' section of this Markdown file (default: {DOC})")
     p.add_argument("--child", choices=KINDS, help=argparse.SUPPRESS)
     a = p.parse_args(argv)
     for name in ("reps", "steps", "threads", "vocab"):
@@ -154,6 +177,8 @@ def main(argv: list[str] | None = None) -> int:
     res["step_s_default_over_best_allocator"] = ratio
     if absent:
         print(f"not installed: {', '.join(absent)}", flush=True)
+    if a.write:
+        write_doc(a, res)
     if a.json:
         print(json.dumps(res))
     return 0

@@ -37,10 +37,12 @@ def test_summary_by_hand():
     assert s["minflt_per_step"] == 20
 
 
-def test_smoke_run_prints_the_ratio_of_default_over_best():
+def test_smoke_run_prints_the_ratio_of_default_over_best(tmp_path):
+    doc = tmp_path / "doc.md"
+    doc.write_text("# x\n\n<!-- bench:allocator:begin -->\nold\n<!-- bench:allocator:end -->\n")
     r = subprocess.run([sys.executable, "bench/allocator.py", "--reps", "1", "--steps", "1", "--warmup", "0",
-                        "--kinds", "bart", "--arms", "glibc", "glibc-tuned", "--json"], cwd=REPO, capture_output=True,
-                       text=True, timeout=600, env={**os.environ, "OMP_NUM_THREADS": "1"})
+                        "--kinds", "bart", "--arms", "glibc", "glibc-tuned", "--json", "--write", str(doc)], cwd=REPO,
+                       capture_output=True, text=True, timeout=600, env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert r.returncode == 0, r.stderr[-2000:]
     res = json.loads(r.stdout.strip().splitlines()[-1])
     arms = res["bart"]["arms"]
@@ -48,6 +50,9 @@ def test_smoke_run_prints_the_ratio_of_default_over_best():
     best = min(arms.values(), key=lambda v: v["step_s"])["step_s"]
     assert res["step_s_default_over_best_allocator"]["bart"] == round(arms["glibc"]["step_s"] / best, 3)
     assert all(0.0 <= v["sys_share"] <= 1.0 for v in arms.values())
+    written = doc.read_text()  # the figures the docs quote are the bench's own
+    assert "old" not in written and "| bart | glibc-tuned |" in written
+    assert f"bart {res['step_s_default_over_best_allocator']['bart']}" in written
 
 
 def test_glibc_tuned_applies_in_process_without_replacing_the_caller():
